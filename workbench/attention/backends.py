@@ -1,0 +1,56 @@
+"""Attention backends: the contract every implementation follows, and the name -> class switch.
+
+A backend does the paged part of attention for one layer and one flat batch:
+
+1. write every new token's K and V into the layer's cache at `slot_mapping` (-1 = skip);
+2. then, for each sequence, attend its query tokens to context positions 0..pos *read back from
+   the paged cache* through `block_tables` (never from the in-flight k/v: another sequence in
+   the same batch may hit prefix blocks this batch is writing).
+
+The model builds one backend instance and shares it across layers, so per-batch planning
+(index tensors, masks) can be done once per `AttentionMetadata` and reused by every layer:
+the runner must pass a fresh AttentionMetadata object for each forward.
+The cache must hold finite values everywhere (allocate it with torch.zeros, not torch.empty):
+masked positions get zero weight, and 0 * NaN would still poison the output.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+from workbench.attention.metadata import AttentionMetadata
+
+ATTENTION_BACKENDS = ("torch",)
+
+
+class AttentionBackend(ABC):
+    """One paged-attention implementation. Subclasses must be stateless across batches
+    except for caches keyed on the identity of the metadata object."""
+
+    name: str
+
+    @abstractmethod
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn_metadata: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        """query [T, Hq, D], key/value [T, Hkv, D], kv_cache [2, num_blocks, block_size, Hkv, D]
+        -> output [T, Hq, D]. Rows of padding tokens (beyond the last sequence) are zeros."""
+
+
+def get_attention_backend(name: str) -> type[AttentionBackend]:
+    """The backend class called `name` (one of ATTENTION_BACKENDS)."""
+    if name == "torch":
+        from workbench.attention.torch_backend import TorchAttentionBackend
+
+        return TorchAttentionBackend
+    raise ValueError(
+        f"attention backend ({name!r}) is unknown; allowed: {', '.join(ATTENTION_BACKENDS)}"
+    )

@@ -1,0 +1,43 @@
+"""AttentionMetadata: what the model runner tells every attention layer about one flat batch.
+
+The batch is a flat list of `num_tokens` new tokens from `num_seqs` sequences, sequence i
+owning tokens [query_start_loc[i], query_start_loc[i+1]). Its new tokens are the *last*
+query_len_i positions of a context of seq_lens[i] tokens, so query token j of sequence i sits
+at position seq_lens[i] - query_len_i + j and attends to context positions 0..that (causal).
+There is no prefill/decode flag: a decode is simply query_len == 1.
+
+    block_tables[i] = [b0, b1, b2, ...]   context position p lives in block
+                                          block_tables[i][p // block_size], offset p % block_size
+    slot_mapping[t] = block * block_size + offset where new token t's K/V is written;
+                      -1 for padding tokens (skipped)
+
+KV cache layout per layer (one tensor): [2, num_blocks, block_size, num_kv_heads, head_dim]
+(index 0 = K, 1 = V). Block 0 is the null block: block tables are padded with it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # [num_tokens] int64, -1 = padding
+    query_start_loc: torch.Tensor  # [num_seqs + 1] int64 (cumulative query lengths)
+    seq_lens: torch.Tensor  # [num_seqs] int64, context length including the new tokens
+    block_tables: torch.Tensor  # [num_seqs, max_num_blocks_per_seq] int64, padded with 0
+    # Host-side copies so backends can plan without device syncs.
+    query_lens_cpu: list[int]
+    seq_lens_cpu: list[int]
+    max_query_len: int
+    max_seq_len: int
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.seq_lens_cpu)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.slot_mapping.shape[0])

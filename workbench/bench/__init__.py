@@ -1,0 +1,1 @@
+"""Benchmarks: the engine against its peers (`transformers`, vLLM) on fixed, seeded workloads."""

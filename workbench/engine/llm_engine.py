@@ -1,0 +1,188 @@
+"""LLMEngine: owns the model runner, the scheduler and the stats; `step()` is one iteration.
+
+    add_request() -> validated Request into the scheduler's waiting queue
+    step():  schedule() -> execute_model() -> update_from_output() -> stats row
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any
+
+import torch
+
+from workbench import profiling
+from workbench.calc import cdiv, max_concurrency, num_blocks_for_budget
+from workbench.config import EngineConfig
+from workbench.engine.model_runner import ModelRunner
+from workbench.engine.request import Request, RequestStatus
+from workbench.engine.scheduler import Scheduler
+from workbench.engine.stats import EngineStats, StepRecord
+from workbench.models.tokenizer import load_tokenizer
+from workbench.sampling_params import SamplingParams
+
+PromptType = str | list[int] | dict[str, Any]
+DEFAULT_CPU_KV_BYTES = 4 << 30  # like vLLM-CPU's VLLM_CPU_KVCACHE_SPACE default (4 GiB)
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        mc, cc, sc = config.model_config, config.cache_config, config.scheduler_config
+        self.max_model_len: int = mc.max_model_len  # type: ignore[assignment]
+        self.tokenizer = load_tokenizer(mc.model)
+        self.runner = ModelRunner(config)
+        self.num_blocks = self._size_kv_pool()
+        self.runner.allocate_kv_cache(self.num_blocks)
+        self.scheduler = Scheduler(sc, cc, self.num_blocks)
+        self.stats = EngineStats()
+        self.vocab_size = int(mc.hf_config["vocab_size"])
+        eos = self.tokenizer.eos_token_id
+        self.eos_token_id: int | None = eos if eos is not None else (mc.eos_token_ids or [None])[0]
+        self._ids = itertools.count()
+
+    # ----------------------------------------------------------------- memory
+    def _size_kv_pool(self) -> int:
+        cc, sc = self.config.cache_config, self.config.scheduler_config
+        bpb = self.runner.bytes_per_block
+        bs = cc.block_size
+        if cc.num_gpu_blocks_override is not None:
+            num_blocks, source = cc.num_gpu_blocks_override, "num_gpu_blocks_override"
+        elif cc.kv_cache_memory_bytes is not None:
+            num_blocks = num_blocks_for_budget(cc.kv_cache_memory_bytes, bpb)
+            source = "kv_cache_memory_bytes"
+        else:
+            # Default: what max_num_seqs requests of max_model_len could use, at most 4 GiB
+            # (on CUDA also at most 90% of the free device memory).
+            want = (sc.max_num_seqs * cdiv(self.max_model_len, bs) + 1) * bpb
+            cap = DEFAULT_CPU_KV_BYTES
+            if self.runner.device.type == "cuda":
+                cap = min(cap, int(torch.cuda.mem_get_info()[0] * 0.9))
+            num_blocks, source = num_blocks_for_budget(min(want, cap), bpb), "the default budget"
+        usable = num_blocks - 1  # block 0 is the null block
+        needed = cdiv(self.max_model_len, bs)
+        if usable < needed:
+            raise ValueError(
+                f"the KV cache from {source} has {usable} usable blocks ({usable * bs} tokens "
+                f"at block_size {bs}, {bpb} bytes per block), fewer than one request of "
+                f"max_model_len ({self.max_model_len}) needs ({needed} blocks); give the pool "
+                "more memory/blocks or lower max_model_len"
+            )
+        return num_blocks
+
+    def memory_readout(self) -> dict[str, float]:
+        bs = self.config.cache_config.block_size
+        usable = self.num_blocks - 1
+        bpb = self.runner.bytes_per_block
+        return {
+            "weight_bytes": self.runner.weight_bytes,
+            "kv_bytes": self.num_blocks * bpb,
+            "bytes_per_block": bpb,
+            "kv_bytes_per_token": bpb // bs,
+            "block_size": bs,
+            "num_blocks": usable,
+            "kv_token_capacity": usable * bs,
+            "max_model_len": self.max_model_len,
+            "max_concurrency": max_concurrency(usable, bs, self.max_model_len),
+        }
+
+    # ----------------------------------------------------------------- intake
+    def tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            return prompt, list(self.tokenizer(prompt)["input_ids"])
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+            if "prompt" in prompt:
+                return self.tokenize(prompt["prompt"])
+            raise ValueError(
+                f"prompt dict keys ({sorted(prompt)}) must include 'prompt' or 'prompt_token_ids'"
+            )
+        if isinstance(prompt, list | tuple):
+            return None, [int(t) for t in prompt]
+        raise ValueError(
+            f"prompt of type {type(prompt).__name__} is not allowed; pass a str, a list of "
+            "token ids or {'prompt_token_ids': [...]}"
+        )
+
+    def make_request(
+        self,
+        prompt: PromptType,
+        params: SamplingParams,
+        request_id: str | None = None,
+        arrival_time: float | None = None,
+        priority: int = 0,
+        cache_salt: str | None = None,
+    ) -> Request:
+        """Validate and build a Request (raises ValueError; nothing is enqueued)."""
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling_params ({params!r}) must be a SamplingParams")
+        _, ids = self.tokenize(prompt)
+        if not ids:
+            raise ValueError("prompt is empty; at least one token is required")
+        if len(ids) > self.max_model_len:
+            raise ValueError(
+                f"prompt (length {len(ids)}) is longer than max_model_len ({self.max_model_len})"
+                "; shorten it or raise max_model_len"
+            )
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(
+                f"prompt token id {bad[0]} is out of range; allowed 0..{self.vocab_size - 1}"
+            )
+        rid = request_id if request_id is not None else str(next(self._ids))
+        return Request(
+            request_id=rid, prompt_token_ids=ids, sampling_params=params,
+            eos_token_id=self.eos_token_id, arrival_time=arrival_time, priority=priority,
+            cache_salt=cache_salt,
+        )
+
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self.scheduler.requests:
+            raise ValueError(f"request_id ({request.request_id!r}) is already in the engine")
+        self.scheduler.add_request(request)
+
+    def abort_request(self, request_ids: list[str]) -> list[Request]:
+        done = self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+        for r in done:
+            self.runner.sampler.forget(r.request_id)
+        return done
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    # ------------------------------------------------------------------- step
+    def step(self) -> list[Request]:
+        """One iteration. Returns the requests that received tokens (finished ones too)."""
+        t0 = time.perf_counter()
+        sched = self.scheduler
+        with profiling.range("engine.step"):
+            with profiling.range("scheduler.schedule"):
+                out = sched.schedule()
+            sampled = self.runner.execute_model(out)
+            with profiling.range("scheduler.update"):
+                progressed, finished = sched.update_from_output(out, sampled)
+        c = self.stats.counters
+        for req in progressed:
+            c["vllm:generation_tokens"] += len(sampled[req.request_id])
+            if req.num_output_tokens == len(sampled[req.request_id]) and req.parent_id is None:
+                c["vllm:prompt_tokens"] += req.num_prompt_tokens
+        for req in finished:
+            self.runner.sampler.forget(req.request_id)
+        c["vllm:request_success"] += len(finished)
+        queries, hits = sched.kv_cache_manager.make_prefix_cache_stats()
+        c["vllm:prefix_cache_queries"] += queries
+        c["vllm:prefix_cache_hits"] += hits
+        t1 = time.perf_counter()
+        self.stats.record_step(StepRecord(
+            step=self.stats.num_steps, wall_time_s=t1, duration_s=t1 - t0,
+            prefill_tokens=out.num_prefill_tokens, decode_tokens=out.num_decode_tokens,
+            running=len(sched.running), waiting=len(sched.waiting),
+            kv_cache_usage_perc=sched.kv_cache_manager.usage,
+            preemptions=sched.num_preemptions_last_step,
+        ))
+        return progressed
+
+    def reset_prefix_cache(self) -> bool:
+        return self.scheduler.kv_cache_manager.reset_prefix_cache()

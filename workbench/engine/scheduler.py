@@ -1,0 +1,263 @@
+"""Scheduler (vLLM V1 semantics): one token budget per step, running first, then waiting.
+
+    budget = max_num_batched_tokens
+    1. running requests, in order: each gets min(its remaining tokens, budget) new tokens
+       (a decode: 1, plus spec tokens; an unfinished prefill: the next chunk). When the KV
+       pool is out of blocks, preempt by recompute: the victim (last running under FCFS,
+       lowest priority under priority) frees its blocks, num_computed_tokens = 0, and goes
+       back to the front of the waiting queue.
+    2. waiting requests (only if nobody was preempted this step and fewer than max_num_seqs
+       run): prefix-cache lookup, then a chunk of what is left of the budget (chunked
+       prefill) or the whole prompt if it fits (no chunked prefill: the request waits).
+
+`update_from_output()` is the one place state changes after a forward: tokens appended,
+stop conditions, blocks freed, `n > 1` children forked (sharing blocks copy-on-write).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+from workbench.config import CacheConfig, SchedulerConfig
+from workbench.engine.request import Request, RequestStatus
+from workbench.engine.request_queue import make_request_queue
+from workbench.engine.scheduler_output import SchedulerOutput
+from workbench.engine.stop import check_stop
+from workbench.kv_cache import KVCacheManager
+
+
+class Scheduler:
+    def __init__(
+        self,
+        scheduler_config: SchedulerConfig,
+        cache_config: CacheConfig,
+        num_blocks: int,
+    ) -> None:
+        self.config = scheduler_config
+        self.max_model_len = scheduler_config.max_model_len
+        self.kv_cache_manager = KVCacheManager(
+            num_blocks=num_blocks,
+            block_size=cache_config.block_size,
+            enable_caching=cache_config.enable_prefix_caching,
+        )
+        self.waiting = make_request_queue(scheduler_config.policy)
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self.num_preemptions_last_step = 0
+
+    # ------------------------------------------------------------------ intake
+    def add_request(self, request: Request) -> None:
+        self.requests[request.request_id] = request
+        self.waiting.add(request)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.running) or len(self.waiting) > 0
+
+    def finish_requests(self, request_ids: list[str], status: RequestStatus) -> list[Request]:
+        """Abort (or otherwise finish) requests wherever they are; frees their blocks."""
+        done = []
+        for rid in request_ids:
+            req = self.requests.get(rid)
+            if req is None or req.is_finished():
+                continue
+            if req.status == RequestStatus.RUNNING:
+                self.running.remove(req)
+            else:
+                self.waiting.remove(req)
+            req.status = status
+            self._free(req)
+            done.append(req)
+        return done
+
+    # ---------------------------------------------------------------- schedule
+    def schedule(self) -> SchedulerOutput:
+        cfg = self.config
+        kv = self.kv_cache_manager
+        out = SchedulerOutput()
+        budget: int = cfg.max_num_batched_tokens  # type: ignore[assignment]
+        threshold = cfg.long_prefill_token_threshold
+        scheduled = out.scheduled_requests
+        num_sched = out.num_scheduled_tokens
+        preempted: list[Request] = []
+
+        # 1. Running requests.
+        now = time.perf_counter()
+        max_model_len = self.max_model_len
+        running = self.running
+        block_ids = out.block_ids
+        decodes = 0
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            num_computed = req.num_computed_tokens
+            num_new = len(req.all_token_ids) + len(req.spec_token_ids) - num_computed
+            if 0 < threshold < num_new:
+                num_new = threshold
+            if num_new > budget:
+                num_new = budget
+            if num_new > max_model_len - num_computed:
+                num_new = max_model_len - num_computed
+            if num_new <= 0:
+                i += 1
+                continue
+            while kv.allocate_slots(req, num_new) is None:
+                victim = self._pick_victim()
+                if victim.request_id in num_sched:  # only possible under the priority policy
+                    budget += num_sched.pop(victim.request_id)
+                    scheduled.remove(victim)
+                    del block_ids[victim.request_id]
+                    i -= 1
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is req:
+                    break
+            if req.status != RequestStatus.RUNNING:
+                break  # the request preempted itself: nothing left to take blocks from
+            scheduled.append(req)
+            num_sched[req.request_id] = num_new
+            block_ids[req.request_id] = kv.get_block_ids(req.request_id)
+            budget -= num_new
+            i += 1
+
+        # 2. Waiting requests, unless the pool just ran dry.
+        num_running_scheduled = len(scheduled)
+        if not preempted:
+            self._schedule_waiting(out, budget)
+
+        prefill_tokens = 0
+        for j, req in enumerate(scheduled):
+            n = num_sched[req.request_id]
+            if n == 1 and req.num_computed_tokens >= len(req.prompt_token_ids):
+                decodes += 1
+            else:
+                prefill_tokens += n
+            if j >= num_running_scheduled:
+                block_ids[req.request_id] = kv.get_block_ids(req.request_id)
+                if req.times.first_scheduled is None:
+                    req.times.first_scheduled = now
+        out.num_prefill_tokens = prefill_tokens
+        out.num_decode_tokens = decodes
+        out.blocks_to_copy = kv.take_copy_ops()
+        out.preempted_request_ids = [r.request_id for r in preempted]
+        self.num_preemptions_last_step = len(preempted)
+        return out
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        cfg = self.config
+        kv = self.kv_cache_manager
+        threshold = cfg.long_prefill_token_threshold
+        while len(self.waiting) and budget > 0 and len(self.running) < cfg.max_num_seqs:
+            req = self.waiting.peek()
+            if req.num_computed_tokens == 0:
+                computed_blocks, num_computed = kv.get_computed_blocks(req)
+            else:  # a forked n > 1 child: its blocks are already shared with the parent
+                computed_blocks, num_computed = [], 0
+            num_new = req.num_tokens - req.num_computed_tokens - num_computed
+            if 0 < threshold < num_new:
+                num_new = threshold
+            if num_new > budget:
+                if not cfg.enable_chunked_prefill:
+                    break  # block scheduling: the whole prompt must fit in one step
+                num_new = budget
+            if kv.allocate_slots(req, num_new, computed_blocks, num_computed) is None:
+                break
+            self.waiting.pop()
+            self.running.append(req)
+            req.status = RequestStatus.RUNNING
+            req.num_computed_tokens += num_computed
+            if req.num_cached_tokens < 0:
+                req.num_cached_tokens = num_computed
+            out.scheduled_requests.append(req)
+            out.num_scheduled_tokens[req.request_id] = num_new
+            budget -= num_new
+
+    def _pick_victim(self) -> Request:
+        if self.config.policy == "priority":
+            victim = max(self.running, key=lambda r: (r.priority, r.times.arrival))
+            self.running.remove(victim)
+            return victim
+        return self.running.pop()
+
+    def _preempt(self, req: Request) -> None:
+        self.kv_cache_manager.free(req)
+        req.status = RequestStatus.PREEMPTED
+        req.num_computed_tokens = 0
+        req.spec_token_ids = []
+        req.num_preemptions += 1
+        self.waiting.prepend(req)
+
+    def _free(self, req: Request) -> None:
+        self.kv_cache_manager.free(req)
+        self.requests.pop(req.request_id, None)
+
+    # ------------------------------------------------------------------ update
+    def update_from_output(
+        self, out: SchedulerOutput, sampled: dict[str, list[int]]
+    ) -> tuple[list[Request], list[Request]]:
+        """Apply one forward's results. Returns (requests that got tokens, finished ones).
+
+        `sampled` holds, for each request whose computed tokens reached its end this step,
+        the accepted token ids (one without speculation). A request mid-prefill gets none.
+        """
+        now = time.perf_counter()
+        progressed: list[Request] = []
+        finished: list[Request] = []
+        max_model_len = self.max_model_len
+        num_sched = out.num_scheduled_tokens
+        for req in out.scheduled_requests:
+            rid = req.request_id
+            req.num_computed_tokens += num_sched[rid]
+            new = sampled.get(rid)
+            if not new:
+                continue
+            token_times = req.times.token_times
+            for tok in new:
+                req.output_token_ids.append(tok)
+                req.all_token_ids.append(tok)
+                token_times.append(now)
+                if check_stop(req, max_model_len):
+                    break
+            if req.times.first_token is None:
+                req.times.first_token = now
+            progressed.append(req)
+            if req.status >= RequestStatus.FINISHED_STOPPED:
+                req.times.finished = now
+                self.running.remove(req)
+                self._free(req)
+                finished.append(req)
+            elif req.sampling_params.n > 1 and req.parent_id is None:
+                self._fork_children(req)
+        return progressed, finished
+
+    def _fork_children(self, parent: Request) -> None:
+        """After the parent's prefill, start n - 1 children sharing its prompt blocks.
+
+        Each child recomputes only the last prompt token (so it samples its own first token
+        with its own generator); writing that token's KV into the shared last block is what
+        triggers copy-on-write in the KV cache manager.
+        """
+        params = parent.sampling_params
+        for idx in reversed(range(1, params.n)):  # prepended: end up in index order
+            child_params = replace(
+                params, n=1, seed=None if params.seed is None else params.seed + idx
+            )
+            child = Request(
+                request_id=f"{parent.request_id}#{idx}",
+                prompt_token_ids=parent.prompt_token_ids,
+                sampling_params=child_params,
+                eos_token_id=parent.eos_token_id,
+                arrival_time=parent.times.arrival,
+                priority=parent.priority,
+                cache_salt=parent.cache_salt,
+                max_tokens=parent.max_tokens,
+                parent_id=parent.request_id,
+                index=idx,
+            )
+            child.times.first_scheduled = parent.times.first_scheduled
+            self.kv_cache_manager.fork(parent, child)
+            child.num_computed_tokens = parent.num_prompt_tokens - 1
+            child.num_cached_tokens = parent.num_cached_tokens
+            self.requests[child.request_id] = child
+            self.waiting.prepend(child)
+        parent.sampling_params = replace(params, n=1)  # forked: never again

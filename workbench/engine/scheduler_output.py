@@ -1,0 +1,35 @@
+"""SchedulerOutput: the plain record `Scheduler.schedule()` hands to the model runner."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from workbench.engine.request import Request
+
+
+@dataclass
+class SchedulerOutput:
+    """One step's plan.
+
+    scheduled_requests: in batch order (running requests first, then newly admitted ones).
+    num_scheduled_tokens: request_id -> new tokens to compute this step (incl. spec tokens).
+    block_ids: request_id -> the request's whole block table (block ids in order).
+    blocks_to_copy: copy-on-write operations (src block id, dst block id) to run before the
+        forward pass.
+    """
+
+    scheduled_requests: list[Request] = field(default_factory=list)
+    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
+    block_ids: dict[str, list[int]] = field(default_factory=dict)
+    blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
+    preempted_request_ids: list[str] = field(default_factory=list)
+    num_prefill_tokens: int = 0
+    num_decode_tokens: int = 0
+
+    @property
+    def total_num_scheduled_tokens(self) -> int:
+        return self.num_prefill_tokens + self.num_decode_tokens
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled_requests

@@ -1,0 +1,38 @@
+"""Paged KV cache bookkeeping (pure Python, no torch): blocks, LRU free queue, prefix cache.
+
+    hashing.py     chained block keys (sha256 by default, injectable)
+    block.py       KVCacheBlock
+    free_queue.py  FreeKVCacheBlockQueue (doubly linked LRU list)
+    block_pool.py  BlockPool (null block, free queue, hash -> block map)
+    manager.py     KVCacheManager (what the scheduler calls)
+    bench.py       `python -m workbench.kv_cache.bench`
+"""
+
+from workbench.kv_cache.block import KVCacheBlock
+from workbench.kv_cache.block_pool import BlockPool
+from workbench.kv_cache.free_queue import FreeKVCacheBlockQueue
+from workbench.kv_cache.hashing import (
+    NONE_HASH,
+    BlockHash,
+    HashFn,
+    block_extra_keys,
+    hash_block_tokens,
+    hash_request_blocks,
+    sha256_hash_fn,
+)
+from workbench.kv_cache.manager import KVCacheManager, PrefixCacheStats
+
+__all__ = [
+    "NONE_HASH",
+    "BlockHash",
+    "BlockPool",
+    "FreeKVCacheBlockQueue",
+    "HashFn",
+    "KVCacheBlock",
+    "KVCacheManager",
+    "PrefixCacheStats",
+    "block_extra_keys",
+    "hash_block_tokens",
+    "hash_request_blocks",
+    "sha256_hash_fn",
+]

@@ -1,0 +1,393 @@
+"""KVCacheManager: which blocks each request holds; prefix-cache lookup; copy-on-write.
+
+    Scheduler --get_computed_blocks(req)--> (hit blocks, num hit tokens)   [waiting requests]
+              --allocate_slots(req, n, hits, n_hit)--> new blocks | None    [every step]
+              --free(req)-->                                               [finish / preempt]
+    ModelRunner <--take_copy_ops()-- [(src_block_id, dst_block_id), ...]  (apply in order,
+                                                                            before the forward)
+
+Per request it keeps the block list, the chained hashes of its full blocks (extended
+incrementally, never recomputed) and how many leading blocks were already offered to the
+cache. It never modifies the Request: the scheduler advances `num_computed_tokens` itself.
+
+    block_size 4, num_computed_tokens 6, num_new_tokens 3:
+    | t0 t1 t2 t3 | t4 t5 __ __ | __ __ __ __ |
+       block 0       block 1       block 2 (new)
+    writes go to positions 6..8: block 1 (copied first if shared: ref_cnt > 1) and block 2.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from typing import NamedTuple
+
+from workbench.engine.request import Request
+from workbench.kv_cache.block import KVCacheBlock
+from workbench.kv_cache.block_pool import BlockPool
+from workbench.kv_cache.hashing import NONE_HASH, BlockHash, HashFn, sha256_hash_fn
+
+
+class PrefixCacheStats(NamedTuple):
+    """Tokens looked up and tokens hit since the last `make_prefix_cache_stats()`."""
+
+    queries: int
+    hits: int
+
+
+class _RequestBlocks:
+    """A request's blocks, their ids (kept in step) and the keys of its full blocks."""
+
+    __slots__ = (
+        "blocks", "block_ids", "block_hashes", "num_cached_blocks", "num_slots", "next_full_at"
+    )
+
+    def __init__(self) -> None:
+        self.blocks: list[KVCacheBlock] = []
+        self.block_ids: list[int] = []
+        self.block_hashes: list[BlockHash] = []
+        self.num_cached_blocks = 0  # leading blocks already passed to cache_full_blocks
+        self.num_slots = 0  # len(blocks) * block_size
+        self.next_full_at = 0  # (num_cached_blocks + 1) * block_size; sys.maxsize: no caching
+
+
+class KVCacheManager:
+    """Paged KV-cache bookkeeping for one attention type, vLLM V1 semantics."""
+
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_caching: bool = True,
+        hash_fn: HashFn | None = None,
+    ) -> None:
+        if not isinstance(block_size, int) or block_size < 1:
+            raise ValueError(f"block_size ({block_size}) must be a positive integer")
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self.hash_fn: HashFn = hash_fn if hash_fn is not None else sha256_hash_fn
+        self.block_pool = BlockPool(num_blocks, enable_caching)
+        self.num_blocks = num_blocks
+        self._reqs: dict[str, _RequestBlocks] = {}
+        self._copy_ops: list[tuple[int, int]] = []
+        self._queries = 0
+        self._hits = 0
+
+    # ---- prefix-cache lookup --------------------------------------------------------------
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[KVCacheBlock], int]:
+        """Longest chain of cached full blocks from block 0 (takes no references).
+
+        At most (num_tokens - 1) // block_size blocks are looked up, so the last token is
+        always recomputed and the prefill produces logits.
+        """
+        if not self.enable_caching:
+            return [], 0
+        st = self._reqs.get(request.request_id)
+        if st is None:
+            st = self._reqs[request.request_id] = _RequestBlocks()
+            self._set_num_cached(st, 0)
+        bs = self.block_size
+        tokens = request.all_token_ids
+        hashes = st.block_hashes
+        cached = self.block_pool.cached_block_hash_to_block
+        computed: list[KVCacheBlock] = []
+        for i in range((len(tokens) - 1) // bs):
+            block_tokens = tuple(tokens[i * bs : (i + 1) * bs])
+            if i < len(hashes):
+                block_hash = hashes[i]
+            else:
+                parent = hashes[i - 1] if i else NONE_HASH
+                extra = (request.cache_salt,) if i == 0 and request.cache_salt is not None else None
+                block_hash = self.hash_fn(parent, block_tokens, extra)
+                hashes.append(block_hash)
+            block = cached.get(block_hash)
+            if block is None or block.token_ids != block_tokens:  # miss, or a hash collision
+                break
+            computed.append(block)
+        num_computed_tokens = len(computed) * bs
+        self._queries += len(tokens)
+        self._hits += num_computed_tokens
+        return computed, num_computed_tokens
+
+    # ---- allocation -----------------------------------------------------------------------
+
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        new_computed_blocks: list[KVCacheBlock] | None = None,
+        num_new_computed_tokens: int = 0,
+        num_lookahead_tokens: int = 0,
+    ) -> list[KVCacheBlock] | None:
+        """Own blocks for num_computed + num_new_computed + num_new + num_lookahead tokens.
+
+        Returns the blocks appended at the end of the request's list (copy-on-write
+        replacements are not included: see take_copy_ops / get_block_ids), or None, with
+        nothing changed, when the free queue cannot supply them.
+        """
+        st = self._reqs.get(request.request_id)
+        if st is not None and not new_computed_blocks:
+            # Fast path (steady decode): the slots exist, the one block written is ours alone
+            # and uncached, and no block becomes full.
+            nc = request.num_computed_tokens
+            end = nc + num_new_tokens + num_lookahead_tokens
+            if end <= st.num_slots and num_new_tokens > 0 and num_lookahead_tokens >= 0:
+                bs = self.block_size
+                first = nc // bs
+                if end <= (first + 1) * bs and not num_new_computed_tokens:
+                    block = st.blocks[first]
+                    if (
+                        block.ref_cnt == 1
+                        and block.block_hash is None
+                        and (
+                            nc + num_new_tokens < st.next_full_at
+                            or len(request.all_token_ids) < st.next_full_at
+                        )
+                    ):
+                        return []
+        return self._allocate_slots_slow(
+            request, st, num_new_tokens, new_computed_blocks or [],
+            num_new_computed_tokens, num_lookahead_tokens,
+        )
+
+    def _allocate_slots_slow(
+        self,
+        request: Request,
+        st: _RequestBlocks | None,
+        num_new_tokens: int,
+        new_computed: list[KVCacheBlock],
+        num_new_computed_tokens: int,
+        num_lookahead_tokens: int,
+    ) -> list[KVCacheBlock] | None:
+        bs = self.block_size
+        if num_new_tokens < 0 or num_lookahead_tokens < 0:
+            raise ValueError(
+                f"num_new_tokens ({num_new_tokens}) and num_lookahead_tokens "
+                f"({num_lookahead_tokens}) must be >= 0"
+            )
+        if num_new_computed_tokens != len(new_computed) * bs:
+            raise ValueError(
+                f"num_new_computed_tokens ({num_new_computed_tokens}) must equal "
+                f"len(new_computed_blocks) * block_size ({len(new_computed)} * {bs}); pass "
+                "what get_computed_blocks returned"
+            )
+        owned = st.blocks if st is not None else []
+        num_owned = len(owned)
+        nc = request.num_computed_tokens
+        if nc > num_owned * bs:
+            raise ValueError(
+                f"request {request.request_id!r} has num_computed_tokens={nc} but owns only "
+                f"{num_owned} blocks of {bs}; reset num_computed_tokens to 0 after free()"
+            )
+        if new_computed:
+            self._check_new_computed(request, st, new_computed)
+
+        write_start = nc + num_new_computed_tokens
+        end = write_start + num_new_tokens + num_lookahead_tokens
+        num_required = -(-end // bs)
+        num_grow = max(0, num_required - num_owned - len(new_computed))
+        # Held blocks about to be written: a shared one is replaced (copy-on-write); a
+        # sole-held cached one whose tokens differ from ours loses its key first.
+        cow: list[int] = []
+        uncache: list[KVCacheBlock] = []
+        if end > write_start:
+            tokens = request.all_token_ids
+            for i in range(write_start // bs, min(num_owned, num_required)):
+                block = owned[i]
+                if block.ref_cnt > 1:
+                    cow.append(i)
+                elif block.block_hash is not None and block.token_ids != tuple(
+                    tokens[i * bs : (i + 1) * bs]
+                ):
+                    uncache.append(block)
+        num_evictable_hits = 0
+        for block in new_computed:
+            if block.ref_cnt == 0:
+                num_evictable_hits += 1
+        pool = self.block_pool
+        if num_grow + len(cow) + num_evictable_hits > pool.free_block_queue.num_free_blocks:
+            return None
+
+        # ---- commit: nothing below can fail ----
+        if st is None:
+            st = self._reqs[request.request_id] = _RequestBlocks()
+            self._set_num_cached(st, 0)
+        blocks, ids = st.blocks, st.block_ids
+        if new_computed:
+            pool.touch(new_computed)
+            blocks.extend(new_computed)
+            ids.extend([b.block_id for b in new_computed])
+        for i in cow:
+            shared = blocks[i]
+            fresh = pool.get_new_blocks(1)[0]
+            if i * bs < nc:  # holds computed KV: the runner must copy it first
+                self._copy_ops.append((shared.block_id, fresh.block_id))
+            blocks[i] = fresh
+            ids[i] = fresh.block_id
+            pool.free_blocks((shared,))
+        for block in uncache:
+            pool.uncache_block(block)
+        new_blocks = pool.get_new_blocks(num_grow) if num_grow else []
+        if new_blocks:
+            blocks.extend(new_blocks)
+            ids.extend([b.block_id for b in new_blocks])
+        st.num_slots = len(blocks) * bs
+
+        if self.enable_caching:
+            num_full = min(write_start + num_new_tokens, len(request.all_token_ids)) // bs
+            if num_full > st.num_cached_blocks:
+                self._extend_hashes(st, request, num_full)
+                pool.cache_full_blocks(
+                    blocks, st.block_hashes, request.all_token_ids,
+                    st.num_cached_blocks, num_full, bs,
+                )
+                self._set_num_cached(st, num_full)
+        return new_blocks
+
+    def _check_new_computed(
+        self, request: Request, st: _RequestBlocks | None, new_computed: list[KVCacheBlock]
+    ) -> None:
+        rid = request.request_id
+        if request.num_computed_tokens or (st is not None and st.blocks):
+            raise ValueError(
+                f"request {rid!r} already has computed tokens or blocks; "
+                "new_computed_blocks are only for a request that holds none"
+            )
+        hashes = st.block_hashes if st is not None else []
+        for i, block in enumerate(new_computed):
+            if i >= len(hashes) or block.block_hash != hashes[i]:
+                raise ValueError(
+                    f"new_computed_blocks[{i}] (block {block.block_id}) is not the cached "
+                    f"block for request {rid!r}; call allocate_slots right after "
+                    "get_computed_blocks, with no other allocation in between"
+                )
+
+    def _set_num_cached(self, st: _RequestBlocks, num_cached_blocks: int) -> None:
+        st.num_cached_blocks = num_cached_blocks
+        st.next_full_at = (
+            (num_cached_blocks + 1) * self.block_size if self.enable_caching else sys.maxsize
+        )
+
+    def _extend_hashes(self, st: _RequestBlocks, request: Request, num_full_blocks: int) -> None:
+        """Hash full blocks len(block_hashes) .. num_full_blocks - 1 (each block once)."""
+        bs = self.block_size
+        hashes = st.block_hashes
+        tokens = request.all_token_ids
+        hash_fn = self.hash_fn
+        for i in range(len(hashes), num_full_blocks):
+            parent = hashes[i - 1] if i else NONE_HASH
+            extra = (request.cache_salt,) if i == 0 and request.cache_salt is not None else None
+            hashes.append(hash_fn(parent, tuple(tokens[i * bs : (i + 1) * bs]), extra))
+
+    # ---- copy-on-write (n > 1 sampling) ---------------------------------------------------
+
+    def fork(self, parent: Request, child: Request) -> None:
+        """Make `child` share the parent's blocks (ref_cnt += 1 each, no copy yet).
+
+        Shared are the blocks holding the first n = min(parent.num_computed_tokens,
+        child.num_tokens) tokens (all of the parent's blocks unless it holds lookahead
+        blocks); the two requests' token ids must be equal there. The caller sets
+        child.num_computed_tokens (before or after fork) to at most n. A write into a shared
+        block (ref_cnt > 1) gets a fresh block and a copy op; the last holder writes in place.
+        """
+        pst = self._reqs.get(parent.request_id)
+        if pst is None or not pst.blocks:
+            raise ValueError(f"fork: parent {parent.request_id!r} holds no blocks")
+        cst = self._reqs.get(child.request_id)
+        if cst is not None and cst.blocks:
+            raise ValueError(f"fork: child {child.request_id!r} already holds blocks")
+        n = min(parent.num_computed_tokens, len(child.all_token_ids))
+        if child.all_token_ids[:n] != parent.all_token_ids[:n]:
+            raise ValueError(
+                f"fork: child {child.request_id!r}'s token ids differ from parent "
+                f"{parent.request_id!r}'s within the parent's computed tokens"
+            )
+        num_shared = -(-n // self.block_size)  # blocks holding the shared computed tokens
+        shared = pst.blocks[:num_shared]
+        self.block_pool.touch(shared)
+        cst = self._reqs[child.request_id] = _RequestBlocks()
+        cst.blocks = shared
+        cst.block_ids = pst.block_ids[:num_shared]
+        num_shared_full = min(len(pst.block_hashes), n // self.block_size)
+        cst.block_hashes = pst.block_hashes[:num_shared_full]
+        cst.num_slots = len(shared) * self.block_size
+        self._set_num_cached(cst, min(pst.num_cached_blocks, num_shared_full))
+
+    def take_copy_ops(self) -> list[tuple[int, int]]:
+        """(src_block_id, dst_block_id) copies recorded since the last call, in order."""
+        ops, self._copy_ops = self._copy_ops, []
+        return ops
+
+    # ---- release --------------------------------------------------------------------------
+
+    def free(self, request: Request) -> None:
+        """Release the request's blocks tail first (prefix blocks are evicted last).
+
+        Call it for every request ever passed in, including aborted waiting ones (a lookup
+        keeps the request's hashes). Freed blocks keep their keys until reallocated.
+        """
+        st = self._reqs.pop(request.request_id, None)
+        if st is not None and st.blocks:
+            self.block_pool.free_blocks(reversed(st.blocks))
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop every cached key; False (nothing changed) while any request holds a block."""
+        return self.block_pool.reset_prefix_cache()
+
+    # ---- queries --------------------------------------------------------------------------
+
+    def get_block_ids(self, request_id: str) -> list[int]:
+        """The request's block table row (a copy); [] if it holds nothing."""
+        st = self._reqs.get(request_id)
+        return list(st.block_ids) if st is not None else []
+
+    def get_blocks(self, request_id: str) -> list[KVCacheBlock]:
+        st = self._reqs.get(request_id)
+        return list(st.blocks) if st is not None else []
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.block_pool.free_block_queue.num_free_blocks
+
+    @property
+    def usage(self) -> float:
+        """vLLM's KV usage: 1 - free / (num_blocks - 1)."""
+        return self.block_pool.get_usage()
+
+    def make_prefix_cache_stats(self) -> PrefixCacheStats:
+        stats = PrefixCacheStats(self._queries, self._hits)
+        self._queries = self._hits = 0
+        return stats
+
+    def check_integrity(self) -> None:
+        """Raise AssertionError on any broken pool or per-request invariant."""
+        pool = self.block_pool
+        pool.check_integrity()
+        holders: Counter[int] = Counter()
+        for rid, st in self._reqs.items():
+            ids = [b.block_id for b in st.blocks]
+            assert ids == st.block_ids, f"request {rid!r}: block_ids {st.block_ids} != {ids}"
+            assert len(set(ids)) == len(ids), f"request {rid!r} holds a block twice: {ids}"
+            assert 0 not in ids, f"request {rid!r} holds the null block"
+            assert st.num_cached_blocks <= len(st.blocks), f"request {rid!r}: cached > held"
+            assert st.num_slots == len(ids) * self.block_size, f"request {rid!r}: num_slots"
+            if self.enable_caching:
+                assert st.next_full_at == (st.num_cached_blocks + 1) * self.block_size
+            if self.enable_caching:
+                assert st.num_cached_blocks <= len(st.block_hashes), (
+                    f"request {rid!r}: {st.num_cached_blocks} cached blocks but "
+                    f"{len(st.block_hashes)} hashes"
+                )
+                for i in range(st.num_cached_blocks):
+                    h = st.blocks[i].block_hash
+                    assert h is None or h == st.block_hashes[i], (
+                        f"request {rid!r}: block {ids[i]} at index {i} has a foreign key"
+                    )
+            holders.update(ids)
+        for block in pool.blocks[1:]:
+            assert block.ref_cnt == holders[block.block_id], (
+                f"block {block.block_id}: ref_cnt {block.ref_cnt} but held by "
+                f"{holders[block.block_id]} request(s)"
+            )
+        assert pool.null_block.ref_cnt == 0, "the null block was handed out"

@@ -1,0 +1,13 @@
+"""SiluAndMul: the SwiGLU gate on a fused gate_up projection, silu(x[:d]) * x[d:]."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class SiluAndMul(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        d = x.shape[-1] // 2
+        return F.silu(x[..., :d]) * x[..., d:]

@@ -1,0 +1,166 @@
+"""Linear layers written tensor-parallel style (tp_size = 1, tp_rank = 0 for now).
+
+Each parameter carries a `weight_loader(param, loaded_weight, shard_id=None)` that copies its
+slice of a checkpoint tensor into place. Fused layers (QKVParallelLinear, MergedColumnParallel-
+Linear) are filled from Hugging Face's separate tensors: the model's `packed_modules_mapping`
+maps e.g. `q_proj` -> (`qkv_proj`, "q"), and the loader passes the shard id.
+
+    qkv_proj.weight rows:  [ q: num_heads*head_dim | k: num_kv_heads*head_dim | v: same as k ]
+    gate_up_proj rows:     [ gate: intermediate | up: intermediate ]
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def _copy_checked(dst: torch.Tensor, src: torch.Tensor) -> None:
+    if dst.shape != src.shape:
+        raise ValueError(
+            f"checkpoint tensor has shape {tuple(src.shape)} but the parameter (slice) expects "
+            f"{tuple(dst.shape)}"
+        )
+    dst.copy_(src)
+
+
+def _tp_shard(loaded: torch.Tensor, dim: int, size: int, rank: int, tp_size: int) -> torch.Tensor:
+    """This rank's `size` rows along `dim`; the whole tensor (shape checked later) when tp = 1."""
+    if tp_size == 1:
+        return loaded
+    return loaded.narrow(dim, rank * size, size)
+
+
+class LinearBase(nn.Module):
+    """y = x W^T + b with `weight` [output_size, input_size] (this rank's partition)."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
+        super().__init__()
+        self.tp_rank = 0
+        self.tp_size = 1
+        self.input_size = input_size
+        self.output_size = output_size
+        self.weight = nn.Parameter(torch.empty(output_size, input_size), requires_grad=False)
+        self.weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]
+        if bias:
+            self.bias: nn.Parameter | None = nn.Parameter(
+                torch.empty(output_size), requires_grad=False
+            )
+            self.bias.weight_loader = self.weight_loader  # type: ignore[attr-defined]
+        else:
+            self.register_parameter("bias", None)
+
+    def weight_loader(
+        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: str | int | None = None
+    ) -> None:
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in={self.input_size}, out={self.output_size}, bias={self.bias is not None}"
+
+
+class ReplicatedLinear(LinearBase):
+    """Every rank holds the full weight."""
+
+    def weight_loader(
+        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: str | int | None = None
+    ) -> None:
+        _copy_checked(param.data, loaded_weight)
+
+
+class ColumnParallelLinear(LinearBase):
+    """Output features split across ranks (dim 0 of the weight)."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
+        tp_size = 1
+        if output_size % tp_size:
+            raise ValueError(f"output_size ({output_size}) must divide by tp_size ({tp_size})")
+        super().__init__(input_size, output_size // tp_size, bias)
+
+    def weight_loader(
+        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: str | int | None = None
+    ) -> None:
+        size = param.shape[0]
+        _copy_checked(param.data, _tp_shard(loaded_weight, 0, size, self.tp_rank, self.tp_size))
+
+
+class MergedColumnParallelLinear(ColumnParallelLinear):
+    """Column-parallel outputs stacked in one weight (e.g. gate_up_proj); shard_id = index."""
+
+    def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False) -> None:
+        self.output_sizes = list(output_sizes)
+        super().__init__(input_size, sum(output_sizes), bias)
+
+    def weight_loader(
+        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: str | int | None = None
+    ) -> None:
+        if not isinstance(shard_id, int) or not 0 <= shard_id < len(self.output_sizes):
+            raise ValueError(
+                f"shard_id ({shard_id!r}) must be an index into output_sizes {self.output_sizes}"
+            )
+        offset = sum(self.output_sizes[:shard_id]) // self.tp_size
+        size = self.output_sizes[shard_id] // self.tp_size
+        dst = param.data.narrow(0, offset, size)
+        _copy_checked(dst, _tp_shard(loaded_weight, 0, size, self.tp_rank, self.tp_size))
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    """Fused q/k/v projection; shard_id is "q", "k" or "v"."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        head_size: int,
+        total_num_heads: int,
+        total_num_kv_heads: int | None = None,
+        bias: bool = False,
+    ) -> None:
+        total_num_kv_heads = total_num_kv_heads or total_num_heads
+        tp_size = 1
+        self.head_size = head_size
+        self.num_heads = total_num_heads // tp_size
+        self.num_kv_heads = max(1, total_num_kv_heads // tp_size)
+        output_size = (total_num_heads + 2 * total_num_kv_heads) * head_size
+        super().__init__(hidden_size, output_size, bias)
+
+    def weight_loader(
+        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: str | int | None = None
+    ) -> None:
+        q_size = self.num_heads * self.head_size
+        kv_size = self.num_kv_heads * self.head_size
+        layout = {"q": (0, q_size), "k": (q_size, kv_size), "v": (q_size + kv_size, kv_size)}
+        if shard_id not in layout:
+            raise ValueError(f"shard_id ({shard_id!r}) must be one of 'q', 'k', 'v'")
+        offset, size = layout[shard_id]  # type: ignore[index]
+        dst = param.data.narrow(0, offset, size)
+        _copy_checked(dst, _tp_shard(loaded_weight, 0, size, self.tp_rank, self.tp_size))
+
+
+class RowParallelLinear(LinearBase):
+    """Input features split across ranks (dim 1 of the weight); outputs are all-reduced.
+
+    The bias is replicated and added once (on rank 0) after the reduction.
+    """
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
+        tp_size = 1
+        if input_size % tp_size:
+            raise ValueError(f"input_size ({input_size}) must divide by tp_size ({tp_size})")
+        super().__init__(input_size // tp_size, output_size, bias)
+
+    def weight_loader(
+        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: str | int | None = None
+    ) -> None:
+        if param.dim() == 1:  # bias: replicated
+            _copy_checked(param.data, loaded_weight)
+            return
+        size = param.shape[1]
+        _copy_checked(param.data, _tp_shard(loaded_weight, 1, size, self.tp_rank, self.tp_size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        bias = self.bias if self.tp_rank == 0 else None
+        return F.linear(x, self.weight, bias)  # + all_reduce when tp_size > 1

@@ -1,0 +1,90 @@
+"""Sampler: logits of the rows that need a token -> one token id per row.
+
+Greedy rows take the argmax. Sampled rows apply temperature, top-k, then top-p, and draw with
+the request's own `torch.Generator` (seeded from `SamplingParams.seed`, so the same seed gives
+the same tokens whatever else is in the batch) or the engine's generator when unseeded.
+`min_tokens` suppresses EOS and stop tokens until enough tokens exist.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from workbench.engine.request import Request
+
+
+class Sampler:
+    def __init__(self, seed: int, device: torch.device) -> None:
+        self.device = device
+        self.engine_generator = torch.Generator(device=device)
+        self.engine_generator.manual_seed(seed)
+        self._generators: dict[str, torch.Generator] = {}
+
+    def forget(self, request_id: str) -> None:
+        self._generators.pop(request_id, None)
+
+    def _generator(self, req: Request) -> torch.Generator:
+        seed = req.sampling_params.seed
+        if seed is None:
+            return self.engine_generator
+        gen = self._generators.get(req.request_id)
+        if gen is None:
+            gen = torch.Generator(device=self.device)
+            gen.manual_seed(seed)
+            self._generators[req.request_id] = gen
+        return gen
+
+    def __call__(self, logits: torch.Tensor, requests: list[Request]) -> list[int]:
+        """logits: [len(requests), vocab] float32. Returns one token id per request."""
+        self._apply_min_tokens(logits, requests)
+        if all(r.sampling_params.greedy for r in requests):
+            return logits.argmax(dim=-1).tolist()
+        out = logits.argmax(dim=-1).tolist()
+        rows = [i for i, r in enumerate(requests) if not r.sampling_params.greedy]
+        probs = self.sampling_probs(logits[rows], [requests[i] for i in rows])
+        for j, i in enumerate(rows):
+            # Exponential race (as vLLM): argmax(p / E), E ~ Exp(1), is a draw from p.
+            q = torch.empty_like(probs[j]).exponential_(generator=self._generator(requests[i]))
+            out[i] = int((probs[j] / q).argmax())
+        return out
+
+    @staticmethod
+    def sampling_probs(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+        """Temperature, top-k, top-p applied; returns probabilities [rows, vocab] float32."""
+        temps = torch.tensor(
+            [r.sampling_params.temperature for r in requests], dtype=torch.float32,
+            device=logits.device,
+        )
+        logits = logits.float() / temps[:, None]
+        vocab = logits.shape[-1]
+        top_ks = [r.sampling_params.top_k for r in requests]
+        if any(0 < k < vocab for k in top_ks):
+            k = torch.tensor(
+                [k if 0 < k < vocab else vocab for k in top_ks], device=logits.device
+            )
+            sorted_desc = logits.sort(dim=-1, descending=True).values
+            kth = sorted_desc.gather(1, (k - 1)[:, None])
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        top_ps = [r.sampling_params.top_p for r in requests]
+        if any(p < 1.0 for p in top_ps):
+            p = torch.tensor(top_ps, dtype=torch.float32, device=logits.device)
+            sorted_logits, idx = logits.sort(dim=-1, descending=True)
+            sorted_probs = sorted_logits.softmax(dim=-1)
+            # Drop a token when the mass strictly before it already reaches top_p.
+            mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+            drop_sorted = mass_before >= p[:, None]
+            drop = torch.zeros_like(drop_sorted).scatter(1, idx, drop_sorted)
+            logits = logits.masked_fill(drop, float("-inf"))
+        return logits.softmax(dim=-1)
+
+    @staticmethod
+    def _apply_min_tokens(logits: torch.Tensor, requests: list[Request]) -> None:
+        for i, r in enumerate(requests):
+            params = r.sampling_params
+            if r.num_output_tokens >= params.min_tokens:
+                continue
+            banned = list(params.stop_token_ids)
+            if r.eos_token_id is not None:
+                banned.append(r.eos_token_id)
+            if banned:
+                logits[i, banned] = float("-inf")
