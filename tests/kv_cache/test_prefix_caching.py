@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
+import struct
 import subprocess
 import sys
 
@@ -47,7 +49,7 @@ def test_prefill_hit_and_free_order() -> None:
     assert m.allocate_slots(req0, 55) is not None
     assert m.get_block_ids("0") == [1, 2, 3, 4]
     parent = NONE_HASH
-    for block_id, i in zip((1, 2, 3), range(3)):
+    for i, block_id in enumerate((1, 2, 3)):
         block = m.block_pool.blocks[block_id]
         parent = (parent, tuple(common[16 * i : 16 * (i + 1)]), None)
         assert block.block_hash == parent
@@ -157,6 +159,22 @@ def test_default_sha256_chain_values() -> None:
     assert h0 != sha256_hash_fn(NONE_HASH, (11, 12, 13, 14), ("salt2",))
 
 
+def test_sha256_encoding_is_pinned() -> None:
+    # The canonical encoding, spelled out: a change here silently invalidates stored keys.
+    def pack(fmt: str, *values: int) -> bytes:
+        return struct.pack(fmt, *values)
+
+    h0_bytes = (b"B" + pack("<I", 32) + NONE_HASH + pack("<I4q", 4, 1, 2, 3, 4)
+                + b"U" + pack("<I", 1) + b"S" + pack("<I", 4) + b"salt")
+    h0 = hashlib.sha256(h0_bytes).digest()
+    h1 = hashlib.sha256(b"B" + pack("<I", 32) + h0 + pack("<I4q", 4, 5, 6, 7, 8) + b"N").digest()
+    assert NONE_HASH == hashlib.sha256(b"workbench.kv_cache.NONE_HASH").digest()
+    assert sha256_hash_fn(NONE_HASH, (1, 2, 3, 4), ("salt",)) == h0
+    assert sha256_hash_fn(h0, (5, 6, 7, 8), None) == h1
+    assert h1.hex() == "395ad7bd4e83b4c3ab25b1ca587989c5dc60019974a3fe5437aa4c9e17d25608"
+    assert hash_request_blocks(sha256_hash_fn, list(range(1, 10)), 4, "salt") == [h0, h1]
+
+
 def test_sha256_is_deterministic_across_processes() -> None:
     code = (
         "from workbench.kv_cache.hashing import NONE_HASH, sha256_hash_fn;"
@@ -246,6 +264,21 @@ def test_decode_caches_a_block_when_it_fills_and_lookahead_is_never_cached() -> 
     m.check_integrity()
 
 
+def test_decode_step_that_fills_a_block_caches_it() -> None:
+    m = KVCacheManager(num_blocks=10, block_size=4, hash_fn=tuple_hash)
+    a = make_request("a", list(range(6)))
+    assert prefill(m, a) == [1, 2]
+    for token in (6, 7):  # position 6, then position 7 fills block 2: no new block either time
+        a.append_output_token_ids([token])
+        assert m.allocate_slots(a, 1) == []
+        a.num_computed_tokens += 1
+    h0 = (NONE_HASH, (0, 1, 2, 3), None)
+    assert m.block_pool.blocks[2].block_hash == (h0, (4, 5, 6, 7), None)
+    hit, n = m.get_computed_blocks(make_request("b", list(range(9))))
+    assert ids(hit) == [1, 2] and n == 8
+    m.check_integrity()
+
+
 def test_allocate_none_changes_nothing() -> None:
     m = KVCacheManager(num_blocks=6, block_size=4)
     a = make_request("a", list(range(12)))
@@ -281,7 +314,7 @@ def test_argument_errors() -> None:
     with pytest.raises(ValueError, match=">= 0"):
         m.allocate_slots(b, -1)
     assert m.allocate_slots(make_request("c", [0] * 32), 32) is not None  # evicts block 2
-    with pytest.raises(ValueError, match="not the cached block"):
+    with pytest.raises(ValueError, match="no longer the cached block"):
         m.allocate_slots(b, 2, hit, n)
     stale = make_request("d", list(range(10)))
     stale.num_computed_tokens = 8

@@ -34,7 +34,12 @@ from workbench.bench.offline_workload import (
     single_request,
     workload_tokens,
 )
-from workbench.bench.roofline import DecoderShape, measure_fp32_gflops, workload_roofline
+from workbench.bench.roofline import (
+    CpuWatch,
+    DecoderShape,
+    measure_fp32_gflops,
+    workload_roofline,
+)
 
 DEFAULT_CKPT_DIR = Path("/tmp/workbench-bench/llama-30m")
 
@@ -50,6 +55,7 @@ class SystemResult:
     total_tokens: int
     single_tokens: int
     load_s: float = 0.0
+    others_cpu: float = float("nan")  # share of all CPUs other processes used in the runs
     mismatches: int | None = None  # requests whose tokens differ from the reference
     notes: str = ""
     token_ids: list[list[int]] = field(default_factory=list, repr=False)
@@ -69,24 +75,28 @@ class SystemResult:
         return 1000.0 * median(self.single_run_s) / self.single_tokens
 
 
-def timed(fn: Callable[[], list[list[int]]], runs: int) -> tuple[list[float], list[list[int]]]:
-    """One warm-up call, then `runs` timed calls; returns the times and the last output."""
+def timed(
+    fn: Callable[[], list[list[int]]], runs: int
+) -> tuple[list[float], list[list[int]], float]:
+    """One warm-up call, then `runs` timed calls: the times, the last output and the share
+    of the CPUs other processes used during the timed calls."""
     out = fn()
     times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        out = fn()
-        times.append(time.perf_counter() - t0)
-    return times, out
+    with CpuWatch() as watch:
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            out = fn()
+            times.append(time.perf_counter() - t0)
+    return times, out, watch.others
 
 
 def _result(name: str, reqs: Sequence[OfflineRequest], single: OfflineRequest,
             run_s: list[float], single_s: list[float], ids: list[list[int]], load_s: float,
-            notes: str = "") -> SystemResult:
+            notes: str = "", others: float = float("nan")) -> SystemResult:
     prompt, output = workload_tokens(list(reqs))
     return SystemResult(name=name, run_s=run_s, single_run_s=single_s, output_tokens=output,
                         total_tokens=prompt + output, single_tokens=single.max_tokens,
-                        load_s=load_s, notes=notes, token_ids=ids)
+                        load_s=load_s, others_cpu=others, notes=notes, token_ids=ids)
 
 
 def run_engine(ckpt: Path, reqs: list[OfflineRequest], single: OfflineRequest, runs: int,
@@ -108,10 +118,10 @@ def run_engine(ckpt: Path, reqs: list[OfflineRequest], single: OfflineRequest, r
             return [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
         return call
 
-    run_s, ids = timed(gen(reqs), runs)
-    single_s, _ = timed(gen([single]), runs)
+    run_s, ids, others = timed(gen(reqs), runs)
+    single_s, _, _ = timed(gen([single]), runs)
     notes = f"stats: {llm.stats()}" if hasattr(llm, "stats") else ""
-    return _result("engine", reqs, single, run_s, single_s, ids, load_s, notes)
+    return _result("engine", reqs, single, run_s, single_s, ids, load_s, notes, others)
 
 
 def run_hf(ckpt: Path, reqs: list[OfflineRequest], single: OfflineRequest, runs: int,
@@ -122,11 +132,12 @@ def run_hf(ckpt: Path, reqs: list[OfflineRequest], single: OfflineRequest, runs:
     t0 = time.perf_counter()
     model = hf.load_hf_model(ckpt)
     load_s = time.perf_counter() - t0
-    run_s, ids = timed(lambda: hf.generate_static(model, reqs, batch_size), runs)
-    single_s, _ = timed(lambda: hf.generate_static(model, [single], 1), runs)
+    run_s, ids, others = timed(lambda: hf.generate_static(model, reqs, batch_size), runs)
+    single_s, _, _ = timed(lambda: hf.generate_static(model, [single], 1), runs)
     results.append(_result(
         "hf-generate", reqs, single, run_s, single_s, ids, load_s,
-        f"static batches of {batch_size}, left-padded; each batch runs to its longest request"))
+        f"static batches of {batch_size}, left-padded; each batch runs to its longest request",
+        others))
     del model
     gc.collect()
 
@@ -139,14 +150,14 @@ def run_hf(ckpt: Path, reqs: list[OfflineRequest], single: OfflineRequest, runs:
     runner.start()
     load_s = time.perf_counter() - t0
     try:
-        run_s, ids = timed(lambda: runner.run(reqs), runs)
-        single_s, _ = timed(lambda: runner.run([single]), runs)
+        run_s, ids, others = timed(lambda: runner.run(reqs), runs)
+        single_s, _, _ = timed(lambda: runner.run([single]), runs)
     finally:
         runner.stop()
     results.append(_result(
         "hf-generate_batch", reqs, single, run_s, single_s, ids, load_s,
         "manager API, per-request max_new_tokens, " + ", ".join(f"{k}={v}" for k, v in
-                                                                best.items())))
+                                                                best.items()), others))
     return results
 
 
@@ -159,11 +170,14 @@ def run_vllm_peers(ckpt: Path, reqs: list[OfflineRequest], single: OfflineReques
         return []
     results = []
     for config in configs:
-        r = run_vllm(ckpt, reqs, single, config=config, runs=runs, max_num_seqs=max_num_seqs)
+        with CpuWatch() as watch:  # the whole subprocess: load, warm-up and runs
+            r = run_vllm(ckpt, reqs, single, config=config, runs=runs,
+                         max_num_seqs=max_num_seqs)
         env = ", ".join(f"{k}={v}" for k, v in r.env.items() if v and k != "LD_PRELOAD")
         preload = "tcmalloc+libiomp5 preloaded" if r.env.get("LD_PRELOAD") else "no preload"
         results.append(_result(f"vllm-{config}", reqs, single, r.run_s, r.single_run_s,
-                               r.token_ids, r.load_s, f"vLLM {r.version}; {env}; {preload}"))
+                               r.token_ids, r.load_s, f"vLLM {r.version}; {env}; {preload}",
+                               watch.others))
     return results
 
 
@@ -179,13 +193,14 @@ def mark_mismatches(results: list[SystemResult]) -> None:
 def table(results: list[SystemResult], roofline_tok_s: float) -> str:
     ref = results[0]
     head = ("| system | output tok/s | total tok/s | single ms/token | "
-            f"{ref.name} speed-up | % roofline | mismatches |")
-    lines = [head, "|---|---:|---:|---:|---:|---:|---:|"]
+            f"{ref.name} speed-up | % roofline | mismatches | others' CPU |")
+    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         lines.append(
             f"| {r.name} | {r.output_tok_s:.1f} | {r.total_tok_s:.1f} | "
             f"{r.single_ms_per_token:.2f} | {ref.output_tok_s / r.output_tok_s:.2f}x | "
-            f"{100 * r.output_tok_s / roofline_tok_s:.1f}% | {r.mismatches}/{len(ref.token_ids)} |")
+            f"{100 * r.output_tok_s / roofline_tok_s:.1f}% | {r.mismatches}/{len(ref.token_ids)} | "
+            f"{100 * r.others_cpu:.0f}% |")
     return "\n".join(lines)
 
 

@@ -116,7 +116,7 @@ class Scheduler:
                 break  # the request preempted itself: nothing left to take blocks from
             scheduled.append(req)
             num_sched[req.request_id] = num_new
-            block_ids[req.request_id] = kv.get_block_ids(req.request_id)
+            block_ids[req.request_id] = kv.block_ids_view(req.request_id)
             budget -= num_new
             i += 1
 
@@ -133,7 +133,7 @@ class Scheduler:
             else:
                 prefill_tokens += n
             if j >= num_running_scheduled:
-                block_ids[req.request_id] = kv.get_block_ids(req.request_id)
+                block_ids[req.request_id] = kv.block_ids_view(req.request_id)
                 if req.times.first_scheduled is None:
                     req.times.first_scheduled = now
         out.num_prefill_tokens = prefill_tokens

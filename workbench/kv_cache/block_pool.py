@@ -11,6 +11,7 @@ The pool knows nothing about requests; `KVCacheManager` decides which blocks eac
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 
 from workbench.kv_cache.block import KVCacheBlock
@@ -48,6 +49,27 @@ class BlockPool:
 
     def get_cached_block(self, block_hash: BlockHash) -> KVCacheBlock | None:
         return self.cached_block_hash_to_block.get(block_hash)
+
+    def find_longest_cache_hit(
+        self,
+        block_hashes: list[BlockHash],
+        token_ids: list[int],
+        block_size: int,
+        max_blocks: int,
+    ) -> list[KVCacheBlock]:
+        """Cached blocks for block_hashes[0], [1], ... until the first miss (at most
+        `max_blocks`). A block whose stored tokens differ from ours (a hash collision) is a
+        miss."""
+        cached = self.cached_block_hash_to_block
+        hits: list[KVCacheBlock] = []
+        for i in range(min(max_blocks, len(block_hashes))):
+            block = cached.get(block_hashes[i])
+            if block is None or block.token_ids != tuple(
+                token_ids[i * block_size : (i + 1) * block_size]
+            ):
+                break
+            hits.append(block)
+        return hits
 
     def cache_full_blocks(
         self,
@@ -93,7 +115,10 @@ class BlockPool:
                 f"cannot get {num_blocks} free blocks from the pool "
                 f"({self.free_block_queue.num_free_blocks} free)"
             )
-        blocks = self.free_block_queue.popleft_n(num_blocks)
+        if num_blocks == 1:
+            blocks = [self.free_block_queue.popleft()]
+        else:
+            blocks = self.free_block_queue.popleft_n(num_blocks)
         for block in blocks:
             assert block.ref_cnt == 0, f"free block {block.block_id} has ref_cnt {block.ref_cnt}"
             if block.block_hash is not None:
@@ -138,8 +163,11 @@ class BlockPool:
 
     # ---- invariants -----------------------------------------------------------------------
 
-    def check_integrity(self) -> None:
-        """Raise AssertionError on any broken pool invariant (tests call this every step)."""
+    def check_integrity(self, held: Iterable[list[KVCacheBlock]] | None = None) -> None:
+        """Raise AssertionError on any broken pool invariant (tests call this every step).
+
+        `held`: every request's block list; then each ref_cnt must equal its holder count.
+        """
         self.free_block_queue.check_integrity()
         queued = self.free_block_queue.get_all_free_blocks()
         queued_ids = {b.block_id for b in queued}
@@ -168,3 +196,11 @@ class BlockPool:
                 f"{block.block_hash!r}"
             )
             assert not block.is_null, "the null block is in the cached map"
+        if held is not None:
+            holders = Counter(b.block_id for blocks in held for b in blocks)
+            assert holders[0] == 0 and null.ref_cnt == 0, "the null block was handed out"
+            for block in self.blocks[1:]:
+                assert block.ref_cnt == holders[block.block_id], (
+                    f"block {block.block_id}: ref_cnt {block.ref_cnt} but held by "
+                    f"{holders[block.block_id]} request(s)"
+                )

@@ -53,28 +53,26 @@ def _encode(obj: Any, out: list[bytes]) -> None:
 
 _TOKEN_STRUCTS: dict[int, struct.Struct] = {}
 _PARENT32_TAG = b"B" + struct.pack("<I", 32)  # _encode's prefix for a 32-byte parent
-
-
-def _token_struct(n: int) -> struct.Struct:
-    packer = _TOKEN_STRUCTS.get(n)
-    if packer is None:
-        packer = _TOKEN_STRUCTS[n] = struct.Struct(f"<I{n}q")
-    return packer
+_sha256 = hashlib.sha256
 
 
 def sha256_hash_fn(
     parent_hash: BlockHash, token_ids: tuple[int, ...], extra_keys: ExtraKeys
 ) -> BlockHash:
     """sha256 over: parent (tagged) | n tokens as little-endian int64 | extra keys (tagged)."""
-    packed = _token_struct(len(token_ids)).pack(len(token_ids), *token_ids)
+    n = len(token_ids)
+    packer = _TOKEN_STRUCTS.get(n)
+    if packer is None:
+        packer = _TOKEN_STRUCTS[n] = struct.Struct(f"<I{n}q")
+    packed = packer.pack(n, *token_ids)
     if extra_keys is None and type(parent_hash) is bytes and len(parent_hash) == 32:
         # The common case, byte-identical to the general encoding below.
-        return BlockHash(hashlib.sha256(_PARENT32_TAG + parent_hash + packed + b"N").digest())
+        return _sha256(_PARENT32_TAG + parent_hash + packed + b"N").digest()  # type: ignore[return-value]
     parts: list[bytes] = []
     _encode(parent_hash, parts)
     parts.append(packed)
     _encode(extra_keys, parts)
-    return BlockHash(hashlib.sha256(b"".join(parts)).digest())
+    return BlockHash(_sha256(b"".join(parts)).digest())
 
 
 def block_extra_keys(block_index: int, cache_salt: str | None) -> ExtraKeys:
@@ -94,18 +92,32 @@ def hash_block_tokens(
     return hash_fn(parent_hash, tuple(token_ids), extra_keys)
 
 
+def extend_block_hashes(
+    hash_fn: HashFn,
+    block_hashes: list[BlockHash],
+    token_ids: Sequence[int],
+    block_size: int,
+    num_full_blocks: int,
+    cache_salt: str | None = None,
+) -> None:
+    """Append the keys of full blocks len(block_hashes) .. num_full_blocks - 1 (each block is
+    hashed once per request: the list is the incremental state)."""
+    parent = block_hashes[-1] if block_hashes else NONE_HASH
+    for i in range(len(block_hashes), num_full_blocks):
+        extra = (cache_salt,) if i == 0 and cache_salt is not None else None
+        parent = hash_fn(parent, tuple(token_ids[i * block_size : (i + 1) * block_size]), extra)
+        block_hashes.append(parent)
+
+
 def hash_request_blocks(
     hash_fn: HashFn,
     token_ids: Sequence[int],
     block_size: int,
     cache_salt: str | None = None,
 ) -> list[BlockHash]:
-    """Keys of every full block of `token_ids` (a reference for tests; the manager hashes
-    incrementally)."""
+    """Keys of every full block of `token_ids`."""
     hashes: list[BlockHash] = []
-    parent = NONE_HASH
-    for i in range(len(token_ids) // block_size):
-        block = tuple(token_ids[i * block_size : (i + 1) * block_size])
-        parent = hash_fn(parent, block, block_extra_keys(i, cache_salt))
-        hashes.append(parent)
+    extend_block_hashes(
+        hash_fn, hashes, token_ids, block_size, len(token_ids) // block_size, cache_salt
+    )
     return hashes

@@ -19,13 +19,17 @@ cache. It never modifies the Request: the scheduler advances `num_computed_token
 from __future__ import annotations
 
 import sys
-from collections import Counter
 from typing import NamedTuple
 
 from workbench.engine.request import Request
 from workbench.kv_cache.block import KVCacheBlock
 from workbench.kv_cache.block_pool import BlockPool
-from workbench.kv_cache.hashing import NONE_HASH, BlockHash, HashFn, sha256_hash_fn
+from workbench.kv_cache.hashing import (
+    BlockHash,
+    HashFn,
+    extend_block_hashes,
+    sha256_hash_fn,
+)
 
 
 class PrefixCacheStats(NamedTuple):
@@ -38,17 +42,16 @@ class PrefixCacheStats(NamedTuple):
 class _RequestBlocks:
     """A request's blocks, their ids (kept in step) and the keys of its full blocks."""
 
-    __slots__ = (
-        "blocks", "block_ids", "block_hashes", "num_cached_blocks", "num_slots", "next_full_at"
-    )
+    __slots__ = ("blocks", "block_ids", "block_hashes", "num_cached_blocks", "num_slots",
+                 "next_full_at")
 
-    def __init__(self) -> None:
+    def __init__(self, next_full_at: int) -> None:
         self.blocks: list[KVCacheBlock] = []
         self.block_ids: list[int] = []
         self.block_hashes: list[BlockHash] = []
-        self.num_cached_blocks = 0  # leading blocks already passed to cache_full_blocks
+        self.num_cached_blocks = 0  # leading blocks already offered to the cache
         self.num_slots = 0  # len(blocks) * block_size
-        self.next_full_at = 0  # (num_cached_blocks + 1) * block_size; sys.maxsize: no caching
+        self.next_full_at = next_full_at  # (num_cached_blocks + 1) * block_size, or maxsize
 
 
 class KVCacheManager:
@@ -69,6 +72,7 @@ class KVCacheManager:
         self.block_pool = BlockPool(num_blocks, enable_caching)
         self.num_blocks = num_blocks
         self._reqs: dict[str, _RequestBlocks] = {}
+        self._first_full_at = block_size if enable_caching else sys.maxsize  # never caches
         self._copy_ops: list[tuple[int, int]] = []
         self._queries = 0
         self._hits = 0
@@ -85,26 +89,16 @@ class KVCacheManager:
             return [], 0
         st = self._reqs.get(request.request_id)
         if st is None:
-            st = self._reqs[request.request_id] = _RequestBlocks()
-            self._set_num_cached(st, 0)
+            st = self._reqs[request.request_id] = _RequestBlocks(self._first_full_at)
         bs = self.block_size
         tokens = request.all_token_ids
-        hashes = st.block_hashes
-        cached = self.block_pool.cached_block_hash_to_block
-        computed: list[KVCacheBlock] = []
-        for i in range((len(tokens) - 1) // bs):
-            block_tokens = tuple(tokens[i * bs : (i + 1) * bs])
-            if i < len(hashes):
-                block_hash = hashes[i]
-            else:
-                parent = hashes[i - 1] if i else NONE_HASH
-                extra = (request.cache_salt,) if i == 0 and request.cache_salt is not None else None
-                block_hash = self.hash_fn(parent, block_tokens, extra)
-                hashes.append(block_hash)
-            block = cached.get(block_hash)
-            if block is None or block.token_ids != block_tokens:  # miss, or a hash collision
-                break
-            computed.append(block)
+        max_blocks = (len(tokens) - 1) // bs  # the last token is always recomputed
+        extend_block_hashes(
+            self.hash_fn, st.block_hashes, tokens, bs, max_blocks, request.cache_salt
+        )
+        computed = self.block_pool.find_longest_cache_hit(
+            st.block_hashes, tokens, bs, max_blocks
+        )
         num_computed_tokens = len(computed) * bs
         self._queries += len(tokens)
         self._hits += num_computed_tokens
@@ -166,12 +160,8 @@ class KVCacheManager:
                 f"num_new_tokens ({num_new_tokens}) and num_lookahead_tokens "
                 f"({num_lookahead_tokens}) must be >= 0"
             )
-        if num_new_computed_tokens != len(new_computed) * bs:
-            raise ValueError(
-                f"num_new_computed_tokens ({num_new_computed_tokens}) must equal "
-                f"len(new_computed_blocks) * block_size ({len(new_computed)} * {bs}); pass "
-                "what get_computed_blocks returned"
-            )
+        if new_computed or num_new_computed_tokens:
+            self._check_new_computed(request, st, new_computed, num_new_computed_tokens)
         owned = st.blocks if st is not None else []
         num_owned = len(owned)
         nc = request.num_computed_tokens
@@ -180,20 +170,19 @@ class KVCacheManager:
                 f"request {request.request_id!r} has num_computed_tokens={nc} but owns only "
                 f"{num_owned} blocks of {bs}; reset num_computed_tokens to 0 after free()"
             )
-        if new_computed:
-            self._check_new_computed(request, st, new_computed)
-
         write_start = nc + num_new_computed_tokens
         end = write_start + num_new_tokens + num_lookahead_tokens
-        num_required = -(-end // bs)
-        num_grow = max(0, num_required - num_owned - len(new_computed))
+        num_required = (end + bs - 1) // bs
+        num_grow = num_required - num_owned - len(new_computed)
+        need = num_grow if num_grow > 0 else 0
         # Held blocks about to be written: a shared one is replaced (copy-on-write); a
         # sole-held cached one whose tokens differ from ours loses its key first.
         cow: list[int] = []
         uncache: list[KVCacheBlock] = []
         if end > write_start:
             tokens = request.all_token_ids
-            for i in range(write_start // bs, min(num_owned, num_required)):
+            for i in range(write_start // bs, num_required if num_required < num_owned
+                           else num_owned):
                 block = owned[i]
                 if block.ref_cnt > 1:
                     cow.append(i)
@@ -201,18 +190,17 @@ class KVCacheManager:
                     tokens[i * bs : (i + 1) * bs]
                 ):
                     uncache.append(block)
-        num_evictable_hits = 0
+            need += len(cow)
         for block in new_computed:
-            if block.ref_cnt == 0:
-                num_evictable_hits += 1
+            if block.ref_cnt == 0:  # a free hit leaves the free queue
+                need += 1
         pool = self.block_pool
-        if num_grow + len(cow) + num_evictable_hits > pool.free_block_queue.num_free_blocks:
+        if need > pool.free_block_queue.num_free_blocks:
             return None
 
         # ---- commit: nothing below can fail ----
         if st is None:
-            st = self._reqs[request.request_id] = _RequestBlocks()
-            self._set_num_cached(st, 0)
+            st = self._reqs[request.request_id] = _RequestBlocks(self._first_full_at)
         blocks, ids = st.blocks, st.block_ids
         if new_computed:
             pool.touch(new_computed)
@@ -228,68 +216,58 @@ class KVCacheManager:
             pool.free_blocks((shared,))
         for block in uncache:
             pool.uncache_block(block)
-        new_blocks = pool.get_new_blocks(num_grow) if num_grow else []
+        new_blocks = pool.get_new_blocks(num_grow) if num_grow > 0 else []
         if new_blocks:
             blocks.extend(new_blocks)
-            ids.extend([b.block_id for b in new_blocks])
+            ids.extend([block.block_id for block in new_blocks])
         st.num_slots = len(blocks) * bs
 
         if self.enable_caching:
-            num_full = min(write_start + num_new_tokens, len(request.all_token_ids)) // bs
+            num_full = write_start + num_new_tokens
+            num_tokens = len(request.all_token_ids)
+            num_full = (num_full if num_full < num_tokens else num_tokens) // bs
             if num_full > st.num_cached_blocks:
-                self._extend_hashes(st, request, num_full)
-                pool.cache_full_blocks(
-                    blocks, st.block_hashes, request.all_token_ids,
-                    st.num_cached_blocks, num_full, bs,
+                tokens = request.all_token_ids
+                extend_block_hashes(
+                    self.hash_fn, st.block_hashes, tokens, bs, num_full, request.cache_salt
                 )
-                self._set_num_cached(st, num_full)
+                pool.cache_full_blocks(
+                    blocks, st.block_hashes, tokens, st.num_cached_blocks, num_full, bs
+                )
+                st.num_cached_blocks = num_full
+                st.next_full_at = (num_full + 1) * bs
         return new_blocks
 
     def _check_new_computed(
-        self, request: Request, st: _RequestBlocks | None, new_computed: list[KVCacheBlock]
+        self, request: Request, st: _RequestBlocks | None, new: list[KVCacheBlock], n: int
     ) -> None:
         rid = request.request_id
-        if request.num_computed_tokens or (st is not None and st.blocks):
+        if n != len(new) * self.block_size:
             raise ValueError(
-                f"request {rid!r} already has computed tokens or blocks; "
-                "new_computed_blocks are only for a request that holds none"
+                f"num_new_computed_tokens ({n}) must equal len(new_computed_blocks) * "
+                f"block_size ({len(new)} * {self.block_size}); pass get_computed_blocks' result"
             )
+        if request.num_computed_tokens or (st is not None and st.blocks):
+            raise ValueError(f"request {rid!r} already has computed tokens or blocks; "
+                             "new_computed_blocks are only for a request that holds none")
         hashes = st.block_hashes if st is not None else []
-        for i, block in enumerate(new_computed):
+        for i, block in enumerate(new):
             if i >= len(hashes) or block.block_hash != hashes[i]:
                 raise ValueError(
-                    f"new_computed_blocks[{i}] (block {block.block_id}) is not the cached "
+                    f"new_computed_blocks[{i}] (block {block.block_id}) is no longer the cached "
                     f"block for request {rid!r}; call allocate_slots right after "
                     "get_computed_blocks, with no other allocation in between"
                 )
-
-    def _set_num_cached(self, st: _RequestBlocks, num_cached_blocks: int) -> None:
-        st.num_cached_blocks = num_cached_blocks
-        st.next_full_at = (
-            (num_cached_blocks + 1) * self.block_size if self.enable_caching else sys.maxsize
-        )
-
-    def _extend_hashes(self, st: _RequestBlocks, request: Request, num_full_blocks: int) -> None:
-        """Hash full blocks len(block_hashes) .. num_full_blocks - 1 (each block once)."""
-        bs = self.block_size
-        hashes = st.block_hashes
-        tokens = request.all_token_ids
-        hash_fn = self.hash_fn
-        for i in range(len(hashes), num_full_blocks):
-            parent = hashes[i - 1] if i else NONE_HASH
-            extra = (request.cache_salt,) if i == 0 and request.cache_salt is not None else None
-            hashes.append(hash_fn(parent, tuple(tokens[i * bs : (i + 1) * bs]), extra))
 
     # ---- copy-on-write (n > 1 sampling) ---------------------------------------------------
 
     def fork(self, parent: Request, child: Request) -> None:
         """Make `child` share the parent's blocks (ref_cnt += 1 each, no copy yet).
 
-        Shared are the blocks holding the first n = min(parent.num_computed_tokens,
-        child.num_tokens) tokens (all of the parent's blocks unless it holds lookahead
-        blocks); the two requests' token ids must be equal there. The caller sets
-        child.num_computed_tokens (before or after fork) to at most n. A write into a shared
-        block (ref_cnt > 1) gets a fresh block and a copy op; the last holder writes in place.
+        Shared: the blocks holding the first n = min(parent.num_computed_tokens,
+        child.num_tokens) tokens, where both requests' token ids must agree. The caller sets
+        child.num_computed_tokens (<= n, before or after fork). Writing into a shared block
+        then gets a fresh block and a copy op; the last holder writes in place.
         """
         pst = self._reqs.get(parent.request_id)
         if pst is None or not pst.blocks:
@@ -306,13 +284,15 @@ class KVCacheManager:
         num_shared = -(-n // self.block_size)  # blocks holding the shared computed tokens
         shared = pst.blocks[:num_shared]
         self.block_pool.touch(shared)
-        cst = self._reqs[child.request_id] = _RequestBlocks()
+        cst = self._reqs[child.request_id] = _RequestBlocks(self._first_full_at)
         cst.blocks = shared
         cst.block_ids = pst.block_ids[:num_shared]
         num_shared_full = min(len(pst.block_hashes), n // self.block_size)
         cst.block_hashes = pst.block_hashes[:num_shared_full]
         cst.num_slots = len(shared) * self.block_size
-        self._set_num_cached(cst, min(pst.num_cached_blocks, num_shared_full))
+        cst.num_cached_blocks = min(pst.num_cached_blocks, num_shared_full)
+        if self.enable_caching:
+            cst.next_full_at = (cst.num_cached_blocks + 1) * self.block_size
 
     def take_copy_ops(self) -> list[tuple[int, int]]:
         """(src_block_id, dst_block_id) copies recorded since the last call, in order."""
@@ -342,9 +322,10 @@ class KVCacheManager:
         st = self._reqs.get(request_id)
         return list(st.block_ids) if st is not None else []
 
-    def get_blocks(self, request_id: str) -> list[KVCacheBlock]:
+    def block_ids_view(self, request_id: str) -> list[int]:
+        """The live block table row (no copy): read it before the next allocation."""
         st = self._reqs.get(request_id)
-        return list(st.blocks) if st is not None else []
+        return st.block_ids if st is not None else []
 
     @property
     def num_free_blocks(self) -> int:
@@ -362,32 +343,20 @@ class KVCacheManager:
 
     def check_integrity(self) -> None:
         """Raise AssertionError on any broken pool or per-request invariant."""
-        pool = self.block_pool
-        pool.check_integrity()
-        holders: Counter[int] = Counter()
+        bs = self.block_size
         for rid, st in self._reqs.items():
             ids = [b.block_id for b in st.blocks]
             assert ids == st.block_ids, f"request {rid!r}: block_ids {st.block_ids} != {ids}"
             assert len(set(ids)) == len(ids), f"request {rid!r} holds a block twice: {ids}"
-            assert 0 not in ids, f"request {rid!r} holds the null block"
-            assert st.num_cached_blocks <= len(st.blocks), f"request {rid!r}: cached > held"
-            assert st.num_slots == len(ids) * self.block_size, f"request {rid!r}: num_slots"
-            if self.enable_caching:
-                assert st.next_full_at == (st.num_cached_blocks + 1) * self.block_size
-            if self.enable_caching:
-                assert st.num_cached_blocks <= len(st.block_hashes), (
-                    f"request {rid!r}: {st.num_cached_blocks} cached blocks but "
-                    f"{len(st.block_hashes)} hashes"
+            assert st.num_slots == len(ids) * bs, f"request {rid!r}: stale num_slots"
+            assert st.num_cached_blocks <= len(ids), f"request {rid!r}: cached > held"
+            if not self.enable_caching:
+                continue
+            assert st.next_full_at == (st.num_cached_blocks + 1) * bs, f"{rid!r}: next_full_at"
+            assert st.num_cached_blocks <= len(st.block_hashes), f"{rid!r}: cached > hashed"
+            for i in range(st.num_cached_blocks):
+                key = st.blocks[i].block_hash
+                assert key is None or key == st.block_hashes[i], (
+                    f"request {rid!r}: block {ids[i]} at index {i} has a foreign key"
                 )
-                for i in range(st.num_cached_blocks):
-                    h = st.blocks[i].block_hash
-                    assert h is None or h == st.block_hashes[i], (
-                        f"request {rid!r}: block {ids[i]} at index {i} has a foreign key"
-                    )
-            holders.update(ids)
-        for block in pool.blocks[1:]:
-            assert block.ref_cnt == holders[block.block_id], (
-                f"block {block.block_id}: ref_cnt {block.ref_cnt} but held by "
-                f"{holders[block.block_id]} request(s)"
-            )
-        assert pool.null_block.ref_cnt == 0, "the null block was handed out"
+        self.block_pool.check_integrity([st.blocks for st in self._reqs.values()])
