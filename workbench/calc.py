@@ -1,36 +1,304 @@
-"""Memory arithmetic for the paged KV cache (seed 000/001 formulas).
+"""Serving arithmetic: KV memory, blocks, prefix hits, forward passes, speculation, TP.
 
-    KV bytes per token  = 2 (K and V) x layers x kv_heads x head_dim x dtype bytes
-    bytes per block     = KV bytes per token x block_size
-    max concurrency     = usable blocks / blocks one max_model_len request needs
+Pure Python, no torch: the engine sizes its KV pool with these functions and `workbench calc`
+prints them. Units are in the names (`_bytes`, `_tokens`, `_s`). Formulas follow the seeds
+(`/work/shared/seeds`, 000 quiz, 001 method chapter, 002 n-gram speculation report):
+
+    KV bytes per token = 2 (K and V) x layers x kv_heads x head_dim x dtype bytes
+    bytes per block    = KV bytes per token x block_size
+    max concurrency    = KV pool blocks / blocks one max_model_len request needs
+    device memory      = weights + KV + activations + graph reserve + headroom
+
+Bad arguments raise ValueError naming the argument and its value.
 """
 
 from __future__ import annotations
 
+import math
+
+GiB = 1 << 30
+
+
+def _need_int(name: str, value: int, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+def _need_num(name: str, value: float, low: float, high: float = math.inf) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not low <= value <= high:
+        bound = f">= {low}" if high == math.inf else f"in [{low}, {high}]"
+        raise ValueError(f"{name} must be a number {bound}, got {value!r}")
+
 
 def cdiv(a: int, b: int) -> int:
+    """Ceiling division for non-negative ints: -(-a // b)."""
     return -(-a // b)
 
 
+# ------------------------------------------------------------------ KV memory and blocks
 def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: int) -> int:
+    """2 x num_layers x num_kv_heads x head_dim x dtype_bytes (K and V of every layer)."""
+    for name, value in (("num_layers", num_layers), ("num_kv_heads", num_kv_heads),
+                        ("head_dim", head_dim), ("dtype_bytes", dtype_bytes)):
+        _need_int(name, value, 1)
     return 2 * num_layers * num_kv_heads * head_dim * dtype_bytes
 
 
 def kv_bytes_per_block(
     num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: int, block_size: int
 ) -> int:
+    """kv_bytes_per_token x block_size (an FP8 KV cache halves it against bf16)."""
+    _need_int("block_size", block_size, 1)
     return kv_bytes_per_token(num_layers, num_kv_heads, head_dim, dtype_bytes) * block_size
 
 
 def num_blocks_for_budget(budget_bytes: int, bytes_per_block: int) -> int:
-    """Blocks that fit in a byte budget (the null block included: it is a real block)."""
+    """floor(budget_bytes / bytes_per_block); the null block included: it is a real block."""
+    _need_int("budget_bytes", budget_bytes, 0)
+    _need_int("bytes_per_block", bytes_per_block, 1)
     return budget_bytes // bytes_per_block
 
 
-def blocks_per_request(num_tokens: int, block_size: int) -> int:
+def blocks_needed(num_tokens: int, block_size: int) -> int:
+    """ceil(num_tokens / block_size): prompt and output fill one block table left to right."""
+    _need_int("num_tokens", num_tokens, 0)
+    _need_int("block_size", block_size, 1)
     return cdiv(num_tokens, block_size)
 
 
+def blocks_per_request(num_tokens: int, block_size: int) -> int:
+    """Same as `blocks_needed` (the name the engine imports)."""
+    return blocks_needed(num_tokens, block_size)
+
+
+def last_block_free_slots(num_tokens: int, block_size: int) -> int:
+    """blocks_needed x block_size - num_tokens: the empty slots (not the filled ones) at the end."""
+    return blocks_needed(num_tokens, block_size) * block_size - num_tokens
+
+
+def kv_token_capacity(num_blocks: int, block_size: int) -> int:
+    """num_blocks x block_size (vLLM's "GPU KV cache size: N tokens" counts every block)."""
+    _need_int("num_blocks", num_blocks, 0)
+    _need_int("block_size", block_size, 1)
+    return num_blocks * block_size
+
+
 def max_concurrency(num_usable_blocks: int, block_size: int, max_model_len: int) -> float:
-    """How many max_model_len-long requests the pool holds at once."""
-    return num_usable_blocks / blocks_per_request(max_model_len, block_size)
+    """num_usable_blocks / ceil(max_model_len / block_size): max_model_len-long requests held."""
+    _need_int("num_usable_blocks", num_usable_blocks, 0)
+    _need_int("max_model_len", max_model_len, 1)
+    return num_usable_blocks / blocks_needed(max_model_len, block_size)
+
+
+def theoretical_concurrency(kv_token_capacity_tokens: int, tokens_per_active_request: int) -> int:
+    """floor(kv_token_capacity / tokens_per_active_request): an upper bound, not a promise."""
+    _need_int("kv_token_capacity_tokens", kv_token_capacity_tokens, 0)
+    _need_int("tokens_per_active_request", tokens_per_active_request, 1)
+    return kv_token_capacity_tokens // tokens_per_active_request
+
+
+def prefix_cache_hit_tokens(
+    shared_prefix_tokens: int, block_size: int, prompt_tokens: int | None = None
+) -> int:
+    """Tokens served from the prefix cache: full blocks only, floor(shared / bs) x bs.
+
+    A partly filled block is never hashed, so 1,530 shared tokens at block 16 hit 1,520. With
+    `prompt_tokens`, vLLM's cap applies: at most prompt_tokens - 1 tokens may hit (the last
+    prompt token is recomputed to get logits), again rounded down to full blocks:
+    min(shared // bs, (prompt - 1) // bs) x bs.
+    """
+    _need_int("shared_prefix_tokens", shared_prefix_tokens, 0)
+    _need_int("block_size", block_size, 1)
+    full = shared_prefix_tokens // block_size
+    if prompt_tokens is not None:
+        _need_int("prompt_tokens", prompt_tokens, 1)
+        if shared_prefix_tokens > prompt_tokens:
+            raise ValueError(
+                f"shared_prefix_tokens ({shared_prefix_tokens}) cannot exceed prompt_tokens "
+                f"({prompt_tokens})"
+            )
+        full = min(full, (prompt_tokens - 1) // block_size)
+    return full * block_size
+
+
+# ------------------------------------------------------------------ memory budget
+def weight_bytes(num_params: int, bytes_per_param: float) -> int:
+    """ceil(num_params x bytes_per_param): 14B at bf16 (2) is 28 GB, at 4 bit (0.5) 7 GB."""
+    _need_int("num_params", num_params, 0)
+    _need_num("bytes_per_param", bytes_per_param, 0.0)
+    return math.ceil(num_params * bytes_per_param)
+
+
+def memory_budget(
+    available_bytes: int,
+    weight_bytes: int,
+    bytes_per_token: int,
+    block_size: int,
+    *,
+    activation_bytes: int = 0,
+    graph_reserve_bytes: int = 0,
+    headroom_bytes: int = 0,
+    max_model_len: int | None = None,
+) -> dict[str, int | float | None]:
+    """Split a device budget: available = weights + KV + activations + graph + headroom.
+
+    KV gets what is left: kv = available - (weights + activations + graph + headroom); the pool
+    is floor(kv / block bytes) blocks. So with a fixed budget a smaller (quantized) weight
+    footprint becomes KV capacity: weights + KV stays constant (seed 001, Qwen3-14B AWQ).
+    Returns bytes, GiB, kv_num_blocks, kv_token_capacity (all blocks, as vLLM logs it) and
+    max_concurrency (None without max_model_len).
+    """
+    _need_int("available_bytes", available_bytes, 0)
+    _need_int("weight_bytes", weight_bytes, 0)
+    _need_int("activation_bytes", activation_bytes, 0)
+    _need_int("graph_reserve_bytes", graph_reserve_bytes, 0)
+    _need_int("headroom_bytes", headroom_bytes, 0)
+    _need_int("bytes_per_token", bytes_per_token, 1)
+    _need_int("block_size", block_size, 1)
+    fixed = weight_bytes + activation_bytes + graph_reserve_bytes + headroom_bytes
+    kv = available_bytes - fixed
+    if kv <= 0:
+        raise ValueError(
+            f"weights + activations + graph reserve + headroom ({fixed / GiB:.4f} GiB) leave no "
+            f"KV cache in available_bytes ({available_bytes / GiB:.4f} GiB); raise the budget "
+            "or shrink the weights (quantize) or the reserves"
+        )
+    block_bytes = bytes_per_token * block_size
+    blocks = kv // block_bytes
+    conc = None if max_model_len is None else max_concurrency(blocks, block_size, max_model_len)
+    return {
+        "available_bytes": available_bytes,
+        "weight_bytes": weight_bytes,
+        "kv_cache_bytes": kv,
+        "activation_bytes": activation_bytes,
+        "graph_reserve_bytes": graph_reserve_bytes,
+        "headroom_bytes": headroom_bytes,
+        "weight_gib": weight_bytes / GiB,
+        "kv_cache_gib": kv / GiB,
+        "weight_plus_kv_gib": (weight_bytes + kv) / GiB,
+        "kv_bytes_per_token": bytes_per_token,
+        "kv_bytes_per_block": block_bytes,
+        "kv_num_blocks": blocks,
+        "kv_token_capacity": blocks * block_size,
+        "max_concurrency": conc,
+    }
+
+
+# ------------------------------------------------------------------ passes and roofline
+def forward_passes(prompt_tokens: int, output_tokens: int, max_num_batched_tokens: int) -> int:
+    """ceil(prompt / budget) prefill chunks + (output_tokens - 1) decode passes.
+
+    The last prefill chunk emits the first output token, so 300 outputs after a prompt that fits
+    the budget take 300 passes, not 301. One request alone (decodes of others share the budget).
+    """
+    _need_int("prompt_tokens", prompt_tokens, 1)
+    _need_int("output_tokens", output_tokens, 1)
+    _need_int("max_num_batched_tokens", max_num_batched_tokens, 1)
+    return cdiv(prompt_tokens, max_num_batched_tokens) + output_tokens - 1
+
+
+def decode_step_lower_bound_s(
+    weight_bytes: float, kv_bytes: float, bandwidth_bytes_per_s: float
+) -> float:
+    """(weight_bytes + kv_bytes) / bandwidth: decode is memory-bound; weights are read once per
+    step for the whole batch, KV once per request. Under TP use per-card bytes and bandwidth
+    (or totals for both)."""
+    _need_num("weight_bytes", weight_bytes, 0.0)
+    _need_num("kv_bytes", kv_bytes, 0.0)
+    _need_num("bandwidth_bytes_per_s", bandwidth_bytes_per_s, 0.0)
+    if bandwidth_bytes_per_s == 0:
+        raise ValueError("bandwidth_bytes_per_s must be > 0, got 0")
+    return (weight_bytes + kv_bytes) / bandwidth_bytes_per_s
+
+
+def tp_kv_heads_per_rank(num_kv_heads: int, tp_size: int) -> int:
+    """KV heads each TP rank stores: kv_heads / tp when tp divides them (sharded); 1 when
+    tp > kv_heads and kv_heads divides tp (each head replicated tp / kv_heads times)."""
+    _need_int("num_kv_heads", num_kv_heads, 1)
+    _need_int("tp_size", tp_size, 1)
+    if tp_size <= num_kv_heads and num_kv_heads % tp_size == 0:
+        return num_kv_heads // tp_size
+    if tp_size > num_kv_heads and tp_size % num_kv_heads == 0:
+        return 1
+    raise ValueError(
+        f"num_kv_heads ({num_kv_heads}) and tp_size ({tp_size}): one must divide the other to "
+        "shard (tp <= kv_heads) or replicate (tp > kv_heads) the KV heads"
+    )
+
+
+# ------------------------------------------------------------------ speculative decoding
+def spec_acceptance_prob(p_target: float, q_draft: float) -> float:
+    """min(1, p/q); on rejection resample from norm(max(0, p - q)), so the output is lossless."""
+    _need_num("p_target", p_target, 0.0, 1.0)
+    _need_num("q_draft", q_draft, 0.0, 1.0)
+    if q_draft == 0:
+        raise ValueError("q_draft must be > 0 (the draft sampled this token), got 0")
+    return min(1.0, p_target / q_draft)
+
+
+def spec_expected_tokens(acceptance_rate: float, num_spec_tokens: int) -> float:
+    """Tokens per verification, i.i.d. acceptance a and k drafts: (1 - a^(k+1)) / (1 - a);
+    k + 1 when a == 1. The +1 is the token the target emits at the first rejection (or after
+    the last draft)."""
+    _need_num("acceptance_rate", acceptance_rate, 0.0, 1.0)
+    _need_int("num_spec_tokens", num_spec_tokens, 0)
+    if acceptance_rate == 1:
+        return float(num_spec_tokens + 1)
+    return (1 - acceptance_rate ** (num_spec_tokens + 1)) / (1 - acceptance_rate)
+
+
+def accepted_length_counts(num_drafts: int, accepted_per_position: list[int]) -> list[int]:
+    """Drafts that accepted exactly i tokens, i = 0..k, from vLLM's per-position counters.
+
+    Acceptance is a run from position 0, so counter c_i (drafts whose position i was accepted)
+    is cumulative: count(i) = c_{i-1} - c_i with c_{-1} = num_drafts and c_k = 0; written with
+    lengths: count(len = i) = c'_i - c'_{i+1} where c'_0 = num_drafts, c'_{i+1} = c_i.
+    """
+    _need_int("num_drafts", num_drafts, 1)
+    if not accepted_per_position:
+        raise ValueError("accepted_per_position must list one counter per draft position, got []")
+    cum = [num_drafts, *accepted_per_position, 0]
+    for i, c in enumerate(accepted_per_position):
+        _need_int(f"accepted_per_position[{i}]", c, 0)
+    if any(b > a for a, b in zip(cum, cum[1:], strict=False)):
+        raise ValueError(
+            f"accepted_per_position {accepted_per_position} must be non-increasing and at most "
+            f"num_drafts ({num_drafts}): acceptance at position i implies all positions before"
+        )
+    return [a - b for a, b in zip(cum, cum[1:], strict=False)]
+
+
+def accepted_length_distribution(num_drafts: int, accepted_per_position: list[int]) -> list[float]:
+    """P(accepted length = i) = (c_i - c_{i+1}) / num_drafts for i = 0..k (c_0 = num_drafts)."""
+    return [n / num_drafts for n in accepted_length_counts(num_drafts, accepted_per_position)]
+
+
+def mean_acceptance_length(num_drafts: int, num_accepted_tokens: int) -> float:
+    """1 + accepted / drafts: tokens one verification step yields (accepted + the bonus one)."""
+    _need_int("num_drafts", num_drafts, 1)
+    _need_int("num_accepted_tokens", num_accepted_tokens, 0)
+    return 1 + num_accepted_tokens / num_drafts
+
+
+def spec_forward_passes(output_tokens: int, num_drafts: int, accepted_tokens: int) -> int:
+    """Decode forwards with speculation, seed 002's reconstruction (one request or totals):
+
+        draft steps make accepted + drafts tokens; the rest, output - (accepted + drafts), take
+        one plain step each; forwards = drafts + output - accepted - drafts = output - accepted.
+
+    68 tokens, 8 drafts, 34 accepted: 8 + 26 = 34 forwards against 68 without speculation.
+    """
+    _need_int("output_tokens", output_tokens, 1)
+    _need_int("num_drafts", num_drafts, 0)
+    _need_int("accepted_tokens", accepted_tokens, 0)
+    if accepted_tokens + num_drafts > output_tokens:
+        raise ValueError(
+            f"accepted_tokens ({accepted_tokens}) + num_drafts ({num_drafts}) exceed "
+            f"output_tokens ({output_tokens}): each draft step emits accepted + 1 tokens"
+        )
+    return output_tokens - accepted_tokens
+
+
+def spec_predicted_speedup(output_tokens: int, num_drafts: int, accepted_tokens: int) -> float:
+    """output_tokens / spec_forward_passes: one forward per token without speculation."""
+    return output_tokens / spec_forward_passes(output_tokens, num_drafts, accepted_tokens)

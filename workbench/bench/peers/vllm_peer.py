@@ -47,6 +47,7 @@ class VllmResult:
     single_token_ids: list[int]
     version: str
     env: dict[str, str]
+    others_cpu: float = float("nan")  # largest share of the CPUs others used in a kept run
 
 
 def venv_python(venv: Path = DEFAULT_VENV) -> Path | None:
@@ -92,6 +93,8 @@ def run_vllm(
     max_num_seqs: int = 64,
     max_num_batched_tokens: int | None = None,
     max_model_len: int = 512,
+    max_others: float = 1.0,
+    retries: int = 0,
     timeout_s: float = 900.0,
 ) -> VllmResult:
     """Run the worker once (load, warm-up, `runs` timed runs) and parse its JSON."""
@@ -106,7 +109,8 @@ def run_vllm(
         wl.write_text(json.dumps(payload))
         cmd = [str(py), str(WORKER), "--model", str(ckpt_dir), "--workload", str(wl),
                "--out", str(out), "--runs", str(runs), "--max-num-seqs", str(max_num_seqs),
-               "--max-model-len", str(max_model_len)]
+               "--max-model-len", str(max_model_len), "--max-others", str(max_others),
+               "--retries", str(retries)]
         if max_num_batched_tokens:
             cmd += ["--max-num-batched-tokens", str(max_num_batched_tokens)]
         with open(log, "w") as logf:
@@ -120,5 +124,5 @@ def run_vllm(
         config=config, load_s=data["load_s"], run_s=data["run_s"],
         single_run_s=data["single_run_s"], token_ids=data["token_ids"],
         single_token_ids=data["single_token_ids"], version=data["vllm_version"],
-        env=data["env"],
+        env=data["env"], others_cpu=data.get("others_cpu", float("nan")),
     )

@@ -1,0 +1,381 @@
+"""workbench.calc against the worked examples of the seeds (/work/shared/seeds/*.txt)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from workbench import calc
+from workbench.calc import (
+    GiB,
+    accepted_length_counts,
+    accepted_length_distribution,
+    blocks_needed,
+    decode_step_lower_bound_s,
+    forward_passes,
+    kv_bytes_per_block,
+    kv_bytes_per_token,
+    kv_token_capacity,
+    last_block_free_slots,
+    max_concurrency,
+    mean_acceptance_length,
+    memory_budget,
+    prefix_cache_hit_tokens,
+    spec_acceptance_prob,
+    spec_expected_tokens,
+    spec_forward_passes,
+    spec_predicted_speedup,
+    theoretical_concurrency,
+    tp_kv_heads_per_rank,
+    weight_bytes,
+)
+
+QWEN3_14B = {"num_layers": 40, "num_kv_heads": 8, "head_dim": 128, "dtype_bytes": 2}
+
+
+def test_kv_bytes_qwen3_14b_and_fp8_halves_the_block() -> None:
+    """Seed 000/001: 2 x layers x kv_heads x head_dim x bytes; an FP8 KV cache halves a block."""
+    assert kv_bytes_per_token(**QWEN3_14B) == 163_840  # 160 KiB
+    assert kv_bytes_per_block(**QWEN3_14B, block_size=16) == 5 * (1 << 19)  # 2.5 MiB
+    fp8 = kv_bytes_per_block(**{**QWEN3_14B, "dtype_bytes": 1}, block_size=16)
+    assert 2 * fp8 == kv_bytes_per_block(**QWEN3_14B, block_size=16)
+
+
+def test_kv_per_token_70b_is_smaller_than_a_40_head_model() -> None:
+    """Seed 000: 70B (80 layers, 8 KV heads) vs 40 layers x 40 KV heads, head_dim 128 both:
+    twice the layers but a fifth of the KV heads, so 2.5x smaller, not 2x or 5.3x larger."""
+    big = kv_bytes_per_token(80, 8, 128, 2)
+    mha = kv_bytes_per_token(40, 40, 128, 2)
+    assert mha / big == 2.5
+
+
+def test_blocks_fill_left_to_right_221_tokens() -> None:
+    """Seed 000: 221 tokens at block 16 use 14 blocks with 3 empty slots (13 is the filled
+    count); prompt and output share the block table, not 12 + 3 = 15 blocks with 7 empty."""
+    assert blocks_needed(221, 16) == 14
+    assert last_block_free_slots(221, 16) == 3
+    assert 221 % 16 == 13
+    assert blocks_needed(180, 16) + blocks_needed(41, 16) == 15  # the wrong answer's split
+    assert last_block_free_slots(41, 16) == 7
+    assert blocks_needed(100, 16) == 7 and blocks_needed(96, 16) == 6  # CoW question
+    assert last_block_free_slots(96, 16) == 0 and blocks_needed(0, 16) == 0
+    assert calc.blocks_per_request(221, 16) == 14
+
+
+def test_prefix_hit_full_blocks_only_1530_to_1520() -> None:
+    """Seed 000: a 1,530-token system prompt at block 16 hits 1,520 (the last 10 tokens do not
+    fill a block); with a 60-token question 70 tokens are recomputed, not 60/76/1,590.
+    Same quiz: 2,010 shared tokens at page 16 stop at 2,000, not 1,984."""
+    assert prefix_cache_hit_tokens(1530, 16) == 1520
+    assert 1530 + 60 - prefix_cache_hit_tokens(1530, 16, prompt_tokens=1590) == 70
+    assert prefix_cache_hit_tokens(2010, 16) == 2000
+    assert prefix_cache_hit_tokens(2010, 1) == 2010
+
+
+def test_prefix_hit_caps_at_prompt_minus_one() -> None:
+    """vLLM (seed 000 semantics): a whole-prompt hit is capped at num_tokens - 1 (the last
+    token is recomputed for its logits), then rounded down to full blocks."""
+    assert prefix_cache_hit_tokens(1536, 16) == 1536
+    assert prefix_cache_hit_tokens(1536, 16, prompt_tokens=1536) == 1520
+    assert prefix_cache_hit_tokens(1536, 16, prompt_tokens=1537) == 1536
+    assert prefix_cache_hit_tokens(16, 16, prompt_tokens=16) == 0
+    with pytest.raises(ValueError, match=r"shared_prefix_tokens \(20\).*prompt_tokens \(10\)"):
+        prefix_cache_hit_tokens(20, 16, prompt_tokens=10)
+
+
+def test_max_concurrency_8x_and_max_model_len_in_the_denominator() -> None:
+    """Seed 000: a 262,144-token pool over max_model_len 32,768 is the logged 8.00x; halving
+    max_model_len doubles the concurrency (6.50x -> 13.00x, not 3.25x) and concurrency x
+    max_model_len (the pool in tokens) stays the same."""
+    blocks = 262_144 // 16
+    assert kv_token_capacity(blocks, 16) == 262_144
+    assert max_concurrency(blocks, 16, 32_768) == 8.0
+    assert max_concurrency(blocks, 16, 16_384) == 16.0
+    six_and_a_half = 6.5 * 2048
+    assert max_concurrency(int(six_and_a_half), 16, 32_768) == 6.5
+    assert max_concurrency(int(six_and_a_half), 16, 16_384) == 13.0
+    assert max_concurrency(blocks, 16, 16_384) * 16_384 == max_concurrency(
+        blocks, 16, 32_768
+    ) * 32_768
+
+
+def test_theoretical_concurrency_35() -> None:
+    """Seed 001: floor(72,064 / 2,048) = 35, an arithmetic upper bound."""
+    assert theoretical_concurrency(72_064, 2_048) == 35
+
+
+def test_weight_bytes_14b() -> None:
+    """Seed 001: 14B x 2 bytes ~ 28 GB in BF16, x 0.5 byte ~ 7 GB at 4 bit (ideal)."""
+    assert weight_bytes(14_000_000_000, 2) == 28_000_000_000
+    assert weight_bytes(14_000_000_000, 0.5) == 7_000_000_000
+    assert weight_bytes(3, 0.5) == 2  # packed nibbles round up
+
+
+def test_seed001_logged_capacity_matches_logged_kv_gib() -> None:
+    """Seed 001 table: KV 11.00 GiB <-> 72,064 tokens, 29.15 GiB <-> 191,056 (2.651x).
+
+    vLLM logs "Available KV cache memory" to 2 decimals and the capacity as blocks x 16; at
+    2.5 MiB a block, 72,064 tokens are 4,504 blocks = 10.996 GiB and 191,056 are 11,941 blocks =
+    29.153 GiB: both round to the logged figures (block size 16; 32 would not divide 191,056).
+    """
+    per_token = kv_bytes_per_token(**QWEN3_14B)
+    assert 72_064 % 16 == 0 and 191_056 % 16 == 0 and 191_056 % 32 != 0
+    assert f"{72_064 * per_token / GiB:.2f}" == "11.00"
+    assert f"{191_056 * per_token / GiB:.2f}" == "29.15"
+    assert f"{191_056 / 72_064:.3f}" == "2.651"
+
+
+def test_memory_budget_qwen3_14b_awq_moves_weights_into_kv() -> None:
+    """Seed 001, Qwen3-14B on one budget: weights 27.5185 -> 9.3619 GiB (AWQ), KV 11.00 ->
+    29.15 GiB, capacity 72,064 -> 191,056 tokens, weights + KV ~38.5 GiB in both.
+
+    The seed's KV GiB are the log's 2-decimal roundings, so its weights + KV (38.5185 vs
+    38.5119) are not exact. Every budget for weights + KV in [38.5148, 38.5170] GiB reproduces
+    both capacities exactly with the same activations/graph/headroom; 38.516 is one of them.
+    """
+    per_token = kv_bytes_per_token(**QWEN3_14B)
+    budget = round(38.516 * GiB)
+    base = memory_budget(budget, round(27.5185 * GiB), per_token, 16, max_model_len=40_960)
+    awq = memory_budget(budget, round(9.3619 * GiB), per_token, 16, max_model_len=40_960)
+    assert (base["kv_num_blocks"], base["kv_token_capacity"]) == (4_504, 72_064)
+    assert (awq["kv_num_blocks"], awq["kv_token_capacity"]) == (11_941, 191_056)
+    assert f"{base['kv_cache_gib']:.2f}" == "11.00" and f"{awq['kv_cache_gib']:.2f}" == "29.15"
+    assert base["weight_plus_kv_gib"] == pytest.approx(38.5, abs=0.02)
+    assert awq["weight_plus_kv_gib"] == pytest.approx(base["weight_plus_kv_gib"])
+    assert f"{1 - awq['weight_gib'] / base['weight_gib']:.4f}" == "0.6598"  # 65.98% smaller
+    assert base["max_concurrency"] == pytest.approx(4_504 / 2_560)
+    for lo_hi in (38.5148, 38.5170):  # the interval's ends still reproduce both
+        b = round(lo_hi * GiB)
+        assert memory_budget(b, round(27.5185 * GiB), per_token, 16)["kv_token_capacity"] == 72_064
+        assert memory_budget(b, round(9.3619 * GiB), per_token, 16)["kv_token_capacity"] == 191_056
+
+
+def test_memory_budget_reserves_come_out_of_kv() -> None:
+    """Seed 001: available = weights + KV + activations + graph reserve + headroom."""
+    r = memory_budget(
+        40 * GiB, 20 * GiB, 1 << 17, 16,
+        activation_bytes=2 * GiB, graph_reserve_bytes=GiB, headroom_bytes=GiB,
+    )
+    assert r["kv_cache_bytes"] == 16 * GiB and r["kv_num_blocks"] == 8192
+    assert r["max_concurrency"] is None
+    with pytest.raises(ValueError, match="leave no KV cache"):
+        memory_budget(20 * GiB, 20 * GiB, 1 << 17, 16)
+
+
+def test_forward_passes_prefill_emits_the_first_token() -> None:
+    """Seed 000: 2,048-token prompt + 300 outputs = 300 passes (not 301, not 2,348); a
+    12,000-token prompt under a 4,096 budget is chunked (3 passes), never starved."""
+    assert forward_passes(2048, 300, 8192) == 300
+    assert forward_passes(12_000, 100, 4096) == 3 + 99
+    assert forward_passes(1, 1, 1) == 1
+
+
+def test_decode_step_lower_bound_is_bytes_over_bandwidth() -> None:
+    """Seed 000: an 8B bf16 model on ~2 TB/s: ~8 ms (fp32 would be the wrong ~16 ms, 8 GB the
+    wrong ~4 ms). TP=4 of 65.6 GB at 2,039 GB/s a card: 124 tok/s counted per card or in
+    total (31 and 497 are the wrong mixes). A 32x longer context: 16 GiB weights + KV
+    0.49 -> 15.63 GiB is only ~1.9x slower."""
+    assert decode_step_lower_bound_s(16e9, 0, 2e12) == pytest.approx(8e-3)
+    assert decode_step_lower_bound_s(32e9, 0, 2e12) == pytest.approx(16e-3)
+    assert decode_step_lower_bound_s(8e9, 0, 2e12) == pytest.approx(4e-3)
+    total = 1 / decode_step_lower_bound_s(65.6e9, 0, 4 * 2039e9)
+    per_card = 1 / decode_step_lower_bound_s(65.6e9 / 4, 0, 2039e9)
+    assert round(total) == round(per_card) == 124
+    assert round(1 / decode_step_lower_bound_s(65.6e9, 0, 2039e9)) == 31
+    ratio = decode_step_lower_bound_s(16 * GiB, 15.63 * GiB, 1e12) / decode_step_lower_bound_s(
+        16 * GiB, 0.49 * GiB, 1e12
+    )
+    assert round(ratio, 1) == 1.9
+
+
+def test_tp_shards_then_replicates_kv_heads() -> None:
+    """Seed 000: TP shards KV heads; past kv_heads each rank keeps 1 (replicated), so a 4-KV-head
+    model at TP 8 starts (no divisibility error) and per-token KV stops shrinking."""
+    assert tp_kv_heads_per_rank(8, 1) == 8
+    assert tp_kv_heads_per_rank(8, 4) == 2
+    assert tp_kv_heads_per_rank(8, 8) == 1
+    assert tp_kv_heads_per_rank(8, 16) == 1
+    assert tp_kv_heads_per_rank(4, 8) == 1
+    with pytest.raises(ValueError, match=r"num_kv_heads \(8\) and tp_size \(3\)"):
+        tp_kv_heads_per_rank(8, 3)
+    with pytest.raises(ValueError, match=r"num_kv_heads \(4\) and tp_size \(6\)"):
+        tp_kv_heads_per_rank(4, 6)
+
+
+def test_spec_acceptance_is_min_one_p_over_q() -> None:
+    """Seed 000: p = 0.2, q = 0.5 -> 40% (not 100%, 20% or 60%); p >= q always passes."""
+    assert spec_acceptance_prob(0.2, 0.5) == pytest.approx(0.4)
+    assert spec_acceptance_prob(0.5, 0.2) == 1.0
+    assert 0.5 * spec_acceptance_prob(0.2, 0.5) == pytest.approx(0.2)  # final frequency = p
+
+
+def test_spec_expected_tokens() -> None:
+    """Seed 000: a = 0.5, k = 3 -> 1.875 (not 1.5, 2 or 2.5); the k -> inf ceiling is 2."""
+    assert spec_expected_tokens(0.5, 3) == pytest.approx(1.875)
+    assert 1 + 0.5 + 0.25 + 0.125 == spec_expected_tokens(0.5, 3)
+    assert spec_expected_tokens(0.5, 200) == pytest.approx(2.0)
+    assert spec_expected_tokens(1.0, 5) == 6.0
+    assert spec_expected_tokens(0.0, 5) == 1.0
+    assert spec_expected_tokens(0.85, 5) == pytest.approx(4.1523, abs=1e-4)
+
+
+def test_accepted_length_distribution_seed002() -> None:
+    """Seed 002 section 5-2: 80 drafts, per-position counters 70 70 70 70 60 -> 10 drafts
+    accepted 0, none 1-3, 10 accepted 4, 60 accepted all 5 (sums back to 340 accepted)."""
+    counts = accepted_length_counts(80, [70, 70, 70, 70, 60])
+    assert counts == [10, 0, 0, 0, 10, 60]
+    assert sum(i * n for i, n in enumerate(counts)) == 340
+    dist = accepted_length_distribution(80, [70, 70, 70, 70, 60])
+    assert dist == [0.125, 0.0, 0.0, 0.0, 0.125, 0.75]
+    assert math.fsum(dist) == 1.0
+    with pytest.raises(ValueError, match="non-increasing"):
+        accepted_length_distribution(80, [60, 70])
+    with pytest.raises(ValueError, match=r"num_drafts \(10\)"):
+        accepted_length_distribution(10, [20])
+
+
+def test_mean_acceptance_length_seed002() -> None:
+    """Seed 002: 340 of 400 draft tokens accepted (85%), 4.25 per draft -> 5.25 per step; an
+    i.i.d. model at 85% would predict only 4.15 (the distribution is bimodal)."""
+    assert 340 / 400 == 0.85 and 340 / 80 == 4.25
+    assert mean_acceptance_length(80, 340) == 5.25
+    assert mean_acceptance_length(80, 340) > spec_expected_tokens(0.85, 5)
+
+
+def test_spec_forward_passes_seed002_68_tokens_to_34() -> None:
+    """Seed 002 section 5-3: 68 tokens, 8 drafts x 5, 34 accepted per request: draft steps make
+    34 + 8 = 42 tokens, 26 plain steps, 8 + 26 = 34 forwards vs 68 -> 2.00x predicted (1.91x
+    measured). The run's totals (680 tokens, 80 drafts, 340 accepted) give the same 2.0x."""
+    assert spec_forward_passes(68, 8, 34) == 8 + (68 - (34 + 8)) == 34
+    assert spec_predicted_speedup(68, 8, 34) == 2.0
+    assert spec_predicted_speedup(680, 80, 340) == 2.0
+    assert spec_forward_passes(10, 0, 0) == 10
+    with pytest.raises(ValueError, match=r"accepted_tokens \(60\) \+ num_drafts \(10\)"):
+        spec_forward_passes(68, 10, 60)
+
+
+@pytest.mark.parametrize(
+    ("call", "needle"),
+    [
+        (lambda: blocks_needed(10, 0), "block_size must be an integer >= 1, got 0"),
+        (lambda: blocks_needed(-1, 16), "num_tokens must be an integer >= 0, got -1"),
+        (lambda: kv_bytes_per_token(0, 8, 128, 2), "num_layers must be an integer >= 1, got 0"),
+        (lambda: prefix_cache_hit_tokens(-5, 16), "shared_prefix_tokens must be an integer"),
+        (lambda: forward_passes(100, 0, 4096), "output_tokens must be an integer >= 1, got 0"),
+        (lambda: forward_passes(100, 10, 0), "max_num_batched_tokens must be"),
+        (lambda: max_concurrency(10, 16, 0), "max_model_len must be an integer >= 1, got 0"),
+        (lambda: spec_acceptance_prob(0.2, 0.0), "q_draft must be > 0"),
+        (lambda: spec_acceptance_prob(1.2, 0.5), "p_target must be a number in [0.0, 1.0]"),
+        (lambda: spec_expected_tokens(-0.1, 5), "acceptance_rate must be a number in"),
+        (lambda: spec_expected_tokens(0.5, -1), "num_spec_tokens must be an integer >= 0"),
+        (lambda: mean_acceptance_length(0, 0), "num_drafts must be an integer >= 1, got 0"),
+        (lambda: decode_step_lower_bound_s(1e9, 0, 0), "bandwidth_bytes_per_s must be > 0"),
+        (lambda: weight_bytes(-1, 2), "num_params must be an integer >= 0, got -1"),
+        (lambda: tp_kv_heads_per_rank(8, 0), "tp_size must be an integer >= 1, got 0"),
+        (lambda: kv_token_capacity(1, 16.0), "block_size must be an integer >= 1, got 16.0"),
+    ],
+)
+def test_bad_arguments_name_the_argument_and_value(call, needle: str) -> None:
+    with pytest.raises(ValueError) as err:
+        call()
+    assert needle in str(err.value)
+
+
+def test_engine_helpers_keep_their_behaviour() -> None:
+    """The engine imports cdiv, num_blocks_for_budget, max_concurrency and kv_bytes_per_block."""
+    assert calc.cdiv(17, 16) == 2 and calc.cdiv(16, 16) == 1 and calc.cdiv(0, 16) == 0
+    assert calc.num_blocks_for_budget(11 * GiB, 2_621_440) == 4505
+    assert max_concurrency(4504, 16, 40_960) == pytest.approx(1.759375)
+
+
+# ------------------------------------------------------------------ `workbench calc` CLI
+def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, str]:
+    from workbench.calc_cli import main
+
+    main(list(argv))
+    out = capsys.readouterr().out
+    return dict(line.rsplit("  ", 1) for line in out.splitlines())  # type: ignore[misc]
+
+
+def _row(rows: dict[str, str], key: str) -> str:
+    return next(v.strip() for k, v in rows.items() if k.strip() == key)
+
+
+def test_cli_kv_qwen3_14b(capsys: pytest.CaptureFixture[str]) -> None:
+    """Seed 001 shape; an exact 11 GiB budget holds 4,505 blocks (the log's 11.00 GiB was a
+    rounded 10.996 GiB: 4,504 blocks, see the memory_budget test)."""
+    rows = _cli(capsys, "kv", "--layers", "40", "--kv-heads", "8", "--head-dim", "128",
+                "--dtype-bytes", "2", "--block-size", "16", "--budget-gib", "11",
+                "--max-model-len", "40960")
+    assert _row(rows, "kv bytes/token") == "163,840"
+    assert _row(rows, "kv bytes/block") == "2,621,440"
+    assert _row(rows, "blocks") == "4,505"
+    assert _row(rows, "token capacity") == "72,080"
+    assert _row(rows, "max concurrency @ 40,960") == "1.76x"
+
+
+def test_cli_budget_reproduces_seed001(capsys: pytest.CaptureFixture[str]) -> None:
+    shape = ("--layers", "40", "--kv-heads", "8", "--head-dim", "128", "--available-gib",
+             "38.516")
+    rows = _cli(capsys, "budget", *shape, "--weights-gib", "27.5185")
+    assert _row(rows, "kv token capacity") == "72,064"
+    rows = _cli(capsys, "budget", *shape, "--weights-gib", "9.3619")
+    assert _row(rows, "kv token capacity") == "191,056"
+    assert _row(rows, "kv cache GiB").startswith("29.15")
+
+
+def test_cli_blocks_prefix_passes(capsys: pytest.CaptureFixture[str]) -> None:
+    """Seed 000 examples: 221 tokens, the 1,530-token system prompt, chunked 12,000 tokens."""
+    rows = _cli(capsys, "blocks", "--tokens", "221")
+    assert (_row(rows, "blocks"), _row(rows, "last block free slots")) == ("14", "3")
+    rows = _cli(capsys, "prefix", "--shared", "1530", "--prompt", "1590")
+    assert (_row(rows, "prefix hit tokens"), _row(rows, "tokens to prefill")) == ("1,520", "70")
+    rows = _cli(capsys, "passes", "--prompt", "12000", "--output", "100", "--budget", "4096")
+    assert _row(rows, "prefill chunks") == "3"
+    assert _row(rows, "decode passes") == "99"
+    assert _row(rows, "forward passes") == "102"
+
+
+def test_cli_decode_tp4_124_tokens_per_s(capsys: pytest.CaptureFixture[str]) -> None:
+    """Seed 000: 65.6 GB over 4 x 2,039 GB/s -> ~124 tok/s."""
+    rows = _cli(capsys, "decode", "--weights", "65.6GB", "--bandwidth", "8156GB")
+    assert _row(rows, "tokens/s per request upper bound").startswith("124.3")
+
+
+def test_cli_spec_and_counters(capsys: pytest.CaptureFixture[str]) -> None:
+    """Seed 000 (p 0.2 / q 0.5) and seed 002 (80 drafts, 340 accepted, 680 tokens -> 2.00x)."""
+    rows = _cli(capsys, "spec", "--acceptance", "0.85", "--k", "5", "--p", "0.2", "--q", "0.5")
+    assert _row(rows, "expected tokens/verification") == "4.1523"
+    assert _row(rows, "acceptance prob min(1, p/q)") == "0.4"
+    rows = _cli(capsys, "spec-counters", "--drafts", "80", "--accepted", "340",
+                "--per-position", "70", "70", "70", "70", "60", "--output-tokens", "680")
+    assert _row(rows, "acceptance rate") == "0.85"
+    assert _row(rows, "mean acceptance length") == "5.25"
+    assert _row(rows, "P(accepted = 5)") == "0.7500 (60 drafts)"
+    assert _row(rows, "predicted speed-up") == "2.00x"
+    assert "warning" not in rows
+
+
+def test_cli_tp_and_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
+    rows = _cli(capsys, "tp", "--kv-heads", "8", "--tp", "16")
+    assert (_row(rows, "kv heads per rank"), _row(rows, "layout")) == ("1", "replicated x2")
+    rows = _cli(capsys, "tp", "--kv-heads", "8", "--tp", "4")
+    assert (_row(rows, "kv heads per rank"), _row(rows, "layout")) == ("2", "sharded")
+    from workbench.calc_cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["tp", "--kv-heads", "8", "--tp", "3"])
+    assert exit_.value.code == 2
+    assert "num_kv_heads (8) and tp_size (3)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["decode", "--weights", "16 parsecs", "--bandwidth", "2TB"])
+
+
+def test_parse_bytes_units() -> None:
+    from workbench.calc_cli import parse_bytes
+
+    assert parse_bytes("16GB") == 16e9
+    assert parse_bytes("2 GiB") == 2 * GiB
+    assert parse_bytes("1024") == 1024
+    assert parse_bytes("0.5kib") == 512

@@ -1,0 +1,331 @@
+"""The load generator: replay one Workload against one Target under one ArrivalSpec.
+
+    run_benchmark(target, workload, arrival, cache_state=...)
+      1. target.start(); bring the cache to `cache_state` (unmeasured)
+      2. server_before = target.server_snapshot(); t0 = perf_counter(); target.t0 = t0
+      3. closed loop: C workers, each sends its next request when the previous finishes
+         open loop:   request i sent at t0 + offset_i, at most max_concurrency in flight
+      4. server_after, the step trace of the measured run, validity -> RunResult
+
+Cache states: "cold" = target.restart() (fresh engine, no warm-up); "warm-model" = a few
+synthetic prompts (shuffled workload tokens: no workload prefix is warmed) then
+reset_prefix_cache(); "warm-prefix" = warm-model, then every workload request replayed once
+with max_tokens=1, keeping the prefix cache.
+
+Nothing is lost: a failing request becomes a failed record with its error and the run goes on;
+an exception in the runner itself returns RunResult(error=...) with every record so far.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import random
+import time
+import warnings
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar
+
+from workbench.bench.arrivals import ArrivalSpec, arrival_offsets
+from workbench.bench.metrics import SLO, RequestRecord, compute_metrics
+from workbench.bench.targets import Target
+from workbench.bench.validity import Validity, check_validity
+from workbench.bench.workloads import BenchRequest, Workload
+
+T = TypeVar("T")
+
+logger = logging.getLogger(__name__)
+
+CACHE_STATES = ("cold", "warm-model", "warm-prefix")
+WARMUP_MAX_TOKENS = 16  # decode steps per warm-up request, at most
+PREFIX_REPLAY_CONCURRENCY = 16  # warm-prefix replay in flight, at most
+
+
+@dataclass
+class RunResult:
+    """One measured run: per-request rows plus everything needed to judge and repeat it."""
+
+    records: list[RequestRecord]
+    duration_s: float
+    open_loop: bool
+    arrival: dict[str, Any]
+    cache_state: str
+    workload_checksum: str
+    workload_name: str
+    validity: Validity
+    step_trace: list[dict[str, Any]]  # measured steps only; "time_s" is relative to t0
+    server_before: dict[str, Any]
+    server_after: dict[str, Any]
+    target: dict[str, Any]
+    error: str | None = None
+    unsent_requests: int = 0  # workload requests never sent (max_duration_s or an error)
+    server_delta: dict[str, float] = field(default_factory=dict)  # after - before, numeric
+
+    def metrics(
+        self, percentiles: Sequence[float] = (50, 90, 95, 99), slo: SLO | None = None
+    ) -> dict[str, float]:
+        return compute_metrics(self.records, self.duration_s, percentiles=percentiles, slo=slo)
+
+
+async def run_benchmark(
+    target: Target,
+    workload: Workload,
+    arrival: ArrivalSpec,
+    *,
+    warmup_requests: int = 2,
+    cache_state: str = "warm-model",
+    max_duration_s: float | None = None,
+) -> RunResult:
+    """Measure `workload` on `target`; the target is started if needed and left running."""
+    if cache_state not in CACHE_STATES:
+        raise ValueError(f"cache_state ({cache_state!r}) must be one of {list(CACHE_STATES)}")
+    if warmup_requests < 0:
+        raise ValueError(f"warmup_requests ({warmup_requests}) must be >= 0")
+    if max_duration_s is not None and not max_duration_s > 0:
+        raise ValueError(f"max_duration_s ({max_duration_s}) must be > 0 seconds or None")
+    driver = _Driver(target, workload, arrival)
+    res = RunResult(
+        records=driver.records, duration_s=0.0, open_loop=arrival.is_open_loop,
+        arrival=arrival.to_dict(), cache_state=cache_state,
+        workload_checksum=workload.checksum, workload_name=workload.name, validity=Validity(),
+        step_trace=[], server_before={}, server_after={}, target={},
+    )
+    trace_start = 0
+    try:
+        await target.start()
+        await _prepare_cache(target, workload, arrival, cache_state, warmup_requests)
+        res.server_before = target.server_snapshot()
+        trace_start = len(target.step_trace())
+        await driver.run(max_duration_s)
+    except Exception as e:  # noqa: BLE001 - a failed run keeps its rows
+        res.error = f"{type(e).__name__}: {e}"
+        logger.exception("benchmark run %r failed; returning %d records gathered so far",
+                         workload.name, len(driver.records))
+    finally:
+        await driver.cancel_all()
+    res.duration_s = (time.perf_counter() - driver.t0) if driver.t0 is not None else 0.0
+    res.unsent_requests = len(workload.requests) - len(driver.records)
+    _finish(res, target, driver, trace_start, max_duration_s)
+    return res
+
+
+def run_sync(make: Callable[[], Awaitable[T]]) -> T:
+    """Await `make()` from synchronous code (in Jupyter, on a worker thread's own loop)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(make())  # type: ignore[arg-type]
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="bench-run") as pool:
+        return pool.submit(lambda: asyncio.run(make())).result()  # type: ignore[arg-type]
+
+
+def run(target: Target, workload: Workload, arrival: ArrivalSpec, **kw: Any) -> RunResult:
+    """`run_benchmark` from synchronous code. The caller stops the target afterwards."""
+    return run_sync(lambda: run_benchmark(target, workload, arrival, **kw))
+
+
+# --------------------------------------------------------------------------- measured run
+class _Driver:
+    """Sends the workload on schedule and owns the records and in-flight tasks."""
+
+    def __init__(self, target: Target, workload: Workload, arrival: ArrivalSpec) -> None:
+        self.target, self.workload, self.arrival = target, workload, arrival
+        self.records: list[RequestRecord] = []
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.t0: float | None = None
+        self.timed_out = False
+
+    async def run(self, max_duration_s: float | None) -> None:
+        reqs = list(self.workload.requests)
+        offsets = None
+        if self.arrival.is_open_loop:
+            trace = [r.arrival_s for r in reqs] if self.arrival.mode == "trace" else None
+            offsets = arrival_offsets(self.arrival, len(reqs), trace=trace)
+        self.t0 = time.perf_counter()
+        self.target.t0 = self.t0
+        main = asyncio.ensure_future(
+            self._closed(reqs) if offsets is None else self._open(reqs, offsets)
+        )
+        done, _ = await asyncio.wait({main}, timeout=max_duration_s)
+        if not done:
+            self.timed_out = True
+            logger.warning("max_duration_s (%s) reached; cancelling in-flight requests",
+                           max_duration_s)
+            main.cancel()
+            await self.cancel_all()
+            await asyncio.gather(main, return_exceptions=True)
+        else:
+            main.result()
+
+    async def _closed(self, reqs: list[BenchRequest]) -> None:
+        it = iter(reqs)
+
+        async def worker() -> None:
+            for req in it:
+                await self._one(req, None)
+
+        assert self.arrival.concurrency is not None
+        workers = [self._spawn(worker()) for _ in range(self.arrival.concurrency)]
+        await asyncio.gather(*workers)
+
+    async def _open(self, reqs: list[BenchRequest], offsets: list[float]) -> None:
+        assert self.t0 is not None
+        cap = self.arrival.max_concurrency
+        sem = asyncio.Semaphore(cap) if cap else None
+        for req, off in zip(reqs, offsets, strict=True):
+            delay = self.t0 + off - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if sem is not None:
+                await sem.acquire()  # late sends show up as lateness in the validity check
+            task = self._spawn(self._one(req, off))
+            if sem is not None:
+                task.add_done_callback(lambda _t, s=sem: s.release())  # type: ignore[misc]
+        await asyncio.gather(*list(self.tasks))
+
+    def _spawn(self, coro: Any) -> asyncio.Task[None]:
+        task = asyncio.ensure_future(coro)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+        return task
+
+    async def _one(self, req: BenchRequest, target_arrival_s: float | None) -> None:
+        rec = _new_record(req, target_arrival_s)
+        self.records.append(rec)  # before sending: a cancelled request keeps its row
+        await _send(self.target, req, rec)
+
+    async def cancel_all(self) -> None:
+        pending = [t for t in self.tasks if not t.done()]
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+
+
+def _new_record(req: BenchRequest, target_arrival_s: float | None) -> RequestRecord:
+    return RequestRecord(
+        request_id=req.request_id, prompt_tokens=len(req.prompt_token_ids or ()),
+        output_tokens=0, success=False, target_arrival_s=target_arrival_s,
+    )
+
+
+async def _send(target: Target, req: BenchRequest, rec: RequestRecord) -> None:
+    """Stream one request into `rec`; a failure is written into the record, not raised."""
+    rec.start_s = target.now_s()
+    try:
+        await target.generate(req, rec)
+    except asyncio.CancelledError:
+        rec.success, rec.error = False, "cancelled before completion (max_duration_s or stop)"
+        if rec.end_s is None:
+            rec.end_s = target.now_s()
+        raise
+    except Exception as e:  # noqa: BLE001 - recorded, the run goes on
+        rec.success, rec.error = False, f"{type(e).__name__}: {e}"
+    if rec.end_s is None:
+        rec.end_s = target.now_s()
+
+
+# --------------------------------------------------------------------------- cache states
+async def _prepare_cache(
+    target: Target, workload: Workload, arrival: ArrivalSpec, cache_state: str,
+    warmup_requests: int,
+) -> None:
+    target.t0 = time.perf_counter()
+    if cache_state == "cold":
+        await target.restart()
+        return
+    warm = _warmup_requests(workload, warmup_requests)
+    await _replay(target, warm, len(warm) or 1, "warm-up")
+    if not await target.reset_prefix_cache():
+        logger.warning("reset_prefix_cache() after the warm-up returned False: the measured "
+                       "run may hit blocks cached by the warm-up")
+    if cache_state == "warm-prefix":
+        replay = [
+            replace(r, request_id=f"warm-prefix:{r.request_id}", max_tokens=1)
+            for r in workload.requests
+        ]
+        cap = arrival.concurrency or arrival.max_concurrency or PREFIX_REPLAY_CONCURRENCY
+        await _replay(target, replay, min(cap, PREFIX_REPLAY_CONCURRENCY), "warm-prefix replay")
+
+
+async def _replay(target: Target, reqs: list[BenchRequest], concurrency: int, what: str) -> None:
+    """Send `reqs` unmeasured, `concurrency` at a time; failures are logged, not raised."""
+    it = iter(reqs)
+    failed: list[str] = []
+
+    async def worker() -> None:
+        for req in it:
+            rec = _new_record(req, None)
+            await _send(target, req, rec)
+            if not rec.success:
+                failed.append(f"{req.request_id}: {rec.error}")
+
+    await asyncio.gather(*(worker() for _ in range(max(1, concurrency))))
+    if failed:
+        logger.warning("%d of %d %s requests failed, e.g. %s", len(failed), len(reqs), what,
+                       failed[0])
+
+
+def _warmup_requests(workload: Workload, k: int) -> list[BenchRequest]:
+    """k synthetic prompts: the workload's own token ids (and, separately, its words)
+    shuffled, so no prefix of the workload is warmed; prompt lengths as the first k requests,
+    at most WARMUP_MAX_TOKENS output tokens."""
+    src = list(workload.requests)
+    if not src:
+        return []
+    rng = random.Random(f"warmup:{workload.name}:{workload.seed}")
+    out = []
+    for i in range(k):
+        r = src[i % len(src)]
+        ids = list(r.prompt_token_ids or ())
+        rng.shuffle(ids)
+        words = (r.prompt or "").split()
+        rng.shuffle(words)
+        out.append(replace(
+            r, request_id=f"warm-up:{i}", prompt_token_ids=ids,
+            prompt=" ".join(words) if r.prompt is not None else None,
+            max_tokens=min(r.max_tokens, WARMUP_MAX_TOKENS), arrival_s=None,
+        ))
+    return out
+
+
+# --------------------------------------------------------------------------- results
+def _finish(
+    res: RunResult, target: Target, driver: _Driver, trace_start: int,
+    max_duration_s: float | None,
+) -> None:
+    """Fill the after-run fields best-effort (a failing getter never loses the records)."""
+    t0 = driver.t0 or 0.0
+    try:
+        res.server_after = target.server_snapshot()
+        res.step_trace = [
+            {**row, "time_s": row["wall_time_s"] - t0} if "wall_time_s" in row else dict(row)
+            for row in target.step_trace()[trace_start:]
+        ]
+    except Exception as e:  # noqa: BLE001
+        logger.exception("reading the target after the run failed")
+        res.error = res.error or f"{type(e).__name__}: {e}"
+    res.server_delta = {
+        k: v - res.server_before[k] for k, v in res.server_after.items()
+        if isinstance(v, int | float) and isinstance(res.server_before.get(k), int | float)
+    }
+    try:
+        res.target = target.describe()
+    except Exception as e:  # noqa: BLE001
+        res.target = {"describe_error": f"{type(e).__name__}: {e}"}
+    if res.duration_s > 0:
+        res.validity = check_validity(res.records, driver.arrival, res.duration_s)
+    if driver.timed_out:
+        res.validity.invalidate(
+            f"max_duration_s ({max_duration_s} s) cut the run: {res.unsent_requests} of "
+            f"{res.unsent_requests + len(res.records)} requests were never sent and in-flight "
+            "ones were cancelled"
+        )
+    if res.error is not None:
+        res.validity.invalidate(f"the run failed: {res.error}")
+    if not res.validity.valid:
+        msg = (f"INVALID benchmark run ({res.workload_name}, {res.cache_state}): "
+               + "; ".join(res.validity.reasons))
+        logger.error(msg)
+        warnings.warn(msg, RuntimeWarning, stacklevel=3)

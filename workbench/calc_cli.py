@@ -1,0 +1,228 @@
+"""`workbench calc ...`: the serving arithmetic of `workbench.calc` from the command line.
+
+    workbench calc kv --layers 40 --kv-heads 8 --head-dim 128 --dtype-bytes 2
+                      [--block-size 16 --budget-gib 11 --max-model-len 40960 --tp 1]
+    workbench calc budget --layers 40 --kv-heads 8 --head-dim 128 --dtype-bytes 2
+                      --available-gib 38.516 --weights-gib 27.5185 [--activations-gib ...]
+    workbench calc blocks --tokens 221 [--block-size 16]
+    workbench calc prefix --shared 1530 [--prompt 1590] [--block-size 16]
+    workbench calc passes --prompt 12000 --output 100 --budget 4096
+    workbench calc decode --weights 16GB [--kv 0.49GiB] --bandwidth 2TB   (bandwidth per second)
+    workbench calc spec --acceptance 0.85 --k 5 [--p 0.2 --q 0.5]
+    workbench calc spec-counters --drafts 80 --accepted 340 --per-position 70 70 70 70 60
+                      [--output-tokens 680]
+    workbench calc tp --kv-heads 8 --tp 16
+
+Also `python -m workbench.calc_cli ...`. Sizes take B, KB/MB/GB/TB (10^3) or KiB/MiB/GiB/TiB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+
+from workbench import calc
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+
+
+def parse_bytes(text: str) -> float:
+    """'16GB' -> 16e9, '0.49GiB' -> 0.49 x 2^30, '1024' -> 1024 bytes."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise argparse.ArgumentTypeError(
+            f"size {text!r}: use a number with B, KB, MB, GB, TB, KiB, MiB, GiB or TiB"
+        )
+    return float(m.group(1)) * _UNITS[m.group(2).lower()]
+
+
+def _rows(rows: list[tuple[str, object]]) -> None:
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        if isinstance(value, float):
+            value = f"{value:,.4f}".rstrip("0").rstrip(".")
+        elif isinstance(value, int):
+            value = f"{value:,}"
+        print(f"{key:<{width}}  {value}")
+
+
+def _gib(n: float) -> int:
+    return round(n * calc.GiB)
+
+
+def _shape(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--layers", type=int, required=True)
+    p.add_argument("--kv-heads", type=int, required=True)
+    p.add_argument("--head-dim", type=int, required=True)
+    p.add_argument("--dtype-bytes", type=int, default=2, help="KV dtype: 2 bf16/fp16, 1 fp8")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--max-model-len", type=int, default=None)
+
+
+def _kv(a: argparse.Namespace) -> None:
+    heads = calc.tp_kv_heads_per_rank(a.kv_heads, a.tp)
+    per_token = calc.kv_bytes_per_token(a.layers, heads, a.head_dim, a.dtype_bytes)
+    rows: list[tuple[str, object]] = []
+    if a.tp > 1:
+        rows.append(("kv heads per rank", heads))
+    rows += [("kv bytes/token", per_token), ("kv bytes/block", per_token * a.block_size)]
+    if a.budget_gib is not None:
+        blocks = calc.num_blocks_for_budget(_gib(a.budget_gib), per_token * a.block_size)
+        capacity = calc.kv_token_capacity(blocks, a.block_size)
+        rows += [("blocks", blocks), ("token capacity", capacity)]
+        if a.max_model_len is not None:
+            conc = calc.max_concurrency(blocks, a.block_size, a.max_model_len)
+            rows.append((f"max concurrency @ {a.max_model_len:,}", f"{conc:.2f}x"))
+    _rows(rows)
+
+
+def _budget(a: argparse.Namespace) -> None:
+    per_token = calc.kv_bytes_per_token(a.layers, a.kv_heads, a.head_dim, a.dtype_bytes)
+    r = calc.memory_budget(
+        _gib(a.available_gib), _gib(a.weights_gib), per_token, a.block_size,
+        activation_bytes=_gib(a.activations_gib), graph_reserve_bytes=_gib(a.graph_gib),
+        headroom_bytes=_gib(a.headroom_gib), max_model_len=a.max_model_len,
+    )
+    labels = {"available_bytes": "available", "weight_bytes": "weights",
+              "kv_cache_bytes": "kv cache", "activation_bytes": "activations",
+              "graph_reserve_bytes": "graph reserve", "headroom_bytes": "headroom"}
+    rows: list[tuple[str, object]] = [
+        (f"{label} GiB", f"{(r[key] or 0) / calc.GiB:.4f}") for key, label in labels.items()
+    ]
+    rows += [("weights + kv GiB", f"{r['weight_plus_kv_gib']:.4f}"),
+             ("kv bytes/block", r["kv_bytes_per_block"]), ("kv blocks", r["kv_num_blocks"]),
+             ("kv token capacity", r["kv_token_capacity"])]
+    if r["max_concurrency"] is not None:
+        rows.append((f"max concurrency @ {a.max_model_len:,}", f"{r['max_concurrency']:.2f}x"))
+    _rows(rows)
+
+
+def _blocks(a: argparse.Namespace) -> None:
+    _rows([("blocks", calc.blocks_needed(a.tokens, a.block_size)),
+           ("last block free slots", calc.last_block_free_slots(a.tokens, a.block_size))])
+
+
+def _prefix(a: argparse.Namespace) -> None:
+    hit = calc.prefix_cache_hit_tokens(a.shared, a.block_size, a.prompt)
+    rows: list[tuple[str, object]] = [("prefix hit tokens", hit)]
+    if a.prompt is not None:
+        rows.append(("tokens to prefill", a.prompt - hit))
+    _rows(rows)
+
+
+def _passes(a: argparse.Namespace) -> None:
+    total = calc.forward_passes(a.prompt, a.output, a.budget)  # validates the arguments
+    chunks = calc.cdiv(a.prompt, a.budget)
+    _rows([("prefill chunks", chunks), ("decode passes", total - chunks),
+           ("forward passes", total)])
+
+
+def _decode(a: argparse.Namespace) -> None:
+    step = calc.decode_step_lower_bound_s(a.weights, a.kv, a.bandwidth)
+    _rows([("step lower bound ms", step * 1e3), ("tokens/s per request upper bound", 1 / step)])
+
+
+def _spec(a: argparse.Namespace) -> None:
+    rows: list[tuple[str, object]] = []
+    if a.p is not None or a.q is not None:
+        if a.p is None or a.q is None:
+            raise SystemExit("calc spec: give both --p and --q")
+        rows.append(("acceptance prob min(1, p/q)", calc.spec_acceptance_prob(a.p, a.q)))
+    if a.acceptance is not None:
+        rows.append(("expected tokens/verification",
+                     calc.spec_expected_tokens(a.acceptance, a.k)))
+    if not rows:
+        raise SystemExit("calc spec: give --acceptance (and --k) or --p and --q")
+    _rows(rows)
+
+
+def _spec_counters(a: argparse.Namespace) -> None:
+    k = len(a.per_position)
+    counts = calc.accepted_length_counts(a.drafts, a.per_position)
+    rows: list[tuple[str, object]] = [
+        ("acceptance rate", a.accepted / (a.drafts * k)),
+        ("mean acceptance length", calc.mean_acceptance_length(a.drafts, a.accepted)),
+    ]
+    rows += [(f"P(accepted = {i})", f"{n / a.drafts:.4f} ({n:,} drafts)")
+             for i, n in enumerate(counts)]
+    if sum(i * n for i, n in enumerate(counts)) != a.accepted:
+        rows.append(("warning", "per-position counters do not sum to --accepted"))
+    if a.output_tokens is not None:
+        fwd = calc.spec_forward_passes(a.output_tokens, a.drafts, a.accepted)
+        rows += [("decode forwards", fwd), ("without speculation", a.output_tokens),
+                 ("predicted speed-up", f"{a.output_tokens / fwd:.2f}x")]
+    _rows(rows)
+
+
+def _tp(a: argparse.Namespace) -> None:
+    heads = calc.tp_kv_heads_per_rank(a.kv_heads, a.tp)
+    mode = "sharded" if a.tp <= a.kv_heads else f"replicated x{a.tp // a.kv_heads}"
+    _rows([("kv heads per rank", heads), ("layout", mode)])
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="workbench calc", description="Serving arithmetic.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("kv", help="KV bytes per token/block, blocks and capacity in a budget")
+    _shape(p)
+    p.add_argument("--budget-gib", type=float, default=None, help="KV cache memory in GiB")
+    p.add_argument("--tp", type=int, default=1, help="per-rank figures under tensor parallelism")
+    p.set_defaults(run=_kv)
+    p = sub.add_parser("budget", help="weights + KV + activations + graph + headroom")
+    _shape(p)
+    p.add_argument("--available-gib", type=float, required=True)
+    p.add_argument("--weights-gib", type=float, required=True)
+    for name in ("activations", "graph", "headroom"):
+        p.add_argument(f"--{name}-gib", type=float, default=0.0)
+    p.set_defaults(run=_budget)
+    p = sub.add_parser("blocks", help="blocks a sequence needs and empty slots in the last")
+    p.add_argument("--tokens", type=int, required=True)
+    p.add_argument("--block-size", type=int, default=16)
+    p.set_defaults(run=_blocks)
+    p = sub.add_parser("prefix", help="prefix-cache hit tokens (full blocks only)")
+    p.add_argument("--shared", type=int, required=True, help="shared prefix tokens")
+    p.add_argument("--prompt", type=int, default=None, help="prompt tokens (caps at prompt-1)")
+    p.add_argument("--block-size", type=int, default=16)
+    p.set_defaults(run=_prefix)
+    p = sub.add_parser("passes", help="forward passes of one request")
+    p.add_argument("--prompt", type=int, required=True)
+    p.add_argument("--output", type=int, required=True)
+    p.add_argument("--budget", type=int, required=True, help="max_num_batched_tokens")
+    p.set_defaults(run=_passes)
+    p = sub.add_parser("decode", help="memory-bound decode step lower bound")
+    p.add_argument("--weights", type=parse_bytes, required=True, help="bytes read per step")
+    p.add_argument("--kv", type=parse_bytes, default=0.0, help="KV bytes read per step")
+    p.add_argument("--bandwidth", type=parse_bytes, required=True, help="bytes per second")
+    p.set_defaults(run=_decode)
+    p = sub.add_parser("spec", help="speculative acceptance and expected tokens")
+    p.add_argument("--acceptance", type=float, default=None)
+    p.add_argument("--k", type=int, default=5, help="draft tokens per step")
+    p.add_argument("--p", type=float, default=None, help="target probability of the token")
+    p.add_argument("--q", type=float, default=None, help="draft probability of the token")
+    p.set_defaults(run=_spec)
+    p = sub.add_parser("spec-counters", help="read vLLM spec_decode counters")
+    p.add_argument("--drafts", type=int, required=True)
+    p.add_argument("--accepted", type=int, required=True)
+    p.add_argument("--per-position", type=int, nargs="+", required=True)
+    p.add_argument("--output-tokens", type=int, default=None)
+    p.set_defaults(run=_spec_counters)
+    p = sub.add_parser("tp", help="KV heads per tensor-parallel rank")
+    p.add_argument("--kv-heads", type=int, required=True)
+    p.add_argument("--tp", type=int, required=True)
+    p.set_defaults(run=_tp)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = build_parser()
+    args = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        args.run(args)
+    except ValueError as exc:
+        ap.exit(2, f"workbench calc {args.cmd}: {exc}\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,281 @@
+"""Run an experiment template: baseline and variants interleaved, logged, judged.
+
+    for repeat in 1..R:                       A B C A B C ... (cancels slow drift)
+        for value in [baseline, v1, v2, ...]:
+            fresh in-process engine -> run_benchmark(workload, arrivals, cache_state)
+            -> MLflow child run (params = whole config, metrics, step series, artifacts)
+    verdict per variant (noise band of the baseline repeats), SLO + quality gates, adoption
+
+Every run replays the same workload (its checksum is checked before each run); a run that
+fails is logged FAILED with its error and whatever rows it had, and the sweep goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from workbench.experiments.quality import agreement, greedy_tokens, quality_failures
+from workbench.experiments.template import Template
+from workbench.experiments.verdict import VariantVerdict, decide, verdict_table
+
+BASELINE = "baseline"
+
+
+@dataclass
+class RunRecord:
+    label: str  # "baseline" or the variable value as text
+    value: Any
+    repeat: int
+    run_id: str
+    metrics: dict[str, float] = field(default_factory=dict)
+    valid: bool = True
+    error: str | None = None
+
+
+@dataclass
+class ExperimentResult:
+    name: str
+    parent_run_id: str
+    tracking_uri: str
+    workload_checksum: str
+    runs: list[RunRecord]
+    verdicts: list[VariantVerdict]
+    table: str
+    adopted: Any = None  # the adopted value, or None
+
+    def adopted_config(self, template: Template) -> dict[str, Any] | None:
+        return None if self.adopted is None else template.variant_config(self.adopted)
+
+
+def resolve_model(target: dict[str, Any]) -> str:
+    model = str(target.get("model", "bundled"))
+    if model == "bundled":
+        from workbench.demo import bundled_checkpoint
+
+        return str(bundled_checkpoint())
+    return model
+
+
+def build_workload(template: Template, model: str) -> Any:
+    from workbench.bench.workloads import load_jsonl, make_workload
+    from workbench.models.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(model)
+    w = template.workload
+    if "jsonl" in w:
+        return load_jsonl(w["jsonl"], tokenizer=tok, name=w.get("name"))
+    return make_workload(w["fixture"], int(w.get("seed", 0)), tok, **(w.get("params") or {}))
+
+
+def run_experiment(
+    template: Template, uri: str | None = None, progress: bool = True
+) -> ExperimentResult:
+    from workbench.bench.arrivals import ArrivalSpec
+    from workbench.bench.metrics import SLO
+    from workbench.preflight import collect_preflight
+    from workbench.tracking.mlflow_store import Store
+
+    model = resolve_model(template.target)
+    workload = build_workload(template, model)
+    checksum = workload.checksum
+    arrival = ArrivalSpec.from_dict(template.arrivals)
+    slo = SLO(
+        ttft_ms=template.slo.get("p95_ttft_ms"), tpot_ms=template.slo.get("p95_tpot_ms"),
+        e2el_ms=template.slo.get("p95_e2el_ms"),
+    )
+    preflight = collect_preflight()
+    store = Store(template.name, uri)
+    parent = store.create_run(template.name, tags={
+        "question": template.question, "variable": template.variable_name,
+        "workload_checksum": checksum, "hardware_fingerprint": preflight["fingerprint"],
+        "git_sha": str(preflight.get("git_sha")), "kind": "experiment",
+    })
+    store.log_params(parent, {"template": template.raw})
+    store.log_files(parent, {
+        "template.yaml": yaml.safe_dump(template.raw, sort_keys=False),
+        "preflight.json": json.dumps(preflight, indent=2, default=str),
+        "workload.json": json.dumps(workload.summary(), indent=2, default=str),
+    })
+    plan: list[tuple[str, Any]] = [(BASELINE, None)] + [
+        (str(v), v) for v in template.variable_values
+    ]
+    runs: list[RunRecord] = []
+    total = template.repeats * len(plan)
+    for repeat in range(template.repeats):
+        for label, value in plan:
+            if progress:
+                print(f"[{len(runs) + 1}/{total}] {template.variable_name}={label} "
+                      f"repeat {repeat + 1}/{template.repeats}", flush=True)
+            runs.append(_run_one(template, store, parent, model, workload, arrival, slo,
+                                 label, value, repeat, preflight, checksum))
+    quality = _quality(template, model, workload) if template.quality_gate else {}
+    base = [r.metrics for r in runs if r.label == BASELINE and r.error is None]
+    var: dict[Any, list[dict[str, float]]] = {}
+    invalid: dict[Any, int] = {}
+    failed: dict[Any, int] = {}
+    for r in runs:
+        if r.label == BASELINE:
+            continue
+        var.setdefault(r.value, [])
+        if r.error is None:
+            var[r.value].append(r.metrics)
+        failed[r.value] = failed.get(r.value, 0) + (r.error is not None)
+        invalid[r.value] = invalid.get(r.value, 0) + (not r.valid)
+    verdicts = decide(template, base, var, invalid, failed, quality) if base else []
+    table = verdict_table(verdicts, template.objective.metric) if verdicts else (
+        "every baseline run failed: no verdict")
+    adopted = next((v.value for v in verdicts if v.adopted), None)
+    store.log_files(parent, {
+        "verdict.md": f"# {template.name}\n\n{template.question}\n\n{table}\n",
+        "verdicts.json": json.dumps([v.as_dict() for v in verdicts], indent=2, default=str),
+    })
+    store.set_tags(parent, {"adopted": "none" if adopted is None else str(adopted)})
+    store.finish(parent, failed=not base)
+    return ExperimentResult(template.name, parent, store.uri, checksum, runs, verdicts, table,
+                            adopted)
+
+
+def _run_one(
+    template: Template, store: Any, parent: str, model: str, workload: Any, arrival: Any,
+    slo: Any, label: str, value: Any, repeat: int, preflight: dict[str, Any], checksum: str,
+) -> RunRecord:
+    from workbench.bench.runner import run, run_sync
+    from workbench.bench.targets import InProcessTarget
+
+    config = template.baseline if value is None else template.variant_config(value)
+    run_id = store.create_run(f"{template.variable_name}={label} r{repeat}", parent_id=parent,
+                              tags={"variable": template.variable_name, "value": label,
+                                    "repeat": str(repeat), "baseline_run": parent,
+                                    "workload_checksum": checksum,
+                                    "hardware_fingerprint": preflight["fingerprint"]})
+    store.log_params(run_id, {"engine": config, "workload": template.workload,
+                              "arrivals": template.arrivals, "cache_state": template.cache_state,
+                              "model": model, "repeat": repeat})
+    record = RunRecord(label, value, repeat, run_id)
+    result = None
+    target = None
+    try:
+        if workload.checksum != checksum:
+            raise RuntimeError("the workload changed between runs (checksum mismatch)")
+        target = InProcessTarget(model, engine_kwargs=config)
+        result = run(target, workload, arrival, warmup_requests=template.warmup_requests,
+                     cache_state=template.cache_state)
+        if result.error:
+            raise RuntimeError(result.error)
+        record.metrics = result.metrics(slo=slo)
+        record.valid = result.validity.valid
+        store.log_metrics(run_id, record.metrics)
+        store.log_metrics(run_id, {"valid": float(record.valid)})
+        store.set_tags(run_id, {"open_loop": str(result.open_loop),
+                                "validity": "; ".join(result.validity.reasons) or "valid"})
+    except Exception as e:  # one failed run must not lose the others
+        record.error = f"{type(e).__name__}: {e}"
+        store.log_files(run_id, {"error.txt": traceback.format_exc()})
+    finally:
+        if target is not None:
+            run_sync(target.stop)
+        if result is not None:
+            _log_run_artifacts(store, run_id, result, record.metrics)
+        store.finish(run_id, failed=record.error is not None)
+    return record
+
+
+def _log_run_artifacts(store: Any, run_id: str, result: Any, metrics: dict[str, float]) -> None:
+    from workbench.bench.metrics import records_frame, summary_table
+
+    files: dict[str, str | bytes] = {
+        "requests.csv": records_frame(result.records).to_csv(index=False),
+        "summary.json": json.dumps({"metrics": metrics, "validity": vars(result.validity),
+                                    "arrival": result.arrival, "cache_state": result.cache_state,
+                                    "target": result.target}, indent=2, default=str),
+    }
+    if metrics:
+        files["summary.md"] = summary_table(metrics)
+    if result.step_trace:
+        import pandas as pd
+
+        files["step_trace.csv"] = pd.DataFrame(result.step_trace).to_csv(index=False)
+        store.log_series(run_id, result.step_trace,
+                         ["running", "waiting", "kv_cache_usage_perc", "prefill_tokens",
+                          "decode_tokens"])
+        store.log_metrics(run_id, phase_shares(result.step_trace))
+    store.log_files(run_id, files)
+
+
+def phase_shares(step_trace: list[dict[str, Any]]) -> dict[str, float]:
+    """Share of engine time in steps that carried prefill tokens vs pure-decode steps."""
+    total = sum(r["duration_s"] for r in step_trace) or 1.0
+    prefill = sum(r["duration_s"] for r in step_trace if r.get("prefill_tokens", 0) > 0)
+    return {"engine_time_s": total, "prefill_step_share": prefill / total,
+            "decode_only_step_share": 1.0 - prefill / total}
+
+
+def _quality(template: Template, model: str, workload: Any) -> dict[Any, list[str]]:
+    gate = template.quality_gate or {}
+    n = int(gate.get("num_prompts", 4))
+    max_tokens = int(gate.get("max_tokens", 16))
+    prompts = [list(r.prompt_token_ids) for r in workload.requests[:n]]
+    ref = greedy_tokens(model, template.baseline, prompts, max_tokens)
+    out = {}
+    for v in template.variable_values:
+        try:
+            cand = greedy_tokens(model, template.variant_config(v), prompts, max_tokens)
+        except Exception as e:  # a variant that cannot run fails its gate, nothing else
+            out[v] = [f"quality check could not run: {type(e).__name__}: {e}"]
+            continue
+        out[v] = quality_failures(agreement(ref, cand), gate)
+    return out
+
+
+def promoted_template(template: Template, adopted: Any, parent_run_id: str) -> dict[str, Any]:
+    """The template with `variable = adopted` as its new baseline, the old baseline value
+    becoming one of the values to try next."""
+    raw = template.with_baseline(template.variant_config(adopted))
+    old = template.baseline.get(template.variable_name)
+    values = [v for v in [old, *template.variable_values] if v is not None and v != adopted]
+    raw.pop("variants", None)
+    raw["variable"] = {"name": template.variable_name, "values": values}
+    raw["description"] = (f"promoted from MLflow run {parent_run_id}: "
+                          f"{template.variable_name}={adopted}")
+    return raw
+
+
+def promote(template: Template, result: ExperimentResult, out_path: str | Path) -> Path | None:
+    """Write the adopted config as the new baseline template; None when nothing was adopted."""
+    if result.adopted is None:
+        return None
+    dst = Path(out_path)
+    dst.write_text(yaml.safe_dump(promoted_template(template, result.adopted,
+                                                    result.parent_run_id), sort_keys=False))
+    return dst
+
+
+def promote_from_mlflow(parent_run_id: str, out_path: str | Path, uri: str | None = None
+                        ) -> Path | None:
+    """`workbench promote RUN_ID`: rebuild the promoted template from a finished experiment."""
+    from mlflow.tracking import MlflowClient
+
+    from workbench.experiments.template import parse_template
+    from workbench.tracking.mlflow_store import tracking_uri
+
+    client = MlflowClient(tracking_uri=tracking_uri(uri))
+    run = client.get_run(parent_run_id)
+    adopted_tag = run.data.tags.get("adopted")
+    if adopted_tag in (None, "none"):
+        return None
+    with tempfile.TemporaryDirectory() as tmp:
+        tpath = client.download_artifacts(parent_run_id, "template.yaml", tmp)
+        template = parse_template(yaml.safe_load(Path(tpath).read_text()))
+        vpath = client.download_artifacts(parent_run_id, "verdicts.json", tmp)
+        adopted = next(v["value"] for v in json.loads(Path(vpath).read_text()) if v["adopted"])
+    dst = Path(out_path)
+    dst.write_text(yaml.safe_dump(promoted_template(template, adopted, parent_run_id),
+                                  sort_keys=False))
+    return dst

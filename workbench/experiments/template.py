@@ -1,0 +1,186 @@
+"""Experiment templates: the contract of one question (seed 001's method).
+
+A template (YAML, `experiments/*.yaml`) fixes the SLO, the workload, the arrivals, the target
+and the baseline engine config, then names exactly ONE variable:
+
+    name: chunked-prefill-budget
+    question: Does a smaller max_num_batched_tokens cut p95 ITL without breaking p95 TTFT?
+    objective: {metric: p95_itl_ms, direction: minimize}
+    slo: {p95_ttft_ms: 3000, p95_tpot_ms: 500, max_error_rate: 0.0}
+    workload: {fixture: long-prefill, seed: 0, params: {num_requests: 16}}
+    arrivals: {mode: poisson, rate: 8.0, seed: 0}
+    target: {kind: in-process, model: bundled}
+    baseline: {max_num_batched_tokens: 512, dtype: float32}
+    variable: {name: max_num_batched_tokens, values: [64, 128, 256, 1024]}
+    repeats: 3
+    cache_state: warm-model
+    quality_gate: {min_token_agreement: 1.0, num_prompts: 4}   # optional
+
+Instead of `variable`, `variants:` may list full engine configs; each must differ from the
+baseline in the same single key, and anything else is refused naming the keys.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+CACHE_STATES = ("cold", "warm-model", "warm-prefix")
+DIRECTIONS = ("minimize", "maximize")
+SLO_KEYS = ("p95_ttft_ms", "p95_tpot_ms", "p95_itl_ms", "p95_e2el_ms", "max_error_rate")
+_TOP_KEYS = {
+    "name", "question", "objective", "slo", "workload", "arrivals", "target", "baseline",
+    "variable", "variants", "repeats", "cache_state", "quality_gate", "warmup_requests",
+    "noise", "percentiles", "sampling", "description",
+}
+
+
+@dataclass
+class Objective:
+    metric: str = "output_throughput"
+    direction: str = "maximize"
+
+    def __post_init__(self) -> None:
+        if self.direction not in DIRECTIONS:
+            raise ValueError(
+                f"objective.direction ({self.direction!r}) must be one of {', '.join(DIRECTIONS)}"
+            )
+
+    def better(self, delta: float) -> bool:
+        return delta < 0 if self.direction == "minimize" else delta > 0
+
+
+@dataclass
+class Template:
+    name: str
+    question: str
+    objective: Objective
+    slo: dict[str, float]
+    workload: dict[str, Any]
+    arrivals: dict[str, Any]
+    target: dict[str, Any]
+    baseline: dict[str, Any]
+    variable_name: str
+    variable_values: list[Any]
+    repeats: int = 3
+    cache_state: str = "warm-model"
+    quality_gate: dict[str, Any] | None = None
+    warmup_requests: int = 2
+    noise: str = "spread"  # "spread" (min..max of the baseline repeats) | "bootstrap"
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.repeats, int) or self.repeats < 1:
+            raise ValueError(f"repeats ({self.repeats}) must be an integer >= 1")
+        if self.cache_state not in CACHE_STATES:
+            raise ValueError(
+                f"cache_state ({self.cache_state!r}) must be one of {', '.join(CACHE_STATES)}"
+            )
+        if self.noise not in ("spread", "bootstrap"):
+            raise ValueError(f"noise ({self.noise!r}) must be 'spread' or 'bootstrap'")
+        unknown = sorted(set(self.slo) - set(SLO_KEYS))
+        if unknown:
+            raise ValueError(
+                f"slo keys {', '.join(unknown)} are not known; allowed: {', '.join(SLO_KEYS)}"
+            )
+        if "fixture" not in self.workload and "jsonl" not in self.workload:
+            raise ValueError("workload must name a 'fixture' or a 'jsonl' file")
+        if not self.variable_values:
+            raise ValueError(f"variable {self.variable_name!r} has no values")
+
+    def variant_config(self, value: Any) -> dict[str, Any]:
+        """The baseline engine config with the one variable set to `value`."""
+        cfg = copy.deepcopy(self.baseline)
+        cfg[self.variable_name] = value
+        return cfg
+
+    def with_baseline(self, baseline: dict[str, Any]) -> dict[str, Any]:
+        """The raw template with a new baseline (what `workbench promote` writes)."""
+        raw = copy.deepcopy(self.raw)
+        raw["baseline"] = copy.deepcopy(baseline)
+        return raw
+
+
+def one_variable(baseline: dict[str, Any], variants: list[dict[str, Any]]) -> str:
+    """The single key every variant changes; ValueError naming the keys otherwise."""
+    changed: set[str] = set()
+    for i, variant in enumerate(variants):
+        diff = sorted(k for k in set(baseline) | set(variant)
+                      if baseline.get(k, _MISSING) != variant.get(k, _MISSING))
+        if len(diff) != 1:
+            raise ValueError(
+                f"variants[{i}] differs from the baseline in {len(diff)} keys "
+                f"({', '.join(diff) or 'none'}); an experiment changes exactly one variable"
+            )
+        changed.update(diff)
+    if len(changed) != 1:
+        raise ValueError(
+            f"variants change different keys ({', '.join(sorted(changed))}); an experiment "
+            "changes exactly one variable"
+        )
+    return changed.pop()
+
+
+_MISSING = object()
+
+
+def parse_template(data: dict[str, Any]) -> Template:
+    unknown = sorted(set(data) - _TOP_KEYS)
+    if unknown:
+        raise ValueError(
+            f"unknown template key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(_TOP_KEYS))}"
+        )
+    for key in ("name", "question", "workload", "baseline"):
+        if key not in data:
+            raise ValueError(f"template is missing {key!r}")
+    baseline = dict(data["baseline"] or {})
+    if "variable" in data and "variants" in data:
+        raise ValueError("give either 'variable' or 'variants', not both")
+    if "variable" in data:
+        var = data["variable"]
+        if not isinstance(var, dict) or set(var) != {"name", "values"}:
+            raise ValueError("variable must be {name: <engine knob>, values: [...]}")
+        name, values = str(var["name"]), list(var["values"])
+    elif "variants" in data:
+        variants = [dict(v) for v in data["variants"]]
+        name = one_variable(baseline, variants)
+        values = [v[name] for v in variants]
+    else:
+        raise ValueError("template must name one 'variable' (or 'variants')")
+    if name in baseline and baseline[name] in values:
+        raise ValueError(
+            f"variable {name} value {baseline[name]!r} equals the baseline; list only the "
+            "changed values (the baseline is always run)"
+        )
+    return Template(
+        name=str(data["name"]),
+        question=str(data["question"]),
+        objective=Objective(**(data.get("objective") or {})),
+        slo=dict(data.get("slo") or {}),
+        workload=dict(data["workload"]),
+        arrivals=dict(data.get("arrivals") or {"mode": "closed", "concurrency": 4}),
+        target=dict(data.get("target") or {"kind": "in-process", "model": "bundled"}),
+        baseline=baseline,
+        variable_name=name,
+        variable_values=values,
+        repeats=int(data.get("repeats", 3)),
+        cache_state=str(data.get("cache_state", "warm-model")),
+        quality_gate=data.get("quality_gate"),
+        warmup_requests=int(data.get("warmup_requests", 2)),
+        noise=str(data.get("noise", "spread")),
+        raw=copy.deepcopy(data),
+    )
+
+
+def load_template(path: str | Path) -> Template:
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"template ({str(path)!r}) is not a file")
+    data = yaml.safe_load(p.read_text())
+    if not isinstance(data, dict):
+        raise ValueError(f"template {p} must be a YAML mapping")
+    return parse_template(data)

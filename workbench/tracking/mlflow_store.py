@@ -1,0 +1,138 @@
+"""MLflow tracking: where runs land and how one benchmark run is written.
+
+Default store: `sqlite:///<cwd>/mlruns/mlflow.db` with artifacts under `mlruns/artifacts/`
+(MLflow 3.17's file store refuses to start). `MLFLOW_TRACKING_URI` or an explicit `uri`
+points elsewhere (e.g. a shared `mlflow server`). Open the results with
+`mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db`.
+
+Everything goes through `MlflowClient` with explicit run ids (no global active run), so a
+failing child run is terminated FAILED without disturbing its parent.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+ARTIFACT_DIR = "mlruns/artifacts"
+
+
+def tracking_uri(uri: str | None = None) -> str:
+    """The explicit uri, else $MLFLOW_TRACKING_URI, else the local sqlite store (created)."""
+    if uri:
+        return uri
+    env = os.environ.get("MLFLOW_TRACKING_URI")
+    if env:
+        return env
+    root = Path.cwd() / "mlruns"
+    root.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{root / 'mlflow.db'}"
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
+    """{"a": {"b": 1}} -> {"a.b": "1"}; lists and None as JSON."""
+    out: dict[str, str] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v if isinstance(v, str) else json.dumps(v, default=str)
+    return out
+
+
+class Store:
+    """One MLflow experiment; creates parent and child runs and writes their content."""
+
+    def __init__(self, experiment_name: str, uri: str | None = None) -> None:
+        import mlflow
+        from mlflow.tracking import MlflowClient
+
+        self.uri = tracking_uri(uri)
+        mlflow.set_tracking_uri(self.uri)
+        self.client = MlflowClient(tracking_uri=self.uri)
+        exp = self.client.get_experiment_by_name(experiment_name)
+        if exp is None:
+            artifacts = None
+            if self.uri.startswith("sqlite:///") and "mlruns" in self.uri:
+                artifacts = (Path.cwd() / ARTIFACT_DIR / experiment_name).resolve().as_uri()
+            self.experiment_id = self.client.create_experiment(
+                experiment_name, artifact_location=artifacts
+            )
+        else:
+            self.experiment_id = exp.experiment_id
+
+    def create_run(
+        self, name: str, tags: dict[str, str] | None = None, parent_id: str | None = None
+    ) -> str:
+        all_tags = dict(tags or {})
+        if parent_id:
+            all_tags["mlflow.parentRunId"] = parent_id
+        run = self.client.create_run(self.experiment_id, run_name=name, tags=all_tags)
+        return run.info.run_id
+
+    def log_params(self, run_id: str, params: dict[str, Any]) -> None:
+        from mlflow.entities import Param
+
+        flat = flatten(params)
+        items = [Param(k[:250], v[:6000]) for k, v in sorted(flat.items())]
+        for i in range(0, len(items), 100):
+            self.client.log_batch(run_id, params=items[i : i + 100])
+
+    def set_tags(self, run_id: str, tags: dict[str, Any]) -> None:
+        for k, v in tags.items():
+            self.client.set_tag(run_id, k, v if isinstance(v, str) else json.dumps(v))
+
+    def log_metrics(self, run_id: str, metrics: dict[str, float], step: int = 0) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        items = [
+            Metric(_metric_name(k), float(v), now, step)
+            for k, v in metrics.items()
+            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+        ]
+        for i in range(0, len(items), 1000):
+            self.client.log_batch(run_id, metrics=items[i : i + 1000])
+
+    def log_series(self, run_id: str, rows: Iterable[dict[str, Any]], keys: list[str],
+                   step_key: str = "step", prefix: str = "step.") -> None:
+        """Step-indexed metrics (e.g. running, waiting, KV usage per engine step)."""
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        items = [
+            Metric(prefix + k, float(r[k]), now, int(r[step_key]))
+            for r in rows for k in keys if k in r
+        ]
+        for i in range(0, len(items), 1000):
+            self.client.log_batch(run_id, metrics=items[i : i + 1000])
+
+    def log_files(self, run_id: str, files: dict[str, str | bytes]) -> None:
+        """Write {relative name: content} to a temp dir and upload it as artifacts."""
+        with tempfile.TemporaryDirectory() as tmp:
+            for name, content in files.items():
+                p = Path(tmp) / name
+                p.parent.mkdir(parents=True, exist_ok=True)
+                if isinstance(content, bytes):
+                    p.write_bytes(content)
+                else:
+                    p.write_text(content)
+            self.client.log_artifacts(run_id, tmp)
+
+    def log_artifact(self, run_id: str, path: str | Path, subdir: str | None = None) -> None:
+        self.client.log_artifact(run_id, str(path), subdir)
+
+    def finish(self, run_id: str, failed: bool = False) -> None:
+        self.client.set_terminated(run_id, status="FAILED" if failed else "FINISHED")
+
+
+def _metric_name(name: str) -> str:
+    # MLflow allows alphanumerics, _ - . space / ; vLLM's "vllm:xxx" becomes "vllm/xxx".
+    return name.replace(":", "/")
