@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo test lint bench bench-sched peer-vllm clean
+.PHONY: venv demo demo-engine test lint bench bench-sched peer-vllm clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -16,7 +16,12 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# The main job: the chunked-prefill experiment template on the bundled checkpoint.
 demo: $(STAMP)
+	$(BIN)/workbench run experiments/chunked_prefill_budget.yaml
+
+# Generate from the bundled checkpoint and print an engine report.
+demo-engine: $(STAMP)
 	$(BIN)/python -m workbench.demo
 
 test: $(STAMP)

@@ -1,6 +1,6 @@
 """`workbench` command line: dispatches to the module that owns each job.
 
-    workbench run experiments/X.yaml [--tracking-uri URI] [--promote OUT.yaml]
+    workbench run experiments/X.yaml [--tracking-uri URI] [--profile torch] [--promote OUT]
                                      run an experiment template, print the verdict table
     workbench promote PARENT_RUN_ID --out OUT.yaml [--tracking-uri URI]
                                      write the adopted config as the new baseline template
@@ -26,6 +26,8 @@ def _run(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(prog="workbench run", description="Run an experiment template.")
     ap.add_argument("template")
     ap.add_argument("--tracking-uri", default=None)
+    ap.add_argument("--profile", choices=["torch"], default=None,
+                    help="store a torch.profiler Chrome trace per run as an MLflow artifact")
     ap.add_argument("--promote", default=None, metavar="OUT.yaml",
                     help="write the adopted config as a new baseline template here")
     args = ap.parse_args(argv)
@@ -33,7 +35,7 @@ def _run(argv: list[str]) -> None:
     from workbench.experiments.template import load_template
 
     template = load_template(args.template)
-    result = run_experiment(template, uri=args.tracking_uri)
+    result = run_experiment(template, uri=args.tracking_uri, profile=args.profile)
     print(f"\n# {template.name}\n{template.question}\n")
     print(result.table)
     print(f"\nadopted: {result.adopted if result.adopted is not None else 'nothing'}"

@@ -93,3 +93,14 @@ def test_promote(tmp_path: Path, experiment: tuple[Any, str]) -> None:
     assert yaml.safe_load(out.read_text())["baseline"]["max_num_batched_tokens"] == 64
     if result.adopted is None:
         assert promote_from_mlflow(result.parent_run_id, tmp_path / "x.yaml", uri) is None
+
+
+def test_fingerprint_change_warns(tmp_path: Path) -> None:
+    from workbench.experiments.runner import _fingerprint_warning
+
+    store = Store("fp", f"sqlite:///{tmp_path / 'm.db'}")
+    assert _fingerprint_warning(store, "aaa") is None  # nothing to compare with
+    store.create_run("old", tags={"kind": "experiment", "hardware_fingerprint": "aaa"})
+    assert _fingerprint_warning(store, "aaa") is None
+    with pytest.warns(RuntimeWarning, match=r"fingerprint bbb differs .*\(aaa, run "):
+        assert _fingerprint_warning(store, "bbb") is not None

@@ -80,7 +80,8 @@ class ModelRunner:
             self._copy_blocks(out.blocks_to_copy)
         with nvtx_range("model_runner.prepare_inputs"):
             input_ids, positions, meta, logits_idx, to_sample = self.prepare_inputs(out)
-        with nvtx_range("model_runner.forward"):
+        with nvtx_range(f"model_runner.forward prefill={out.num_prefill_tokens} "
+                        f"decode={out.num_decode_tokens}"):
             hidden = self.model(input_ids, positions, meta)
         if not to_sample:
             return {}

@@ -12,9 +12,11 @@ fails is logged FAILED with its error and whatever rows it had, and the sweep go
 
 from __future__ import annotations
 
+import contextlib
 import json
 import tempfile
 import traceback
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,7 @@ import yaml
 from workbench.experiments.quality import agreement, greedy_tokens, quality_failures
 from workbench.experiments.template import Template
 from workbench.experiments.verdict import VariantVerdict, decide, verdict_table
+from workbench.profiling import torch_trace
 
 BASELINE = "baseline"
 
@@ -75,8 +78,12 @@ def build_workload(template: Template, model: str) -> Any:
 
 
 def run_experiment(
-    template: Template, uri: str | None = None, progress: bool = True
+    template: Template, uri: str | None = None, progress: bool = True,
+    profile: str | None = None,
 ) -> ExperimentResult:
+    """Run every (value, repeat); `profile="torch"` stores a Chrome trace per run."""
+    if profile not in (None, "torch"):
+        raise ValueError(f"profile ({profile!r}) must be None or 'torch'")
     from workbench.bench.arrivals import ArrivalSpec
     from workbench.bench.metrics import SLO
     from workbench.preflight import collect_preflight
@@ -92,12 +99,15 @@ def run_experiment(
     )
     preflight = collect_preflight()
     store = Store(template.name, uri)
+    mismatch = _fingerprint_warning(store, preflight["fingerprint"])
     parent = store.create_run(template.name, tags={
         "question": template.question, "variable": template.variable_name,
         "workload_checksum": checksum, "hardware_fingerprint": preflight["fingerprint"],
         "git_sha": str(preflight.get("git_sha")), "kind": "experiment",
     })
     store.log_params(parent, {"template": template.raw})
+    if mismatch:
+        store.set_tags(parent, {"fingerprint_warning": mismatch})
     store.log_files(parent, {
         "template.yaml": yaml.safe_dump(template.raw, sort_keys=False),
         "preflight.json": json.dumps(preflight, indent=2, default=str),
@@ -114,7 +124,7 @@ def run_experiment(
                 print(f"[{len(runs) + 1}/{total}] {template.variable_name}={label} "
                       f"repeat {repeat + 1}/{template.repeats}", flush=True)
             runs.append(_run_one(template, store, parent, model, workload, arrival, slo,
-                                 label, value, repeat, preflight, checksum))
+                                 label, value, repeat, preflight, checksum, profile))
     quality = _quality(template, model, workload) if template.quality_gate else {}
     base = [r.metrics for r in runs if r.label == BASELINE and r.error is None]
     var: dict[Any, list[dict[str, float]]] = {}
@@ -142,9 +152,27 @@ def run_experiment(
                             adopted)
 
 
+def _fingerprint_warning(store: Any, fingerprint: str) -> str | None:
+    """Warn when the previous run of this experiment was measured on other hardware/software."""
+    prev = store.client.search_runs(
+        [store.experiment_id], filter_string="tags.kind = 'experiment'",
+        order_by=["attributes.start_time DESC"], max_results=1)
+    if not prev:
+        return None
+    old = prev[0].data.tags.get("hardware_fingerprint")
+    if old in (None, fingerprint):
+        return None
+    msg = (f"hardware/software fingerprint {fingerprint} differs from the previous run of this "
+           f"experiment ({old}, run {prev[0].info.run_id}): do not compare their numbers "
+           "directly (`workbench preflight --compare` names the fields)")
+    warnings.warn(msg, RuntimeWarning, stacklevel=3)
+    return msg
+
+
 def _run_one(
     template: Template, store: Any, parent: str, model: str, workload: Any, arrival: Any,
     slo: Any, label: str, value: Any, repeat: int, preflight: dict[str, Any], checksum: str,
+    profile: str | None = None,
 ) -> RunRecord:
     from workbench.bench.runner import run, run_sync
     from workbench.bench.targets import InProcessTarget
@@ -165,8 +193,13 @@ def _run_one(
         if workload.checksum != checksum:
             raise RuntimeError("the workload changed between runs (checksum mismatch)")
         target = InProcessTarget(model, engine_kwargs=config)
-        result = run(target, workload, arrival, warmup_requests=template.warmup_requests,
-                     cache_state=template.cache_state)
+        with tempfile.TemporaryDirectory() as tmp:
+            trace = Path(tmp) / "torch_trace.json"
+            with torch_trace(str(trace)) if profile == "torch" else contextlib.nullcontext():
+                result = run(target, workload, arrival, cache_state=template.cache_state,
+                             warmup_requests=template.warmup_requests)
+            if trace.exists():
+                store.log_artifact(run_id, trace)
         if result.error:
             raise RuntimeError(result.error)
         record.metrics = result.metrics(slo=slo)

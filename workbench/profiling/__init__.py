@@ -57,3 +57,24 @@ def range(name: str) -> AbstractContextManager[object]:  # noqa: A001 - the publ
 
 
 nvtx_range = range
+
+
+@contextlib.contextmanager
+def torch_trace(path: str) -> Iterator[None]:
+    """Profile the block with torch.profiler (CPU, and CUDA when present), the workbench
+    ranges included, and write a Chrome trace (open in chrome://tracing or Perfetto)."""
+    from torch._C._profiler import _ExperimentalConfig
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(ProfilerActivity.CUDA)
+    enable_record_function(True)
+    try:
+        # The engine steps on a background thread (AsyncEngine): profile every thread.
+        config = _ExperimentalConfig(profile_all_threads=True)
+        with profile(activities=activities, experimental_config=config) as prof:
+            yield
+    finally:
+        enable_record_function(False)
+    prof.export_chrome_trace(path)

@@ -1,0 +1,46 @@
+"""Analysis: pandas frames read back from MLflow, and the workbench's standard plots.
+
+Place in the flow: experiments and sweeps write runs to MLflow (`workbench.tracking`);
+`frames` reads them back as one row per run (params, metrics and tags flattened) and builds
+the baseline-vs-variant comparison; `plots` turns frames into matplotlib Figures (Agg
+canvas, never a window); `notebook` is the small glue notebooks use to resolve a tracking
+URI and publish their figures and headline metrics.
+"""
+
+from __future__ import annotations
+
+from workbench.analysis.frames import (
+    compare_frame,
+    parent_runs,
+    request_frames,
+    run_artifact_frame,
+    runs_frame,
+)
+from workbench.analysis.plots import (
+    bar_compare,
+    compare_plot,
+    grid_heatmap,
+    latency_ecdf,
+    memory_split,
+    saturation_curve,
+    save,
+    step_series,
+    sweep_tradeoff,
+)
+
+__all__ = [
+    "bar_compare",
+    "compare_frame",
+    "compare_plot",
+    "grid_heatmap",
+    "latency_ecdf",
+    "memory_split",
+    "parent_runs",
+    "request_frames",
+    "run_artifact_frame",
+    "runs_frame",
+    "saturation_curve",
+    "save",
+    "step_series",
+    "sweep_tradeoff",
+]

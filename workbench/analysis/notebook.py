@@ -1,0 +1,80 @@
+"""Notebook glue: where a notebook's MLflow runs go, and publishing its figures and numbers.
+
+Every notebook under notebooks/ declares the same three tracking parameters:
+
+    mlflow_uri = ""              # empty: no logging (or a throwaway temp store, see below)
+    mlflow_parent_run_id = ""    # set by `workbench sweep`: this point's run in the sweep
+    mlflow_experiment = "notebooks"
+
+`resolve_tracking_uri("")` returns a fresh temporary sqlite store, so a notebook that needs
+MLflow to work (an experiment, a comparison) runs in CI without touching the repo's mlruns/.
+`publish(...)` saves figures to `figures_dir` when given and logs metrics, params, tables and
+figures to MLflow only when `mlflow_uri` is given: into `mlflow_parent_run_id` when a sweep
+injected it, else into a new run of `mlflow_experiment`.
+"""
+
+from __future__ import annotations
+
+import io
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from matplotlib.figure import Figure
+
+from workbench.analysis.plots import save
+
+
+def temp_tracking_uri() -> str:
+    """A new, empty sqlite tracking store in a temporary directory."""
+    return f"sqlite:///{Path(tempfile.mkdtemp(prefix='wb-mlflow-')) / 'mlflow.db'}"
+
+
+def resolve_tracking_uri(uri: str | None) -> str:
+    """`uri` when given, else a temporary store (`temp_tracking_uri`)."""
+    return uri if uri else temp_tracking_uri()
+
+
+def publish(
+    name: str,
+    *,
+    metrics: Mapping[str, float] | None = None,
+    figures: Mapping[str, Figure] | None = None,
+    tables: Mapping[str, pd.DataFrame] | None = None,
+    params: Mapping[str, Any] | None = None,
+    figures_dir: str | Path = "",
+    mlflow_uri: str = "",
+    mlflow_parent_run_id: str = "",
+    mlflow_experiment: str = "notebooks",
+) -> dict[str, Any]:
+    """Save `figures` as <figures_dir>/<key>.png; log everything to MLflow when `mlflow_uri`
+    is given. Returns {"figures": [paths], "run_id": the run logged into, or None}."""
+    out: dict[str, Any] = {"figures": [], "run_id": None}
+    figures = dict(figures or {})
+    if figures_dir:
+        out["figures"] = [save(fig, Path(figures_dir) / f"{key}.png")
+                          for key, fig in figures.items()]
+    if not mlflow_uri:
+        return out
+    from workbench.tracking.mlflow_store import Store
+
+    store = Store(mlflow_experiment, mlflow_uri)
+    run_id = mlflow_parent_run_id or store.create_run(name, tags={"kind": "notebook"})
+    if params and not mlflow_parent_run_id:  # a sweep run already holds the parameters
+        store.log_params(run_id, dict(params))
+    store.log_metrics(run_id, dict(metrics or {}))
+    files: dict[str, str | bytes] = {
+        f"{name}/{key}.csv": frame.to_csv(index=False) for key, frame in (tables or {}).items()
+    }
+    for key, fig in figures.items():
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
+        files[f"{name}/{key}.png"] = buf.getvalue()
+    if files:
+        store.log_files(run_id, files)
+    if not mlflow_parent_run_id:
+        store.finish(run_id)
+    out["run_id"] = run_id
+    return out

@@ -1,0 +1,273 @@
+"""`workbench sweep`: run one papermill notebook per parameter value, each logged to MLflow.
+
+    sweep("notebooks/03_chunked_prefill_sweep.ipynb", "num_requests", [8, 16])
+    workbench sweep notebooks/X.ipynb -p NAME V1 V2 ... [--set k=v ...] [--resume]
+                    [--tracking-uri URI] [--experiment NAME] [--out-dir DIR] [--kernel NAME]
+
+    parent run  (tags: kind=sweep, notebook=<absolute path>, sweep_param, sweep_values, fixed)
+      child run per value (tags: sweep_param, sweep_value=<JSON>, output_path[, error])
+        params    = the notebook's parameters: its declared defaults, then {param: value, **fixed}
+        artifacts = the executed notebook (also when it failed) [+ error.txt]
+        status    = FINISHED, or FAILED with the error; the sweep goes on past a failed point
+
+Each value runs `papermill.execute_notebook` with cwd = the notebook's folder (as JupyterLab
+does) into <out_dir>/<notebook stem>/<parent run id[:8]>/<i>_<param>=<value>.ipynb. When the
+notebook declares `mlflow_parent_run_id`, `mlflow_uri` or `mlflow_experiment` in its
+`parameters` cell, they are injected (this point's child run, the store, the experiment) so the
+notebook can log into the sweep; see `workbench.analysis.notebook.publish`.
+
+`resume=True` reuses the latest sweep parent for (notebook, param) in the experiment and skips
+the values that already have a FINISHED child there (rows with status "SKIPPED" and the
+earlier run's id); failed and new values run again as new child runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import re
+import sys
+import traceback
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+INJECTED = ("mlflow_parent_run_id", "mlflow_uri", "mlflow_experiment")
+PARENT_TAG = "mlflow.parentRunId"
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def value_key(value: Any) -> str:
+    """The canonical JSON of a value: how a sweep point is recognised on resume."""
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+def _slug(value: Any) -> str:
+    text = value if isinstance(value, str) else value_key(value)
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text)[:60] or "_"
+
+
+def _absolute_uri(uri: str | None) -> str | None:
+    """A relative sqlite URI made absolute (the notebook runs in another folder)."""
+    prefix = "sqlite:///"
+    if uri and uri.startswith(prefix) and not uri.startswith(prefix + "/"):
+        return prefix + str(Path(uri[len(prefix):]).resolve())
+    return uri
+
+
+def _literal(source: str) -> Any:
+    try:
+        return ast.literal_eval(source)
+    except (ValueError, SyntaxError):
+        return source
+
+
+def declared_parameters(notebook: str | Path) -> dict[str, Any]:
+    """{name: default value} from the notebook's `parameters` cell ({} without one)."""
+    import papermill
+
+    found = papermill.inspect_notebook(str(notebook))
+    return {name: _literal(str(spec.get("default"))) for name, spec in found.items()}
+
+
+def _check(declared: dict[str, Any], param: str, fixed: dict[str, Any], nb: Path) -> None:
+    if param in fixed:
+        raise ValueError(f"param {param!r} is also given in fixed; sweep it or fix it, not both")
+    unknown = [k for k in [param, *fixed] if k not in declared]
+    if declared and unknown:
+        raise ValueError(f"{unknown} not declared in the parameters cell of {nb.name}; "
+                         f"declared: {sorted(declared)}")
+
+
+def _progress(values: list[Any], enabled: bool, desc: str) -> Iterable[Any]:
+    if not enabled:
+        return values
+    try:
+        from tqdm import tqdm
+    except ImportError:  # tqdm comes with transformers; plain iteration without it
+        return values
+    return tqdm(values, desc=desc, unit="point", file=sys.stderr)
+
+
+def sweep(
+    notebook: str | Path,
+    param: str,
+    values: Sequence[Any],
+    *,
+    fixed: dict[str, Any] | None = None,
+    experiment: str | None = None,
+    uri: str | None = None,
+    resume: bool = False,
+    out_dir: str | Path = ".sweeps",
+    kernel_name: str | None = None,
+    progress: bool = True,
+) -> list[dict[str, Any]]:
+    """One papermill run per value; one row per value: {value, status, output_path, run_id,
+    error}. status is FINISHED, FAILED or (resume) SKIPPED."""
+    from workbench.tracking.mlflow_store import Store
+
+    nb = Path(notebook).resolve()
+    if not nb.is_file():
+        raise ValueError(f"notebook ({str(notebook)!r}) is not a file")
+    values, fixed = list(values), dict(fixed or {})
+    if not values:
+        raise ValueError("values is empty; give at least one value to sweep")
+    keys = [value_key(v) for v in values]
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"values ({values}) contain duplicates; give each value once")
+    declared = declared_parameters(nb)
+    _check(declared, param, fixed, nb)
+    store = Store(experiment or f"sweep-{nb.stem}", _absolute_uri(uri))
+    parent = _latest_parent(store, nb, param) if resume else None
+    done = _finished_points(store, parent) if parent else {}
+    if parent is None:
+        parent = store.create_run(f"sweep {nb.stem} {param}", tags={
+            "kind": "sweep", "notebook": str(nb), "notebook_name": nb.name,
+            "sweep_param": param, "sweep_values": json.dumps(keys), "fixed": value_key(fixed)})
+        store.log_params(parent, {"notebook": str(nb), "param": param, "fixed": fixed})
+    else:
+        old = json.loads(store.client.get_run(parent).data.tags.get("sweep_values", "[]"))
+        store.set_tags(parent, {"sweep_values": json.dumps(list(dict.fromkeys(old + keys)))})
+        store.client.update_run(parent, status="RUNNING")
+    run_dir = Path(out_dir).resolve() / nb.stem / parent[:8]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = []
+    ctx = {"store": store, "parent": parent, "nb": nb, "param": param, "fixed": fixed,
+           "declared": declared, "kernel_name": kernel_name}
+    try:
+        for i, value in enumerate(_progress(values, progress, f"{nb.stem} {param}")):
+            if keys[i] in done:
+                run_id, output = done[keys[i]]
+                rows.append({"value": value, "status": "SKIPPED", "output_path": output,
+                             "run_id": run_id, "error": None})
+                continue
+            out = run_dir / f"{i:02d}_{param}={_slug(value)}.ipynb"
+            rows.append(_run_point(ctx, value, keys[i], out))
+    finally:
+        failed = len(rows) < len(values) or any(r["status"] == "FAILED" for r in rows)
+        store.finish(parent, failed=failed)
+    return rows
+
+
+def _run_point(ctx: dict[str, Any], value: Any, key: str, out: Path) -> dict[str, Any]:
+    """Execute the notebook for one value inside its own child run."""
+    import papermill
+    from papermill.exceptions import PapermillExecutionError
+
+    store, param, declared = ctx["store"], ctx["param"], ctx["declared"]
+    run_id = store.create_run(f"{param}={_slug(value)}", parent_id=ctx["parent"], tags={
+        "kind": "sweep-point", "notebook": str(ctx["nb"]), "sweep_param": param,
+        "sweep_value": key, "value": key, "output_path": str(out)})
+    chosen = {param: value, **ctx["fixed"]}
+    defaults = {k: v for k, v in declared.items() if k not in INJECTED}
+    store.log_params(run_id, {**defaults, **chosen})
+    injected = {"mlflow_parent_run_id": run_id, "mlflow_uri": store.uri,
+                "mlflow_experiment": store.client.get_experiment(store.experiment_id).name}
+    params = {**chosen, **{k: v for k, v in injected.items() if k in declared}}
+    error: str | None = None
+    detail = ""
+    try:
+        papermill.execute_notebook(str(ctx["nb"]), str(out), parameters=params,
+                                   kernel_name=ctx["kernel_name"], progress_bar=False,
+                                   cwd=str(ctx["nb"].parent))
+    except PapermillExecutionError as e:
+        error = f"{e.ename}: {e.evalue} (cell {e.exec_count})"
+        detail = _ANSI.sub("", str(e))
+    except KeyboardInterrupt:
+        _log_notebook(store, run_id, out)
+        store.set_tags(run_id, {"error": "KeyboardInterrupt"})
+        store.client.set_terminated(run_id, status="KILLED")
+        raise
+    except Exception as e:  # noqa: BLE001 - a failed point is recorded, the sweep goes on
+        error = f"{type(e).__name__}: {e}"
+        detail = traceback.format_exc()
+    _log_notebook(store, run_id, out)
+    if error is not None:
+        store.set_tags(run_id, {"error": error[:5000]})
+        store.log_files(run_id, {"error.txt": detail or error})
+    store.finish(run_id, failed=error is not None)
+    return {"value": value, "status": "FAILED" if error else "FINISHED",
+            "output_path": str(out), "run_id": run_id, "error": error}
+
+
+def _log_notebook(store: Any, run_id: str, out: Path) -> None:
+    if out.is_file():
+        store.log_artifact(run_id, out)
+
+
+def _latest_parent(store: Any, nb: Path, param: str) -> str | None:
+    runs = store.client.search_runs([store.experiment_id], filter_string="tags.kind = 'sweep'",
+                                    order_by=["attributes.start_time DESC"], max_results=1000)
+    for r in runs:
+        tags = r.data.tags
+        if tags.get("notebook") == str(nb) and tags.get("sweep_param") == param:
+            return str(r.info.run_id)
+    return None
+
+
+def _finished_points(store: Any, parent: str) -> dict[str, tuple[str, str | None]]:
+    """{value key: (run id, output path)} of the FINISHED children of `parent`."""
+    runs = store.client.search_runs([store.experiment_id],
+                                    filter_string=f"tags.`{PARENT_TAG}` = '{parent}'",
+                                    max_results=5000)
+    return {r.data.tags["sweep_value"]: (r.info.run_id, r.data.tags.get("output_path"))
+            for r in runs if r.info.status == "FINISHED" and "sweep_value" in r.data.tags}
+
+
+# --------------------------------------------------------------------------- command line
+def parse_value(text: str) -> Any:
+    """JSON when it parses ("8", "1e3", "true", "[1, 2]", "null"), else the string itself."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="workbench sweep",
+        description="Run a papermill notebook once per parameter value; log each run to MLflow.")
+    ap.add_argument("notebook", help="the .ipynb to run (it should have a `parameters` cell)")
+    ap.add_argument("-p", "--param", nargs="+", required=True, metavar="NAME_THEN_VALUES",
+                    help="the parameter name followed by its values: -p NAME V1 V2 ...")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="a fixed parameter for every run (repeatable)")
+    ap.add_argument("--resume", action="store_true",
+                    help="skip values that already FINISHED in the latest sweep of this param")
+    ap.add_argument("--tracking-uri", default=None, help="MLflow URI (default: ./mlruns)")
+    ap.add_argument("--experiment", default=None, help="MLflow experiment (sweep-<stem>)")
+    ap.add_argument("--out-dir", default=".sweeps", help="where executed notebooks go")
+    ap.add_argument("--kernel", default=None, help="Jupyter kernel name (the notebook's)")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry; exit status 1 when any point failed."""
+    ap = _parser()
+    args = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    if len(args.param) < 2:
+        ap.error("-p needs a parameter name and at least one value: -p NAME V1 [V2 ...]")
+    fixed: dict[str, Any] = {}
+    for item in args.set:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            ap.error(f"--set {item!r} must look like KEY=VALUE")
+        fixed[key] = parse_value(text)
+    name, values = args.param[0], [parse_value(v) for v in args.param[1:]]
+    try:
+        rows = sweep(args.notebook, name, values, fixed=fixed, experiment=args.experiment,
+                     uri=args.tracking_uri, resume=args.resume, out_dir=args.out_dir,
+                     kernel_name=args.kernel, progress=not args.no_progress)
+    except ValueError as e:
+        print(f"workbench sweep: {e}", file=sys.stderr)
+        return 2
+    for r in rows:
+        line = f"{name}={value_key(r['value'])}\t{r['status']}\trun {r['run_id']}\t{r['output_path']}"
+        print(line + (f"\t{r['error']}" if r["error"] else ""))
+    return 1 if any(r["status"] == "FAILED" for r in rows) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
