@@ -80,7 +80,8 @@ def test_sweep_records_failures_and_resume_reruns_only_them(tmp_path: Path) -> N
 def test_sweep_rejects_undeclared_parameter(tmp_path: Path) -> None:
     nb = _tiny_notebook(tmp_path / "tiny.ipynb")
     with pytest.raises(ValueError, match="not declared"):
-        sweep(nb, "y", [1], uri=f"sqlite:///{tmp_path / 'm.db'}", progress=False)
+        sweep(nb, "z", [1], uri=f"sqlite:///{tmp_path / 'm.db'}", out_dir=tmp_path,
+              progress=False)
 
 
 def test_cli_parses_values_and_fixed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -89,7 +90,7 @@ def test_cli_parses_values_and_fixed(tmp_path: Path, capsys: pytest.CaptureFixtu
     nb = _tiny_notebook(tmp_path / "tiny.ipynb")
     code = main([str(nb), "-p", "x", "1", "3", "--set", "flag=none", "--tracking-uri",
                  f"sqlite:///{tmp_path / 'cli.db'}", "--out-dir", str(tmp_path / "o"),
-                 "--no-progress"])
+                 "--no-progress", "--resume"])  # nothing to resume yet: a new sweep
     assert code == 0
     out = capsys.readouterr().out
     assert out.count("FINISHED") == 2 and "x=1" in out and "x=3" in out

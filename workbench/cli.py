@@ -63,7 +63,9 @@ def _lazy(module: str) -> Callable[[list[str]], None]:
     def call(argv: list[str]) -> None:
         import importlib
 
-        importlib.import_module(module).main(argv)
+        rc = importlib.import_module(module).main(argv)
+        if isinstance(rc, int) and rc:
+            raise SystemExit(rc)
 
     return call
 

@@ -105,7 +105,7 @@ def sweep(
 ) -> list[dict[str, Any]]:
     """One papermill run per value; one row per value: {value, status, output_path, run_id,
     error}. status is FINISHED, FAILED or (resume) SKIPPED."""
-    from workbench.tracking.mlflow_store import Store
+    from workbench.tracking.mlflow_store import Store, tracking_uri
 
     nb = Path(notebook).resolve()
     if not nb.is_file():
@@ -118,7 +118,11 @@ def sweep(
         raise ValueError(f"values ({values}) contain duplicates; give each value once")
     declared = declared_parameters(nb)
     _check(declared, param, fixed, nb)
-    store = Store(experiment or f"sweep-{nb.stem}", _absolute_uri(uri))
+    from workbench.analysis.notebook import ensure_experiment
+
+    name = experiment or f"sweep-{nb.stem}"
+    ensure_experiment(name, tracking_uri(_absolute_uri(uri)))
+    store = Store(name, _absolute_uri(uri))
     parent = _latest_parent(store, nb, param) if resume else None
     done = _finished_points(store, parent) if parent else {}
     if parent is None:
@@ -264,8 +268,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"workbench sweep: {e}", file=sys.stderr)
         return 2
     for r in rows:
-        line = f"{name}={value_key(r['value'])}\t{r['status']}\trun {r['run_id']}\t{r['output_path']}"
-        print(line + (f"\t{r['error']}" if r["error"] else ""))
+        cells = [f"{name}={value_key(r['value'])}", r["status"], f"run {r['run_id']}",
+                 str(r["output_path"]), r["error"] or ""]
+        print("\t".join(cells).rstrip())
     return 1 if any(r["status"] == "FAILED" for r in rows) else 0
 
 

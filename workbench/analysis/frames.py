@@ -19,8 +19,10 @@ Children are grouped by their `value` tag; the baseline's label is "baseline".
 from __future__ import annotations
 
 import json
+import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -109,11 +111,17 @@ def _frame(runs: list[Any], newest_first: bool = False) -> pd.DataFrame:
 
 
 def runs_frame(
-    experiment_name: str, uri: str | None = None, *, parent_run_id: str | None = None
+    experiment_name: str | None, uri: str | None = None, *, parent_run_id: str | None = None
 ) -> pd.DataFrame:
-    """One row per child run of `experiment_name` (only `parent_run_id`'s when given)."""
+    """One row per child run of `experiment_name` (only `parent_run_id`'s when given; the
+    experiment may then be None: the parent's)."""
     client = _client(uri)
-    exp_id = _experiment_id(client, experiment_name)
+    if experiment_name is None:
+        if not parent_run_id:
+            raise ValueError("runs_frame needs an experiment_name or a parent_run_id")
+        exp_id = str(client.get_run(parent_run_id).info.experiment_id)
+    else:
+        exp_id = _experiment_id(client, experiment_name)
     filt = f"tags.`{PARENT_TAG}` = '{parent_run_id}'" if parent_run_id else ""
     runs = [r for r in _search(client, [exp_id], filt) if PARENT_TAG in r.data.tags]
     return _frame(runs)
@@ -186,9 +194,24 @@ def run_artifact_frame(run_id: str, path: str = "requests.csv", uri: str | None 
                        ) -> pd.DataFrame:
     """A CSV artifact of one run (e.g. the per-request table) as a DataFrame."""
     client = _client(uri)
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, _no_progress_bar():
         local = client.download_artifacts(run_id, path, dst_path=tmp)
         return pd.read_csv(Path(local))
+
+
+@contextmanager
+def _no_progress_bar() -> Iterator[None]:
+    """Silence MLflow's per-download progress bar (noise in a notebook's output)."""
+    key = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
+    old = os.environ.get(key)
+    os.environ[key] = "false"
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = old
 
 
 def request_frames(parent_run_id: str, uri: str | None = None, repeat: int = 0

@@ -8,9 +8,10 @@ Every notebook under notebooks/ declares the same three tracking parameters:
 
 `resolve_tracking_uri("")` returns a fresh temporary sqlite store, so a notebook that needs
 MLflow to work (an experiment, a comparison) runs in CI without touching the repo's mlruns/.
-`publish(...)` saves figures to `figures_dir` when given and logs metrics, params, tables and
-figures to MLflow only when `mlflow_uri` is given: into `mlflow_parent_run_id` when a sweep
-injected it, else into a new run of `mlflow_experiment`.
+`publish(...)` saves figures to `figures_dir` when given and logs metrics, params, tags, tables
+and figures to MLflow only when `mlflow_uri` is given: into `mlflow_parent_run_id` when a sweep
+injected it, else into a new run of `mlflow_experiment`. `ensure_experiment` keeps a sqlite
+store's artifacts beside its database file (call it before `run_experiment` in a notebook).
 """
 
 from __future__ import annotations
@@ -25,6 +26,22 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from workbench.analysis.plots import save
+from workbench.tracking.mlflow_store import artifact_location
+
+
+def ensure_experiment(name: str, uri: str) -> None:
+    """Create experiment `name` with its artifacts beside a sqlite store's file
+    (<db folder>/artifacts/<name>) unless it exists. Without this, MLflow puts the artifacts
+    of a sqlite store in ./mlruns of whatever folder the process runs in (for a notebook:
+    notebooks/). Other stores (an MLflow server) choose for themselves: nothing is done."""
+    location = artifact_location(uri, name)
+    if location is None:
+        return
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    if client.get_experiment_by_name(name) is None:
+        client.create_experiment(name, artifact_location=location)
 
 
 def temp_tracking_uri() -> str:
@@ -44,6 +61,7 @@ def publish(
     figures: Mapping[str, Figure] | None = None,
     tables: Mapping[str, pd.DataFrame] | None = None,
     params: Mapping[str, Any] | None = None,
+    tags: Mapping[str, str] | None = None,
     figures_dir: str | Path = "",
     mlflow_uri: str = "",
     mlflow_parent_run_id: str = "",
@@ -60,11 +78,14 @@ def publish(
         return out
     from workbench.tracking.mlflow_store import Store
 
+    ensure_experiment(mlflow_experiment, mlflow_uri)
     store = Store(mlflow_experiment, mlflow_uri)
     run_id = mlflow_parent_run_id or store.create_run(name, tags={"kind": "notebook"})
     if params and not mlflow_parent_run_id:  # a sweep run already holds the parameters
         store.log_params(run_id, dict(params))
     store.log_metrics(run_id, dict(metrics or {}))
+    if tags:
+        store.set_tags(run_id, dict(tags))
     files: dict[str, str | bytes] = {
         f"{name}/{key}.csv": frame.to_csv(index=False) for key, frame in (tables or {}).items()
     }

@@ -169,39 +169,45 @@ def step_series(step_trace: pd.DataFrame | Sequence[Mapping[str, Any]],
             if c in trace.columns:
                 ax.plot(trace[x], trace[c], label=c, drawstyle="steps-post", linewidth=1)
         ax.set_ylabel(ylabel)
-        ax.legend(loc="upper right", fontsize=8)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     if "preemptions" in trace.columns and (trace["preemptions"] > 0).any():
         hit = trace[trace["preemptions"] > 0]
         axes[1].scatter(hit[x], hit["running"], marker="x", color="tab:red", label="preemption")
-        axes[1].legend(loc="upper right", fontsize=8)
+        axes[1].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     axes[-1].set_xlabel(x)
     fig.suptitle(title or f"engine step trace ({len(trace)} steps)")
     return fig
 
 
 def compare_plot(compare: pd.DataFrame, *, title: str | None = None) -> Figure:
-    """compare_frame rows as % change of the median vs the baseline, one row per metric, one
-    colour per variant; the whisker is the noise band: a change counts when it excludes 0."""
+    """compare_frame rows as % change of the median vs the baseline: one row per metric, one
+    colour per variant, marker = verdict; the line through a point is the noise band (a
+    change counts only when the band excludes 0)."""
     metrics = list(dict.fromkeys(compare["metric"]))
-    values = list(dict.fromkeys(compare["value"]))
-    fig, (ax,) = _figure(1, width=7.0, height=0.5 * len(metrics) + 1.6)
-    palette = sns.color_palette(n_colors=max(1, len(values)))
+    values = [str(v) for v in dict.fromkeys(compare["value"])]
+    data = compare.assign(value=compare["value"].astype(str))
+    base = data["baseline_median"].where(data["baseline_median"] != 0)
+    for col in ("delta", "noise_low", "noise_high"):
+        data[f"{col}_pct"] = 100.0 * data[col] / base
     step = 0.7 / max(1, len(values))
-    for i, (value, color) in enumerate(zip(values, palette, strict=False)):
-        sub = compare[compare["value"] == value]
-        base = sub["baseline_median"].where(sub["baseline_median"] != 0)
-        mid, lo, hi = (100 * sub[c] / base for c in ("delta", "noise_low", "noise_high"))
-        pos = [metrics.index(m) - 0.35 + step * (i + 0.5) for m in sub["metric"]]
-        ax.errorbar(mid, pos, xerr=[(mid - lo).abs(), (hi - mid).abs()], fmt="o", color=color,
-                    capsize=3, label=str(value))
+    data["pos"] = [metrics.index(m) - 0.35 + step * (values.index(v) + 0.5)
+                   for m, v in zip(data["metric"], data["value"], strict=True)]
+    fig, (ax,) = _figure(1, width=7.0, height=0.5 * len(metrics) + 1.8)
+    palette = dict(zip(values, sns.color_palette(n_colors=max(1, len(values))), strict=False))
+    ax.hlines(data["pos"], data["noise_low_pct"], data["noise_high_pct"],
+              colors=[palette[v] for v in data["value"]], linewidth=2, alpha=0.6)
+    sns.scatterplot(data=data, x="delta_pct", y="pos", hue="value", style="verdict",
+                    palette=palette, s=60, ax=ax,
+                    style_order=[v for v in ("better", "no change", "worse")
+                                 if v in set(data["verdict"])])
     ax.axvline(0, color="black", linewidth=0.8)
     ax.set_yticks(range(len(metrics)), metrics)
-    ax.invert_yaxis()
+    ax.set_ylim(len(metrics) - 0.5, -0.5)
     ax.set_xlabel("change vs baseline median (%)")
     ax.set_ylabel("metric")
-    variable = str(compare["variable"].iloc[0]) if len(compare) else "value"
-    ax.legend(title=variable or "value", fontsize=8, loc="best")
-    ax.set_title(title or "variants vs baseline (whisker: noise band)")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    variable = str(compare["variable"].iloc[0]) if len(compare) else ""
+    ax.set_title(title or f"{variable or 'variants'} vs baseline (line: noise band)")
     return fig
 
 
@@ -246,7 +252,7 @@ def memory_split(parts: pd.DataFrame, *, unit: str = "MiB", title: str | None = 
         ax.barh(labels, widths, left=left, label=str(name), color=color)
         left = left + widths
     ax.set_xlabel(f"memory ({unit})")
-    ax.legend(fontsize=8, loc="best")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     ax.set_title(title or "memory split")
     return fig
 

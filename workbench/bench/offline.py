@@ -42,7 +42,7 @@ from workbench.bench.roofline import (
     workload_roofline,
 )
 
-DEFAULT_CKPT_DIR = Path("/tmp/workbench-bench/llama-30m")
+DEFAULT_CKPT_DIR = Path(__file__).resolve().parents[2] / ".bench" / "offline" / "llama-30m"
 
 
 @dataclass

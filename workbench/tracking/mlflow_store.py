@@ -1,6 +1,7 @@
 """MLflow tracking: where runs land and how one benchmark run is written.
 
 Default store: `sqlite:///<cwd>/mlruns/mlflow.db` with artifacts under `mlruns/artifacts/`
+(for any sqlite store, beside the database file)
 (MLflow 3.17's file store refuses to start). `MLFLOW_TRACKING_URI` or an explicit `uri`
 points elsewhere (e.g. a shared `mlflow server`). Open the results with
 `mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db`.
@@ -20,8 +21,6 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-ARTIFACT_DIR = "mlruns/artifacts"
-
 
 def tracking_uri(uri: str | None = None) -> str:
     """The explicit uri, else $MLFLOW_TRACKING_URI, else the local sqlite store (created)."""
@@ -33,6 +32,15 @@ def tracking_uri(uri: str | None = None) -> str:
     root = Path.cwd() / "mlruns"
     root.mkdir(parents=True, exist_ok=True)
     return f"sqlite:///{root / 'mlflow.db'}"
+
+
+def artifact_location(uri: str, experiment_name: str) -> str | None:
+    """For a sqlite store, artifacts live beside the database (`<db dir>/artifacts/<name>`);
+    otherwise (a server) the server decides."""
+    if not uri.startswith("sqlite:///"):
+        return None
+    db = Path(uri[len("sqlite:///"):])
+    return (db.parent / "artifacts" / experiment_name).resolve().as_uri()
 
 
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
@@ -59,11 +67,8 @@ class Store:
         self.client = MlflowClient(tracking_uri=self.uri)
         exp = self.client.get_experiment_by_name(experiment_name)
         if exp is None:
-            artifacts = None
-            if self.uri.startswith("sqlite:///") and "mlruns" in self.uri:
-                artifacts = (Path.cwd() / ARTIFACT_DIR / experiment_name).resolve().as_uri()
             self.experiment_id = self.client.create_experiment(
-                experiment_name, artifact_location=artifacts
+                experiment_name, artifact_location=artifact_location(self.uri, experiment_name)
             )
         else:
             self.experiment_id = exp.experiment_id

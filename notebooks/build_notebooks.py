@@ -1,0 +1,632 @@
+"""Generate the notebooks in this folder from plain Python strings (rerun after editing).
+
+    python notebooks/build_notebooks.py          # writes notebooks/0*.ipynb (outputs empty)
+
+Each notebook: a markdown cell stating the question, a `parameters` cell (papermill) whose
+defaults run in about a minute or less on 2 CPU cores with the bundled tiny checkpoint, code
+cells that only call into the `workbench` package (glue: build, run, tabulate, plot), and a
+closing markdown cell on what the figures do and do not show. Cell ids are fixed so a rebuild
+only diffs where the text changed. Every notebook declares the tracking parameters that
+`workbench sweep` injects (see workbench/analysis/notebook.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+
+HERE = Path(__file__).resolve().parent
+
+TRACKING = '''
+figures_dir = ""                # save every figure here as <name>.png when set
+mlflow_uri = ""                 # MLflow store to log into; empty: none (or a temp store)
+mlflow_parent_run_id = ""       # injected by `workbench sweep`: the run of this point
+mlflow_experiment = "notebooks" # the experiment a standalone logged run goes to
+'''.strip()
+
+PUBLISH_KW = ("figures_dir=figures_dir, mlflow_uri=mlflow_uri,\n        "
+              "mlflow_parent_run_id=mlflow_parent_run_id, mlflow_experiment=mlflow_experiment")
+
+CPU_CAVEAT = (
+    "**What this does not show.** The model is a random 2-layer, 64-wide Llama on a shared "
+    "2-core CPU: a step costs a few milliseconds, much of it Python overhead, and other "
+    "processes on the same cores add noise (torch's worker threads suffer most when the cores "
+    "are busy). Absolute numbers say nothing about a GPU and the generated text is "
+    "meaningless; only the *mechanisms* (which knob moves which metric, in which direction) "
+    "carry over, and each should be re-measured on real hardware with a real model (the "
+    "harness can point at a vLLM or SGLang server for that)."
+)
+
+# --------------------------------------------------------------------------- 01 quickstart
+QUICKSTART = [
+    ("md", """# 01 · Quickstart: one engine, one measured run
+
+**Question:** what does the engine do with a handful of prompts, step by step, and what does
+one measured harness run report (vLLM's benchmark metrics, and how other tools would define
+ITL and TPOT for the very same timestamps)?"""),
+    ("params", f'''\
+model = "bundled"               # "bundled": the tiny random Llama in workbench/assets
+num_prompts = 8                 # prompts for LLM.generate
+max_tokens = 32                 # tokens generated per prompt
+workload = "balanced-chat"      # harness fixture: balanced-chat, long-prefill, long-decode, ...
+num_requests = 8                # requests in the measured run
+concurrency = 4                 # closed loop: requests in flight
+max_num_batched_tokens = 256    # the per-step token budget
+seed = 0
+{TRACKING}'''),
+    ("code", '''\
+%matplotlib inline
+import pandas as pd
+from IPython.display import Markdown, display
+
+from workbench import LLM, SamplingParams
+from workbench.analysis import latency_ecdf, step_series
+from workbench.analysis.notebook import publish
+from workbench.bench.arrivals import ArrivalSpec
+from workbench.bench.metrics import records_frame, summary_table
+from workbench.bench.peer_metrics import peer_definitions
+from workbench.bench.runner import run, run_sync
+from workbench.bench.targets import InProcessTarget
+from workbench.bench.workloads import make_workload
+from workbench.demo import bundled_checkpoint, make_prompts
+
+model_path = str(bundled_checkpoint()) if model == "bundled" else model
+engine_kwargs = {"dtype": "float32", "max_model_len": 1024,
+                 "max_num_batched_tokens": max_num_batched_tokens}'''),
+    ("md", "## 1. Generate with the engine\n\nGreedy decoding; each output carries the "
+           "engine's per-request timestamps."),
+    ("code", '''\
+llm = LLM(model_path, seed=seed, **engine_kwargs)
+outs = llm.generate(make_prompts(num_prompts, seed),
+                    SamplingParams(temperature=0.0, max_tokens=max_tokens))
+pd.DataFrame({
+    "prompt_tokens": [len(o.prompt_token_ids) for o in outs],
+    "output_tokens": [len(o.outputs[0].token_ids) for o in outs],
+    "finish_reason": [o.outputs[0].finish_reason for o in outs],
+    "cached_tokens": [o.metrics.num_cached_tokens for o in outs],
+    "ttft_s": [o.metrics.time_to_first_token_s for o in outs],
+    "text": [o.outputs[0].text[:50] for o in outs],
+})'''),
+    ("md", "Engine counters and gauges under vLLM's metric names:"),
+    ("code", 'pd.Series(llm.stats(), name="value").to_frame()'),
+    ("md", "The step trace: one row per engine step (prefill and decode tokens in the step's "
+           "budget, running and waiting requests, KV usage)."),
+    ("code", '''\
+trace = pd.DataFrame(llm.step_trace())
+fig_steps = step_series(trace, title=f"LLM.generate: {num_prompts} prompts, budget "
+                                     f"{max_num_batched_tokens} tokens/step")
+fig_steps'''),
+    ("md", "## 2. One measured harness run\n\nThe same engine behind the load generator: "
+           "a seeded fixture, a closed loop, warm-model cache state (the default)."),
+    ("code", '''\
+wl = make_workload(workload, seed, llm.get_tokenizer(), num_requests=num_requests)
+target = InProcessTarget(model_path, engine_kwargs)
+result = run(target, wl, ArrivalSpec(mode="closed", concurrency=concurrency))
+run_sync(target.stop)
+metrics = result.metrics()
+requests = records_frame(result.records)
+print(f"workload {wl.name} checksum {wl.checksum[:12]}, valid run: {result.validity.valid}")
+display(Markdown(summary_table(metrics)))'''),
+    ("md", "Four tools, four definitions of ITL and TPOT, the same client timestamps:"),
+    ("code", "peer_definitions(result.records)"),
+    ("code", '''\
+fig_ttft = latency_ecdf({f"{workload}, concurrency {concurrency}": requests}, "ttft_ms")
+fig_ttft'''),
+    ("code", f'''\
+publish("01_quickstart", metrics=metrics, params=engine_kwargs,
+        figures={{"step_trace": fig_steps, "ttft_ecdf": fig_ttft}}, tables={{"requests": requests}},
+        {PUBLISH_KW})'''),
+    ("md", f"""## What the figures show
+
+- The **step trace** shows continuous batching: the first steps are prefill-heavy (prompts
+  chunked into the per-step token budget, `max_num_batched_tokens`), then decode steps carry
+  one token per running request until requests finish and `running` falls.
+- The **summary table** is vLLM's `vllm bench serve` result for this run; the **peer table**
+  shows why an ITL quoted from GuideLLM or LLMPerf is not comparable with vLLM's without
+  converting definitions (TTFT included or not, per-request vs pooled, token-weighted).
+- The **TTFT ECDF** is the distribution behind the percentiles; with a few requests its
+  tail is a handful of points.
+
+{CPU_CAVEAT}"""),
+]
+
+# --------------------------------------------------------------------------- 02 memory budget
+MEMORY = [
+    ("md", """# 02 · Memory budget: where the bytes go, and what the KV pool holds
+
+**Question:** of a fixed device budget, how much goes to weights, KV cache, activations and
+headroom, and how many tokens, and how many concurrent `max_model_len` requests, does the KV
+pool hold as `block_size` and `max_model_len` change? Does the engine's own pool sizing
+agree with the arithmetic in `workbench.calc`?"""),
+    ("params", f'''\
+model = "bundled"
+available_mib = 64              # the pretend device budget (the tiny model needs very little)
+activation_mib = 8              # reserved for activations
+headroom_mib = 4                # kept free
+block_size = 16
+max_model_len = 1024
+block_sizes = [8, 16, 32]       # the grid for capacity and concurrency
+max_model_lens = [256, 1024, 2048]
+{TRACKING}'''),
+    ("code", '''\
+%matplotlib inline
+import pandas as pd
+
+from workbench import LLM
+from workbench.analysis import grid_heatmap, memory_split
+from workbench.analysis.notebook import publish
+from workbench.calc import memory_budget
+from workbench.demo import bundled_checkpoint
+
+model_path = str(bundled_checkpoint()) if model == "bundled" else model
+MiB = 1 << 20'''),
+    ("md", "## 1. The model's fixed costs, read from a minimal engine\n\nWeight bytes and KV "
+           "bytes per token (2 x layers x KV heads x head dim x dtype bytes)."),
+    ("code", '''\
+probe = LLM(model_path, dtype="float32", block_size=block_size, max_model_len=max_model_len,
+            num_gpu_blocks_override=max_model_len // block_size + 2)
+probe_readout = probe.memory_readout()
+pd.Series(probe_readout, name="value").to_frame()'''),
+    ("md", "## 2. The split: calc's arithmetic vs the engine sized from the same KV budget"),
+    ("code", '''\
+budget = memory_budget(available_mib * MiB, probe_readout["weight_bytes"],
+                       probe_readout["kv_bytes_per_token"], block_size,
+                       activation_bytes=activation_mib * MiB, headroom_bytes=headroom_mib * MiB,
+                       max_model_len=max_model_len)
+llm = LLM(model_path, dtype="float32", block_size=block_size, max_model_len=max_model_len,
+          kv_cache_memory_bytes=budget["kv_cache_bytes"])
+readout = llm.memory_readout()
+check = pd.DataFrame({
+    "calc.memory_budget": [budget["weight_bytes"], budget["kv_num_blocks"],
+                           budget["kv_token_capacity"], budget["max_concurrency"]],
+    "engine.memory_readout": [readout["weight_bytes"], readout["num_blocks"],
+                              readout["kv_token_capacity"], readout["max_concurrency"]],
+}, index=["weight_bytes", "kv blocks", "kv_token_capacity", "max_concurrency"])
+check'''),
+    ("md", "The engine reserves block 0 as the null block, so it reports one usable block "
+           "(`block_size` tokens) fewer than calc's count of every block in the budget."),
+    ("code", '''\
+parts = pd.DataFrame({
+    "weights": [budget["weight_bytes"]], "KV cache": [budget["kv_cache_bytes"]],
+    "activations": [budget["activation_bytes"]], "headroom": [budget["headroom_bytes"]],
+}, index=[f"{available_mib} MiB budget"])
+fig_split = memory_split(parts, title=f"{available_mib} MiB: weights / KV / activations / headroom")
+fig_split'''),
+    ("md", "## 3. KV token capacity and max concurrency vs block size and max_model_len"),
+    ("code", '''\
+grid = pd.DataFrame([
+    {"block_size": bs, "max_model_len": mml,
+     **{k: memory_budget(available_mib * MiB, budget["weight_bytes"],
+                         budget["kv_bytes_per_token"], bs,
+                         activation_bytes=activation_mib * MiB,
+                         headroom_bytes=headroom_mib * MiB, max_model_len=mml)[k]
+        for k in ("kv_num_blocks", "kv_token_capacity", "max_concurrency")}}
+    for bs in block_sizes for mml in max_model_lens
+])
+grid'''),
+    ("code", '''\
+fig_conc = grid_heatmap(grid, "block_size", "max_model_len", "max_concurrency", fmt=".1f",
+                        title="max concurrency at max_model_len")
+fig_conc'''),
+    ("md", "The engine agrees at every block size (same KV bytes, its own pool sizing):"),
+    ("code", '''\
+engine_rows = []
+for bs in block_sizes:
+    r = LLM(model_path, dtype="float32", block_size=bs, max_model_len=max_model_len,
+            kv_cache_memory_bytes=budget["kv_cache_bytes"]).memory_readout()
+    engine_rows.append({"block_size": bs, "engine_num_blocks": r["num_blocks"],
+                        "engine_kv_token_capacity": r["kv_token_capacity"],
+                        "engine_max_concurrency": r["max_concurrency"]})
+engine_check = pd.DataFrame(engine_rows).merge(
+    grid[grid["max_model_len"] == max_model_len], on="block_size")
+engine_check'''),
+    ("code", f'''\
+publish("02_memory_budget",
+        metrics={{k: v for k, v in budget.items() if isinstance(v, int | float)}},
+        figures={{"memory_split": fig_split, "max_concurrency": fig_conc}},
+        tables={{"capacity_grid": grid, "engine_check": engine_check}},
+        {PUBLISH_KW})'''),
+    ("md", f"""## What the figures show
+
+- The **split** is the seed's accounting: with a fixed budget, KV gets what weights,
+  activations and headroom leave; shrinking the weights (quantization) would move bytes into
+  KV capacity one for one.
+- **KV token capacity** hardly depends on `block_size` (only rounding), but **max
+  concurrency** at `max_model_len` halves when `max_model_len` doubles: it counts requests
+  that could each grow to `max_model_len`, a worst case, not what a real mix of lengths
+  achieves.
+- Activations and headroom are set by hand here; on a GPU they come from a profiling pass
+  (peak memory of a forward at `max_num_batched_tokens`), and CUDA graphs add a reserve.
+
+{CPU_CAVEAT}"""),
+]
+
+# --------------------------------------------------------------------------- 03 chunked prefill
+CHUNKED = [
+    ("md", """# 03 · Chunked-prefill budget: the TTFT vs ITL trade-off
+
+**Question:** on long-prefill traffic, does a smaller per-step token budget
+(`max_num_batched_tokens`) cut p95 ITL of the requests already decoding, and what does it
+cost in TTFT? One variable, a baseline, the same seeded traffic for every value, repeats
+interleaved, a verdict against the baseline's noise band, all logged to MLflow."""),
+    ("params", f'''\
+model = "bundled"
+baseline_budget = 512           # max_num_batched_tokens of the baseline
+budgets = [64, 2048]            # the values tried against it
+num_requests = 12               # long-prefill requests (prompts ~384 tokens, 8..32 out)
+rate = 40.0                     # Poisson arrivals, requests/s
+repeats = 2                     # runs per value (baseline included), interleaved
+seed = 0
+experiment = "nb-chunked-prefill-budget"   # MLflow experiment of the sweep
+{TRACKING}'''),
+    ("code", '''\
+%matplotlib inline
+from IPython.display import Markdown, display
+
+from workbench.analysis import runs_frame, sweep_tradeoff
+from workbench.analysis.notebook import ensure_experiment, publish, resolve_tracking_uri
+from workbench.experiments.runner import run_experiment
+from workbench.experiments.template import parse_template
+
+uri = resolve_tracking_uri(mlflow_uri)  # empty: a throwaway temp sqlite store
+print("MLflow store:", uri)'''),
+    ("code", '''\
+template = parse_template({
+    "name": experiment,
+    "question": "On long-prefill traffic, does a smaller max_num_batched_tokens cut p95 ITL, "
+                "and what does it cost in TTFT?",
+    "objective": {"metric": "p95_itl_ms", "direction": "minimize"},
+    "slo": {"p95_ttft_ms": 5000, "p95_tpot_ms": 1000, "max_error_rate": 0.0},
+    "workload": {"fixture": "long-prefill", "seed": seed, "params": {"num_requests": num_requests}},
+    "arrivals": {"mode": "poisson", "rate": rate, "seed": seed},
+    "target": {"kind": "in-process", "model": model},
+    "baseline": {"dtype": "float32", "max_model_len": 1024, "block_size": 16, "max_num_seqs": 32,
+                 "max_num_batched_tokens": baseline_budget, "enable_chunked_prefill": True,
+                 "enable_prefix_caching": True},
+    "variable": {"name": "max_num_batched_tokens", "values": budgets},
+    "repeats": repeats,
+    "cache_state": "warm-model",
+})
+ensure_experiment(template.name, uri)  # artifacts beside the sqlite file, not in notebooks/
+result = run_experiment(template, uri=uri)'''),
+    ("md", "The verdict per value (medians over repeats; a change counts only beyond the "
+           "baseline's noise band; adoption also needs the SLO and valid runs):"),
+    ("code", "display(Markdown(result.table))"),
+    ("code", '''\
+runs = runs_frame(experiment, uri, parent_run_id=result.parent_run_id)
+runs = runs[runs["status"] == "FINISHED"]
+runs[["tags.value", "tags.repeat", "params.engine.max_num_batched_tokens", "metrics.p95_ttft_ms",
+      "metrics.p95_itl_ms", "metrics.p95_tpot_ms", "metrics.prefill_step_share",
+      "metrics.output_throughput"]]'''),
+    ("code", '''\
+fig_tradeoff = sweep_tradeoff(runs, x="max_num_batched_tokens",
+                              ys=["p95_ttft_ms", "p95_itl_ms"],
+                              title=f"long-prefill, Poisson {rate:g} req/s, {repeats} repeats")
+fig_tradeoff'''),
+    ("code", f'''\
+publish("03_chunked_prefill_sweep", metrics={{"num_runs": len(runs)}},
+        tags={{"experiment_parent_run_id": result.parent_run_id, "adopted": str(result.adopted)}},
+        figures={{"tradeoff": fig_tradeoff}}, tables={{"runs": runs}},
+        {PUBLISH_KW})'''),
+    ("md", f"""## What the figure shows
+
+- **Left / middle:** p95 TTFT and p95 ITL against the budget (median of the repeats; the
+  band is their range). A small budget chunks each long prompt over many steps, so decodes
+  that share those steps wait less per token (ITL down) while the new prompt's first token
+  comes later (TTFT up); a large budget does the opposite.
+- **Right:** the trade-off curve, one point per budget. The adoption rule in the table
+  picks a point only if p95 ITL improves beyond noise *and* the TTFT/TPOT SLO still holds.
+- Two repeats make a thin noise band: treat "better"/"worse" here as a smoke test of the
+  method, not a finding. Raise `repeats` and `num_requests` for a real answer.
+
+{CPU_CAVEAT} On CPU, a step's cost grows with its token count (no idle GPU parallelism to
+absorb a bigger chunk), which exaggerates how much a big budget hurts ITL."""),
+]
+
+# --------------------------------------------------------------------------- 04 prefix caching
+PREFIX = [
+    ("md", """# 04 · Prefix caching: who gains, and in which cache state
+
+**Question:** how much TTFT does prefix caching save on traffic that shares long prefixes,
+compared with the same lengths without sharing, and how does the answer depend on the cache
+state the measurement starts from (cold engine / warm model / warm prefix cache)? Caching
+on vs off is the one variable; traffic and cache state are the conditions."""),
+    ("params", f'''\
+model = "bundled"
+num_requests = 12
+num_prefix_groups = 2           # shared traffic: request i uses prefix i % groups
+prefix_len = 256                # tokens of the shared prefix (16 full blocks at block_size 16)
+concurrency = 4                 # closed loop
+cache_states = ["cold", "warm-model", "warm-prefix"]
+caching = [True, False]         # enable_prefix_caching
+seed = 0
+{TRACKING}'''),
+    ("code", '''\
+%matplotlib inline
+import pandas as pd
+
+from workbench.analysis import bar_compare, latency_ecdf
+from workbench.analysis.notebook import publish
+from workbench.bench.arrivals import ArrivalSpec
+from workbench.bench.metrics import records_frame
+from workbench.bench.runner import run, run_sync
+from workbench.bench.targets import InProcessTarget
+from workbench.bench.workloads import make_workload
+from workbench.demo import bundled_checkpoint
+from workbench.models.tokenizer import load_tokenizer
+
+model_path = str(bundled_checkpoint()) if model == "bundled" else model
+engine_kwargs = {"dtype": "float32", "max_model_len": 1024, "block_size": 16,
+                 "max_num_batched_tokens": 512}'''),
+    ("md", "Two workloads with the same length distributions: `shared` puts the requests in "
+           "a few prefix groups, `unique` gives every request its own prefix."),
+    ("code", '''\
+tok = load_tokenizer(model_path)
+common = {"num_requests": num_requests, "prefix_len": prefix_len}
+workloads = {
+    "shared": make_workload("shared-prefix", seed, tok, num_prefix_groups=num_prefix_groups,
+                            **common),
+    "unique": make_workload("shared-prefix", seed, tok, num_prefix_groups=num_requests, **common),
+}
+pd.DataFrame([{"traffic": k, **{c: v for c, v in w.summary().items() if c != "params"}}
+              for k, w in workloads.items()])'''),
+    ("code", '''\
+rows, requests = [], {}
+for caching_on in caching:
+    target = InProcessTarget(model_path, {**engine_kwargs, "enable_prefix_caching": caching_on})
+    for traffic, wl in workloads.items():
+        for state in cache_states:
+            res = run(target, wl, ArrivalSpec(mode="closed", concurrency=concurrency),
+                      cache_state=state)
+            m, d = res.metrics(), res.server_delta
+            hits = d.get("vllm:prefix_cache_hits", 0)
+            queries = d.get("vllm:prefix_cache_queries", 0)
+            rows.append({"traffic": traffic, "cache_state": state, "prefix_caching": caching_on,
+                         "median_ttft_ms": m["median_ttft_ms"], "p95_ttft_ms": m["p95_ttft_ms"],
+                         "hit_rate": hits / queries if queries else 0.0,
+                         "hit_tokens": hits, "query_tokens": queries, "valid": res.validity.valid})
+            requests[f"{traffic}, {state}, caching {'on' if caching_on else 'off'}"] = (
+                records_frame(res.records))
+    run_sync(target.stop)
+table = pd.DataFrame(rows)
+table'''),
+    ("code", '''\
+fig_ttft = bar_compare(table, x="cache_state", y="median_ttft_ms", hue="prefix_caching",
+                       col="traffic", title="median TTFT")
+fig_ttft'''),
+    ("code", '''\
+fig_hits = bar_compare(table, x="cache_state", y="hit_rate", hue="prefix_caching",
+                       col="traffic", title="prefix-cache hit rate (tokens)")
+fig_hits'''),
+    ("code", '''\
+fig_ecdf = latency_ecdf({k: v for k, v in requests.items() if k.startswith("shared")},
+                        "ttft_ms", title="TTFT ECDF, shared-prefix traffic")
+fig_ecdf'''),
+    ("code", f'''\
+shared_on = table[(table["traffic"] == "shared") & table["prefix_caching"]]
+publish("04_prefix_caching",
+        metrics={{f"hit_rate.{{s}}": h
+                 for s, h in zip(shared_on["cache_state"], shared_on["hit_rate"])}},
+        figures={{"median_ttft": fig_ttft, "hit_rate": fig_hits, "ttft_ecdf": fig_ecdf}},
+        tables={{"conditions": table}}, {PUBLISH_KW})'''),
+    ("md", f"""## What the figures show
+
+- **Hit rate** (cached tokens / looked-up tokens in the measured run): `warm-prefix` replays
+  every request once before measuring, so nearly every full prefix block hits, even for
+  `unique` traffic (its own prefix was seen); `cold` and `warm-model` start the measured run
+  with an empty cache, so only sharing *within* the run hits: high for `shared`, zero for
+  `unique`; with caching off it is 0 everywhere. Only full blocks are cached, and the last
+  prompt token is always recomputed.
+- **TTFT** falls with the hit rate because a hit skips that part of the prefill. The `cold`
+  state also pays one-off engine start-up costs in its first requests, which is why the
+  cache state must be stated with any TTFT number.
+- Not shown: eviction under memory pressure (the pool here is far larger than the working
+  set), and the cost of hashing, which is noise at this scale.
+
+{CPU_CAVEAT}"""),
+]
+
+# --------------------------------------------------------------------------- 05 saturation
+SATURATION = [
+    ("md", """# 05 · Saturation: throughput and latency vs concurrency
+
+**Question:** as closed-loop concurrency grows from 1, where does output throughput stop
+growing, and what happens to TPOT and TTFT past that point? With `max_num_seqs` capping the
+running batch, the knee should sit at `max_num_seqs`: beyond it extra requests only queue."""),
+    ("params", f'''\
+model = "bundled"
+workload = "balanced-chat"
+num_requests = 16               # requests per concurrency level
+concurrencies = [1, 2, 4, 8]    # closed-loop levels
+max_num_seqs = 4                # the running-batch cap: the expected knee
+repeats = 1
+seed = 0
+{TRACKING}'''),
+    ("code", '''\
+%matplotlib inline
+import pandas as pd
+
+from workbench.analysis import saturation_curve, step_series
+from workbench.analysis.notebook import publish
+from workbench.bench.arrivals import ArrivalSpec
+from workbench.bench.runner import run, run_sync
+from workbench.bench.targets import InProcessTarget
+from workbench.bench.workloads import make_workload
+from workbench.demo import bundled_checkpoint
+from workbench.models.tokenizer import load_tokenizer
+
+model_path = str(bundled_checkpoint()) if model == "bundled" else model
+engine_kwargs = {"dtype": "float32", "max_model_len": 1024, "max_num_seqs": max_num_seqs,
+                 "max_num_batched_tokens": 512}
+wl = make_workload(workload, seed, load_tokenizer(model_path), num_requests=num_requests)
+wl.summary()'''),
+    ("code", '''\
+target = InProcessTarget(model_path, engine_kwargs)
+rows, traces = [], {}
+for c in concurrencies:
+    for r in range(repeats):
+        res = run(target, wl, ArrivalSpec(mode="closed", concurrency=c))
+        rows.append({"concurrency": c, "repeat": r, "valid": res.validity.valid, **res.metrics()})
+        traces[c] = res.step_trace
+run_sync(target.stop)
+frame = pd.DataFrame(rows)
+frame[["concurrency", "repeat", "output_throughput", "request_throughput", "median_ttft_ms",
+       "p95_ttft_ms", "p95_tpot_ms", "mean_server_queue_ms", "valid"]]'''),
+    ("code", '''\
+fig_sat = saturation_curve(frame, x="concurrency",
+                           ys=["output_throughput", "p95_tpot_ms", "p95_ttft_ms"],
+                           knee=max_num_seqs, title=f"{workload}, max_num_seqs={max_num_seqs}")
+fig_sat'''),
+    ("md", "The step trace at the highest concurrency: `running` is pinned at `max_num_seqs` "
+           "and the rest wait."),
+    ("code", '''\
+fig_trace = step_series(traces[max(concurrencies)],
+                        title=f"concurrency {max(concurrencies)}, max_num_seqs {max_num_seqs}")
+fig_trace'''),
+    ("code", f'''\
+peak = frame.loc[frame["output_throughput"].idxmax()]
+publish("05_saturation",
+        metrics={{"peak_output_throughput": peak["output_throughput"],
+                 "peak_concurrency": peak["concurrency"]}},
+        figures={{"saturation": fig_sat, "step_trace": fig_trace}}, tables={{"levels": frame}},
+        {PUBLISH_KW})'''),
+    ("md", f"""## What the figures show
+
+- **Throughput** rises with concurrency while the batch grows (one forward serves more
+  requests) and flattens at `max_num_seqs`: past the knee the batch is full.
+- **TPOT** stays roughly flat past the knee (the running batch no longer grows), while
+  **TTFT** climbs: the extra requests wait in the queue (`mean_server_queue_ms`), which is
+  exactly what a concurrency above `max_num_seqs` buys.
+- On a GPU the throughput curve keeps rising much longer below the knee (a decode step is
+  memory-bound, so a bigger batch is nearly free); on this CPU a step's cost grows with the
+  batch, so the gain per extra request is small and the curve is noisy. One repeat per level
+  gives no noise band; raise `repeats` before reading a knee off a real model.
+
+{CPU_CAVEAT}"""),
+]
+
+# --------------------------------------------------------------------------- 06 compare runs
+COMPARE = [
+    ("md", """# 06 · Compare runs: baseline vs variants from MLflow
+
+**Question:** for one logged experiment, how does each variant differ from the baseline on
+each metric, is the difference beyond the baseline's noise, and what do the latency
+distributions behind the medians look like? Given `parent_run_id` (and `mlflow_uri`), it reads
+that experiment; left empty, it first runs a small version of the example template
+`experiments/chunked_prefill_budget.yaml`."""),
+    ("params", f'''\
+parent_run_id = ""              # parent run of an experiment; empty: run the example
+template_path = "../experiments/chunked_prefill_budget.yaml"  # relative to notebooks/
+values = [128, 2048]            # example run only: variable values (empty: the template ones)
+repeats = 2                     # example run only
+num_requests = 8                # example run only
+compare_metrics = ["p95_itl_ms", "p95_ttft_ms", "p95_tpot_ms", "output_throughput"]
+noise = ""                      # "spread" | "bootstrap" | "" (as in the template)
+{TRACKING}'''),
+    ("code", '''\
+%matplotlib inline
+from IPython.display import Markdown, display
+
+from workbench.analysis import (compare_frame, compare_plot, latency_ecdf, request_frames,
+                                runs_frame)
+from workbench.analysis.notebook import ensure_experiment, publish, resolve_tracking_uri
+from workbench.experiments.runner import run_experiment
+from workbench.experiments.template import load_template, parse_template
+
+if parent_run_id and not mlflow_uri:
+    raise ValueError("parent_run_id needs mlflow_uri: the tracking store that holds it")
+uri = resolve_tracking_uri(mlflow_uri)  # empty: a throwaway temp sqlite store
+print("MLflow store:", uri)'''),
+    ("code", '''\
+if not parent_run_id:
+    raw = load_template(template_path).raw
+    raw.pop("quality_gate", None)
+    raw["repeats"] = repeats
+    raw["variable"] = {"name": raw["variable"]["name"],
+                       "values": values or raw["variable"]["values"]}
+    raw["workload"]["params"] = {**raw["workload"].get("params", {}), "num_requests": num_requests}
+    ensure_experiment(raw["name"], uri)  # artifacts beside the sqlite file, not in notebooks/
+    example = run_experiment(parse_template(raw), uri=uri)
+    parent_run_id = example.parent_run_id
+    display(Markdown(example.table))
+print("parent run:", parent_run_id)'''),
+    ("code", '''\
+runs = runs_frame(None, uri, parent_run_id=parent_run_id)
+runs[["run_name", "status", "tags.value", "tags.repeat", *[f"metrics.{m}" for m in compare_metrics
+                                                           if f"metrics.{m}" in runs]]]'''),
+    ("md", "Baseline vs each variant: medians over the FINISHED repeats, the delta, the noise "
+           "band of the difference, and the verdict the adoption rule uses."),
+    ("code", '''\
+cf = compare_frame(parent_run_id, compare_metrics, uri, noise=noise or None)
+cf'''),
+    ("code", '''\
+fig_compare = compare_plot(cf)
+fig_compare'''),
+    ("md", "The distributions behind the medians (repeat 0 of every value):"),
+    ("code", '''\
+per_value = request_frames(parent_run_id, uri)
+fig_ttft = latency_ecdf(per_value, "ttft_ms", title="TTFT by value")
+fig_ttft'''),
+    ("code", '''\
+fig_itl = latency_ecdf(per_value, "itl_ms", title="ITL gaps by value")
+fig_itl'''),
+    ("code", f'''\
+publish("06_compare_runs", tags={{"compared_parent_run_id": parent_run_id}},
+        metrics={{f"{{m}}.{{v}}.relative_effect": e
+                 for m, v, e in zip(cf["metric"], cf["value"], cf["relative_effect"])}},
+        figures={{"compare": fig_compare, "ttft_ecdf": fig_ttft, "itl_ecdf": fig_itl}},
+        tables={{"compare": cf}}, {PUBLISH_KW})'''),
+    ("md", f"""## What the figures show
+
+- **The comparison plot** puts every metric on one scale, % change of the median vs the
+  baseline's; the line through each point is the noise band of the difference (the baseline
+  repeats' range, or a bootstrap interval). Only a band that excludes 0 is a change;
+  the marker says which way the verdict went.
+- **The ECDFs** show whether a change in a percentile is a shift of the whole distribution
+  or a few tail requests; with a handful of requests per run the tail is a few points.
+- Caveats of this run: a noise band from two repeats is a crude estimate (use more
+  repeats, or `noise="bootstrap"` with enough of them), and the example run drops the
+  template's quality gate to stay fast.
+
+{CPU_CAVEAT}"""),
+]
+
+NOTEBOOKS: dict[str, list[tuple[str, str]]] = {
+    "01_quickstart.ipynb": QUICKSTART,
+    "02_memory_budget.ipynb": MEMORY,
+    "03_chunked_prefill_sweep.ipynb": CHUNKED,
+    "04_prefix_caching.ipynb": PREFIX,
+    "05_saturation.ipynb": SATURATION,
+    "06_compare_runs.ipynb": COMPARE,
+}
+
+
+def build(name: str, cells: list[tuple[str, str]]) -> nbformat.NotebookNode:
+    """One notebook: markdown/code cells, the `parameters` cell tagged for papermill."""
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)",
+                                 "language": "python"}
+    nb.metadata["language_info"] = {"name": "python"}
+    stem = name.split("_")[0]
+    for i, (kind, source) in enumerate(cells):
+        cell_id = f"nb{stem}-{i:02d}"
+        if kind == "md":
+            cell = nbformat.v4.new_markdown_cell(source, id=cell_id)
+        else:
+            cell = nbformat.v4.new_code_cell(source, id=cell_id)
+            if kind == "params":
+                cell.metadata["tags"] = ["parameters"]
+        nb.cells.append(cell)
+    nbformat.validate(nb)
+    return nb
+
+
+def main() -> None:
+    for name, cells in NOTEBOOKS.items():
+        nbformat.write(build(name, cells), HERE / name)
+        print(f"wrote {HERE / name}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+"""Every notebook under notebooks/ executes under papermill with small parameters.
+
+Each run saves its figures to a temp `figures_dir`; the test checks they exist and that the
+executed notebook shows its key table. 03 also logs to a temp MLflow store, which 06 then
+reads back by parent run id (06 runs a second time with its default: the example template).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import nbformat
+import papermill
+import pytest
+
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+
+
+def execute(name: str, tmp: Path, **params: Any) -> tuple[nbformat.NotebookNode, Path]:
+    """Run notebooks/<name> with cwd notebooks/ (as JupyterLab does); figures into tmp."""
+    figs = tmp / f"figs-{name[:2]}"
+    out = tmp / name
+    papermill.execute_notebook(str(NOTEBOOKS / name), str(out), cwd=str(NOTEBOOKS),
+                               parameters={"figures_dir": str(figs), **params},
+                               kernel_name="python3", progress_bar=False)
+    return nbformat.read(out, as_version=4), figs
+
+
+def text_of(nb: nbformat.NotebookNode) -> str:
+    """Every text output (streams, markdown, plain and HTML reprs) of the executed notebook."""
+    parts = []
+    for cell in nb.cells:
+        for o in cell.get("outputs", []):
+            parts.append(o.get("text", ""))
+            data = o.get("data", {})
+            parts += [data.get(k, "") for k in ("text/plain", "text/markdown", "text/html")]
+    return "\n".join(p if isinstance(p, str) else "".join(p) for p in parts)
+
+
+def num_images(nb: nbformat.NotebookNode) -> int:
+    return sum("image/png" in o.get("data", {}) for c in nb.cells for o in c.get("outputs", []))
+
+
+def pngs(figs: Path) -> set[str]:
+    return {p.name for p in figs.glob("*.png") if p.stat().st_size > 0}
+
+
+def test_every_notebook_is_tested() -> None:
+    names = {p.name for p in NOTEBOOKS.glob("*.ipynb")}
+    assert names == {"01_quickstart.ipynb", "02_memory_budget.ipynb",
+                     "03_chunked_prefill_sweep.ipynb", "04_prefix_caching.ipynb",
+                     "05_saturation.ipynb", "06_compare_runs.ipynb"}
+
+
+def test_01_quickstart_logs_when_given_a_store(tmp_path: Path) -> None:
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    nb, figs = execute("01_quickstart.ipynb", tmp_path, num_prompts=4, max_tokens=8,
+                       num_requests=4, concurrency=2, mlflow_uri=uri, mlflow_experiment="qs")
+    text = text_of(nb)
+    assert "Serving Benchmark Result" in text and "GuideLLM" in text
+    assert pngs(figs) == {"step_trace.png", "ttft_ecdf.png"} and num_images(nb) == 2
+    from workbench.analysis import parent_runs
+
+    runs = parent_runs("qs", uri)
+    assert len(runs) == 1 and runs.loc[0, "metrics.completed"] == 4
+
+
+def test_02_memory_budget(tmp_path: Path) -> None:
+    nb, figs = execute("02_memory_budget.ipynb", tmp_path, block_sizes=[8, 16],
+                       max_model_lens=[256, 1024])
+    text = text_of(nb)
+    assert "calc.memory_budget" in text and "engine_kv_token_capacity" in text
+    assert pngs(figs) == {"memory_split.png", "max_concurrency.png"}
+
+
+@pytest.fixture(scope="module")
+def chunked(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """03 run once, logging into a temp store that 06 reads afterwards."""
+    tmp = tmp_path_factory.mktemp("chunked")
+    uri = f"sqlite:///{tmp / 'mlflow.db'}"
+    nb, figs = execute("03_chunked_prefill_sweep.ipynb", tmp, budgets=[64], num_requests=6,
+                       repeats=1, mlflow_uri=uri, mlflow_experiment="nb-test")
+    return {"nb": nb, "figs": figs, "uri": uri}
+
+
+def test_03_chunked_prefill_sweep(chunked: dict[str, Any]) -> None:
+    text = text_of(chunked["nb"])
+    assert "| value | p95_itl_ms" in text  # the verdict table
+    assert "reject" in text or "ADOPT" in text
+    assert pngs(chunked["figs"]) == {"tradeoff.png"}
+
+
+def test_04_prefix_caching(tmp_path: Path) -> None:
+    nb, figs = execute("04_prefix_caching.ipynb", tmp_path, num_requests=8, prefix_len=128,
+                       cache_states=["warm-model", "warm-prefix"])
+    assert "hit_rate" in text_of(nb)
+    assert pngs(figs) == {"median_ttft.png", "hit_rate.png", "ttft_ecdf.png"}
+
+
+def test_05_saturation(tmp_path: Path) -> None:
+    nb, figs = execute("05_saturation.ipynb", tmp_path, num_requests=6,
+                       concurrencies=[1, 2, 4], max_num_seqs=2)
+    assert "output_throughput" in text_of(nb)
+    assert pngs(figs) == {"saturation.png", "step_trace.png"}
+
+
+def test_06_compare_runs_runs_the_example_by_default(tmp_path: Path) -> None:
+    nb, figs = execute("06_compare_runs.ipynb", tmp_path, values=[2048], repeats=1,
+                       num_requests=4)
+    text = text_of(nb)
+    assert "relative_effect" in text and "noise_low" in text
+    assert pngs(figs) == {"compare.png", "ttft_ecdf.png", "itl_ecdf.png"}
+
+
+def test_06_compare_runs_reads_a_logged_experiment(chunked: dict[str, Any],
+                                                   tmp_path: Path) -> None:
+    from workbench.analysis import parent_runs
+
+    runs = parent_runs("nb-test", chunked["uri"])
+    parent = runs.loc[0, "tags.experiment_parent_run_id"]
+    nb, figs = execute("06_compare_runs.ipynb", tmp_path, parent_run_id=parent,
+                       mlflow_uri=chunked["uri"], compare_metrics=["p95_itl_ms", "p95_ttft_ms"])
+    text = text_of(nb)
+    assert f"parent run: {parent}" in text and "relative_effect" in text
+    assert pngs(figs) == {"compare.png", "ttft_ecdf.png", "itl_ecdf.png"}

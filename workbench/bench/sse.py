@@ -1,0 +1,165 @@
+"""One streamed OpenAI response -> one RequestRecord, the way vLLM's benchmark client reads it.
+
+Place in the flow: `http_target.OpenAITarget` feeds the bytes of each response to an
+`SSEDecoder` and every `data:` payload, with its arrival time, to a `StreamParser`. Pure
+functions of (payloads, times): tested without a server.
+
+Rules (vLLM `benchmarks/lib/endpoint_request_func.py`, completions and chat):
+- An event with `choices` is a token chunk, even with empty text (a special token, half a
+  UTF-8 character); the first one is TTFT, every later one adds one ITL gap. Exception: when
+  the server streams usage per chunk (`continuous_usage_stats`), an event that adds no
+  completion token and no text (a role-only or finish-only event) is not a token chunk.
+- Tokens per chunk: the growth of `usage.completion_tokens` when streamed, else 1.
+- output_tokens = the last `usage.completion_tokens` (the final usage event of
+  `stream_options: {include_usage: true}`); prompt_tokens = `usage.prompt_tokens` when given.
+  Without any usage, output_tokens = the number of token chunks.
+- end_s = the last token chunk (vLLM's `latency`), not [DONE].
+- Success = at least one token chunk and no error event.
+- Server-side durations (seconds) are read from any event that carries them, top level or in
+  a `server_timing` / `timings` / `metrics` object (`workbench serve`'s final chunk).
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+from typing import Any
+
+from workbench.bench.metrics import RequestRecord
+
+# RequestRecord field -> names a server may use for it (seconds) in a streamed event.
+SERVER_FIELDS: dict[str, tuple[str, ...]] = {
+    "server_queue_s": ("server_queue_s", "queue_s", "queue_time_s", "queue_time"),
+    "server_prefill_s": ("server_prefill_s", "prefill_s", "prefill_time_s", "prefill_time"),
+    "server_decode_s": ("server_decode_s", "decode_s", "decode_time_s", "decode_time"),
+    "server_ttft_s": ("server_ttft_s", "ttft_s", "first_token_latency_s", "ttft"),
+    "server_e2e_s": ("server_e2e_s", "e2e_s", "e2e_latency_s", "e2e"),
+}
+SERVER_CONTAINERS = ("server_timing", "server_timings", "timings", "metrics", "server")
+
+
+class SSEDecoder:
+    """Bytes as they arrive -> complete `data:` payloads (events end at a blank line;
+    comments, other fields and CRLF line ends are handled; [DONE] is returned as is)."""
+
+    def __init__(self) -> None:
+        self._text = codecs.getincrementaldecoder("utf-8")()
+        self._buf = ""
+
+    def feed(self, chunk: bytes) -> list[str]:
+        self._buf += self._text.decode(chunk).replace("\r\n", "\n").replace("\r", "\n")
+        out = []
+        while "\n\n" in self._buf:
+            event, self._buf = self._buf.split("\n\n", 1)
+            out += self._data(event)
+        return out
+
+    def flush(self) -> list[str]:
+        """A last event the server did not terminate with a blank line."""
+        event, self._buf = self._buf + self._text.decode(b"", final=True), ""
+        return self._data(event)
+
+    @staticmethod
+    def _data(event: str) -> list[str]:
+        lines = [ln[5:].removeprefix(" ") for ln in event.split("\n") if ln.startswith("data:")]
+        return ["\n".join(lines)] if lines else []
+
+
+def server_fields(event: dict[str, Any]) -> dict[str, float]:
+    """Server-side durations carried by one event (see SERVER_FIELDS / SERVER_CONTAINERS)."""
+    found: dict[str, float] = {}
+    nested = [event[c] for c in SERVER_CONTAINERS if isinstance(event.get(c), dict)]
+    for src in [event, *nested]:
+        for field, names in SERVER_FIELDS.items():
+            for name in names:
+                v = src.get(name)
+                if isinstance(v, int | float) and not isinstance(v, bool):
+                    found.setdefault(field, float(v))
+                    break
+    return found
+
+
+class StreamParser:
+    """Applies the payloads of one response to `record` (see the module docstring).
+
+    `info` collects what the server said besides tokens: response id, finish_reason, whether
+    usage came, server-side durations, whether [DONE] came.
+    """
+
+    def __init__(self, record: RequestRecord, chat: bool = False) -> None:
+        self.record, self.chat = record, chat
+        self.info: dict[str, Any] = {"server": {}, "usage": False, "done": False}
+        self.error: str | None = None
+        self._usage_ct: int | None = None
+        self._last_token_s: float | None = None
+
+    def feed(self, data: str, now: float) -> None:
+        """One `data:` payload that arrived at `now` (seconds, the record's clock)."""
+        if data == "[DONE]":
+            self.info["done"] = True
+            return
+        try:
+            event = json.loads(data)
+        except json.JSONDecodeError:
+            self.error = f"malformed SSE data: {data[:200]!r}"
+            return
+        if not isinstance(event, dict):
+            self.error = f"unexpected SSE data: {data[:200]!r}"
+            return
+        if event.get("error") and not event.get("choices"):
+            err = event["error"]
+            self.error = str(err.get("message", err) if isinstance(err, dict) else err)
+        if self.info.get("id") is None:
+            self.info["id"] = event.get("id")
+        self.info["server"].update(server_fields(event))
+        usage = event.get("usage") if isinstance(event.get("usage"), dict) else None
+        choices = event.get("choices") or []
+        if choices and isinstance(choices[0], dict):
+            self._choice(choices[0], usage, now)
+        if usage is not None:
+            if usage.get("completion_tokens") is not None:
+                self.record.output_tokens = int(usage["completion_tokens"])
+                self.info["usage"] = True
+            if usage.get("prompt_tokens") is not None:
+                self.record.prompt_tokens = int(usage["prompt_tokens"])
+
+    def _choice(self, c: dict[str, Any], usage: dict[str, Any] | None, now: float) -> None:
+        text = (c.get("delta") or {}).get("content") if self.chat else c.get("text")
+        n = 1
+        if usage is not None and usage.get("completion_tokens") is not None:
+            ct = int(usage["completion_tokens"])
+            n, self._usage_ct = ct - (self._usage_ct or 0), ct
+        if c.get("finish_reason"):
+            self.info["finish_reason"] = c["finish_reason"]
+        if n <= 0 and not text:
+            return  # streamed usage shows this event carried no token
+        r = self.record
+        if r.first_token_s is None:
+            r.first_token_s = now
+        r.chunk_times_s.append(now)
+        r.chunk_tokens.append(max(n, 0))
+        self._last_token_s = now
+
+    def finish(self, now: float) -> None:
+        """The stream ended at `now`: output tokens, end, success, server durations."""
+        r = self.record
+        if not self.info["usage"]:
+            r.output_tokens = sum(r.chunk_tokens)
+        fill_server(r, self.info["server"])
+        r.end_s = self._last_token_s if self._last_token_s is not None else now
+        r.success = self.error is None and self._last_token_s is not None
+        if r.success:
+            r.error = None
+        else:
+            r.error = self.error or "the stream carried no token (no event with choices)"
+
+
+def fill_server(record: RequestRecord, fields: dict[str, float]) -> None:
+    """Copy server durations; derive prefill = ttft - queue and decode = e2e - ttft."""
+    for k, v in fields.items():
+        setattr(record, k, v)
+    q, ttft, e2e = record.server_queue_s, record.server_ttft_s, record.server_e2e_s
+    if record.server_prefill_s is None and q is not None and ttft is not None:
+        record.server_prefill_s = ttft - q
+    if record.server_decode_s is None and ttft is not None and e2e is not None:
+        record.server_decode_s = e2e - ttft

@@ -1,0 +1,213 @@
+"""`/metrics`: Prometheus exposition with vLLM's metric names, labels and buckets.
+
+Place in the flow: one `ServerMetrics` per app, its own `CollectorRegistry`. Two sources:
+
+- Histograms observed by the server when a sequence finishes, from the engine timestamps of
+  its final StreamEvent (arrival, first scheduled, first token, every token, finished):
+  vllm:time_to_first_token_seconds (arrival -> first token), vllm:inter_token_latency_seconds
+  (each gap between consecutive engine steps that gave the sequence tokens),
+  vllm:request_time_per_output_token_seconds, vllm:e2e_request_latency_seconds,
+  vllm:request_queue_time_seconds, vllm:request_prefill_time_seconds,
+  vllm:request_decode_time_seconds, vllm:request_inference_time_seconds,
+  vllm:request_prompt_tokens, vllm:request_generation_tokens; per request vllm:request_params_n
+  and vllm:request_params_max_tokens; per engine step vllm:iteration_tokens_total (read from the
+  step trace at scrape time); vllm:request_success{finished_reason=stop|length|abort|error}.
+- A custom collector reading `AsyncEngine.stats()` at scrape time: every `vllm:*` counter the
+  engine keeps (vllm:prompt_tokens, vllm:generation_tokens, vllm:num_preemptions,
+  vllm:prefix_cache_queries, vllm:prefix_cache_hits, and the vllm:spec_decode_* counters once
+  the engine has them; a list value is exposed per `position` label) and the gauges
+  vllm:num_requests_running, vllm:num_requests_waiting, vllm:kv_cache_usage_perc, read live
+  from the scheduler between steps (`refresh()`), plus vllm:cache_config_info.
+
+Every series carries labels model_name (the served model name) and engine ("0"). Counters are
+exposed as `<name>_total`; `_created` samples are disabled as vLLM does (process-wide).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import prometheus_client
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from workbench.engine.async_engine import AsyncEngine
+from workbench.engine.llm_engine import LLMEngine
+from workbench.engine.request import RequestTimes
+from workbench.engine.stats import GAUGES
+
+TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
+ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
+               7.5, 10.0, 20.0, 40.0, 80.0]
+REQUEST_LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
+                           50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
+ITERATION_TOKENS_BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
+FINISH_REASONS = ("stop", "length", "abort", "error")
+LABELS = ("model_name", "engine")
+
+
+def build_1_2_5_buckets(max_value: int) -> list[int]:
+    """1, 2, 5, 10, 20, 50, ... up to max_value (vLLM's token-count buckets)."""
+    out: list[int] = []
+    scale = 1
+    while True:
+        for m in (1, 2, 5):
+            if m * scale > max_value:
+                return out
+            out.append(m * scale)
+        scale *= 10
+
+
+class ServerMetrics:
+    def __init__(self, engine: AsyncEngine, model_name: str, max_model_len: int) -> None:
+        prometheus_client.disable_created_metrics()
+        self.engine = engine
+        self.label_values = (model_name, "0")
+        self.registry = CollectorRegistry()
+        self.success = dict.fromkeys(FINISH_REASONS, 0)
+        self._live: dict[str, float] = {}
+        self._steps_seen = 0
+        tokens = build_1_2_5_buckets(max_model_len)
+        h = self._histogram
+        self.ttft = h("vllm:time_to_first_token_seconds", "Time to first token.", TTFT_BUCKETS)
+        self.itl = h("vllm:inter_token_latency_seconds", "Inter-token latency.", ITL_BUCKETS)
+        self.tpot = h("vllm:request_time_per_output_token_seconds",
+                      "Per-request decode time / (generation tokens - 1).", ITL_BUCKETS)
+        lat = REQUEST_LATENCY_BUCKETS
+        self.e2e = h("vllm:e2e_request_latency_seconds", "End-to-end request latency.", lat)
+        self.queue = h("vllm:request_queue_time_seconds", "Time in the WAITING phase.", lat)
+        self.prefill = h("vllm:request_prefill_time_seconds", "Time in the PREFILL phase.", lat)
+        self.decode = h("vllm:request_decode_time_seconds", "Time in the DECODE phase.", lat)
+        self.inference = h("vllm:request_inference_time_seconds",
+                           "Time in the RUNNING phase.", lat)
+        self.prompt_tokens = h("vllm:request_prompt_tokens", "Prompt tokens per request.", tokens)
+        self.generation_tokens = h("vllm:request_generation_tokens",
+                                   "Generation tokens per request.", tokens)
+        self.params_n = h("vllm:request_params_n", "The n request parameter.", [1, 2, 5, 10, 20])
+        self.params_max_tokens = h("vllm:request_params_max_tokens",
+                                   "The max_tokens request parameter.", tokens)
+        self.iteration_tokens = h("vllm:iteration_tokens_total", "Tokens per engine step.",
+                                  ITERATION_TOKENS_BUCKETS)
+        self.registry.register(_EngineCollector(self))
+
+    def _histogram(self, name: str, doc: str, buckets: list[float] | list[int]) -> Any:
+        hist = Histogram(name, doc, LABELS, buckets=buckets, registry=self.registry)
+        return hist.labels(*self.label_values)
+
+    # ------------------------------------------------------------------ observations
+    def observe_request(self, n: int, max_tokens: int | None) -> None:
+        self.params_n.observe(n)
+        if max_tokens is not None:
+            self.params_max_tokens.observe(max_tokens)
+
+    def observe_finished(
+        self, times: RequestTimes | None, num_prompt_tokens: int, num_output_tokens: int,
+        finish_reason: str, first_of_request: bool = True,
+    ) -> None:
+        """One finished sequence; `first_of_request` counts its prompt once for n > 1."""
+        self.count_finished(finish_reason)
+        if times is None or finish_reason == "abort":
+            return
+        t = times
+        if first_of_request:
+            self.prompt_tokens.observe(num_prompt_tokens)
+        self.generation_tokens.observe(num_output_tokens)
+        if t.finished is not None:
+            self.e2e.observe(t.finished - t.arrival)
+        if t.first_scheduled is not None:
+            self.queue.observe(t.first_scheduled - t.arrival)
+        if t.first_token is None or t.first_scheduled is None:
+            return
+        last = t.token_times[-1] if t.token_times else t.first_token
+        self.ttft.observe(t.first_token - t.arrival)
+        self.prefill.observe(t.first_token - t.first_scheduled)
+        self.decode.observe(last - t.first_token)
+        self.inference.observe(last - t.first_scheduled)
+        if num_output_tokens > 1:
+            self.tpot.observe((last - t.first_token) / (num_output_tokens - 1))
+        prev = None
+        for tt in t.token_times:  # one gap per engine step (tokens of one step share a time)
+            if prev is not None and tt != prev:
+                self.itl.observe(tt - prev)
+            prev = tt
+
+    def count_finished(self, finish_reason: str) -> None:
+        key = finish_reason if finish_reason in self.success else "abort"
+        self.success[key] += 1
+
+    # ------------------------------------------------------------------ scrape
+    async def refresh(self, timeout_s: float = 5.0) -> None:
+        """Read the live scheduler gauges between steps, and new step-trace rows."""
+        fut = self.engine.submit(_live_gauges)
+        try:
+            self._live = await asyncio.wait_for(asyncio.wrap_future(fut), timeout_s)
+        except Exception:  # noqa: BLE001 - a timeout or a stopped engine: last-step gauges
+            self._live = {}
+        trace = self.engine.engine.stats.step_trace
+        if len(trace) < self._steps_seen:
+            self._steps_seen = 0
+        for rec in trace[self._steps_seen:]:
+            self.iteration_tokens.observe(rec.prefill_tokens + rec.decode_tokens)
+        self._steps_seen = len(trace)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+def _live_gauges(engine: LLMEngine) -> dict[str, float]:
+    sched = engine.scheduler
+    return {
+        "vllm:num_requests_running": float(len(sched.running)),
+        "vllm:num_requests_waiting": float(len(sched.waiting)),
+        "vllm:kv_cache_usage_perc": float(sched.kv_cache_manager.usage),
+    }
+
+
+class _EngineCollector:
+    """Counters and gauges from AsyncEngine.stats() at scrape time."""
+
+    def __init__(self, metrics: ServerMetrics) -> None:
+        self.m = metrics
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        m = self.m
+        lv = list(m.label_values)
+        stats: dict[str, Any] = dict(m.engine.stats())
+        stats.update(m._live)
+        for name, value in sorted(stats.items()):
+            if not name.startswith("vllm:") or name == "vllm:request_success":
+                continue
+            if name in GAUGES:
+                g = GaugeMetricFamily(name, f"{name} (engine gauge).", labels=LABELS)
+                g.add_metric(lv, float(value))
+                yield g
+            elif isinstance(value, list | tuple):
+                c = CounterMetricFamily(name, f"{name} per position.", labels=(*LABELS, "position"))
+                for pos, v in enumerate(value):
+                    c.add_metric([*lv, str(pos)], float(v))
+                yield c
+            else:
+                c = CounterMetricFamily(name, f"{name} (engine counter).", labels=LABELS)
+                c.add_metric(lv, float(value))
+                yield c
+        c = CounterMetricFamily("vllm:request_success", "Finished requests by finish reason.",
+                                labels=(*LABELS, "finished_reason"))
+        for reason, count in m.success.items():
+            c.add_metric([*lv, reason], float(count))
+        yield c
+        cc = m.engine.engine.config.cache_config
+        info = {
+            "block_size": str(cc.block_size), "num_gpu_blocks": str(m.engine.engine.num_blocks),
+            "enable_prefix_caching": str(cc.enable_prefix_caching),
+            "cache_dtype": cc.kv_cache_dtype, "engine": "0",
+        }
+        g = GaugeMetricFamily("vllm:cache_config_info", "Information of the CacheConfig.",
+                              labels=list(info))
+        g.add_metric(list(info.values()), 1.0)
+        yield g

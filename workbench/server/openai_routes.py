@@ -1,0 +1,239 @@
+"""OpenAI-compatible routes: /v1/completions, /v1/chat/completions (JSON or SSE), /v1/models.
+
+Place in the flow: body (size-capped) -> protocol.parse_request -> inputs.build_requests ->
+generate.Generation -> a JSON body, or server-sent events `data: {chunk}` ... `data: [DONE]`.
+
+Streaming: one chunk per engine step that released text for a choice (chat: a first chunk
+per choice with `delta.role`); with `stream_options.include_usage` a last chunk with
+`choices: []` and `usage`; the last chunk before `[DONE]` carries the per-request `metrics`
+object (see `responses.py`). With `return_token_ids: true` every chunk's choice also has the
+`token_ids` it covers (a chunk is then sent for every step, text or not). A client that
+disconnects mid-stream (or mid non-streaming request) aborts its engine requests, which frees
+their KV blocks. The response id is the client's `x-request-id` header when given, otherwise
+`cmpl-<hex>` / `chatcmpl-<hex>`; it is echoed in the `x-request-id` response header.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from workbench.engine.async_engine import AsyncEngine, AsyncEngineError
+from workbench.engine.llm_engine import LLMEngine
+from workbench.server import inputs
+from workbench.server import responses as R
+from workbench.server.generate import Delta, Generation
+from workbench.server.metrics import ServerMetrics
+from workbench.server.protocol import (
+    APIError,
+    ChatCompletionRequest,
+    CompletionRequest,
+    parse_request,
+)
+
+router = APIRouter()
+
+
+@dataclass
+class ServingState:
+    engine: AsyncEngine
+    model_name: str
+    model_path: str
+    metrics: ServerMetrics
+    max_body_bytes: int
+    created: int
+
+    @property
+    def llm_engine(self) -> LLMEngine:
+        return self.engine.engine
+
+
+def serving_state(request: Request) -> ServingState:
+    return request.app.state.serving  # type: ignore[no-any-return]
+
+
+def request_id(request: Request, prefix: str) -> str:
+    given = request.headers.get("x-request-id")
+    if given and len(given) <= 256 and given.isprintable():
+        return given
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+async def read_json(request: Request, limit: int) -> Any:
+    """The body as JSON; 413 past `limit` bytes (checked while reading), 400 if malformed."""
+    import json
+
+    declared = request.headers.get("content-length")
+    too_big = APIError(f"the request body is larger than the limit of {limit} bytes", 413)
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_big
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_big
+        chunks.append(chunk)
+    try:
+        return json.loads(b"".join(chunks))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise APIError(f"the request body is not valid JSON: {e}") from None
+
+
+def check_model(state: ServingState, name: str | None) -> None:
+    if name is not None and name not in (state.model_name, state.model_path):
+        raise APIError(f"the model {name!r} does not exist; this server serves "
+                       f"{state.model_name!r}", 404, "model")
+
+
+@router.get("/v1/models")
+async def show_models(request: Request) -> JSONResponse:
+    s = serving_state(request)
+    return JSONResponse(R.model_list(s.model_name, s.model_path,
+                                     s.llm_engine.max_model_len, s.created))
+
+
+@router.post("/v1/completions")
+async def create_completion(request: Request) -> Response:
+    s = serving_state(request)
+    rid = request_id(request, "cmpl")
+    req = parse_request(CompletionRequest, await read_json(request, s.max_body_bytes))
+    check_model(s, req.model)
+    prompts = inputs.completion_prompts(s.llm_engine, req)
+    reqs = inputs.build_requests(s.llm_engine, req, prompts, rid, "prompt",
+                                 ("max_tokens", req.max_tokens))
+    return await _serve(request, s, req, reqs, rid, chat=False)
+
+
+@router.post("/v1/chat/completions")
+async def create_chat_completion(request: Request) -> Response:
+    s = serving_state(request)
+    rid = request_id(request, "chatcmpl")
+    req = parse_request(ChatCompletionRequest, await read_json(request, s.max_body_bytes))
+    check_model(s, req.model)
+    prompt = inputs.chat_prompt(s.llm_engine, req)
+    reqs = inputs.build_requests(s.llm_engine, req, [prompt], rid, "messages",
+                                 req.max_tokens_param)
+    return await _serve(request, s, req, reqs, rid, chat=True)
+
+
+async def _serve(
+    request: Request, s: ServingState, req: CompletionRequest | ChatCompletionRequest,
+    reqs: list[Any], rid: str, chat: bool,
+) -> Response:
+    gen = Generation(s.engine, s.llm_engine.tokenizer, reqs, req.n, req.stop_strings,
+                     req.skip_special_tokens, s.metrics)
+    for r in reqs:
+        s.metrics.observe_request(req.n, r.sampling_params.max_tokens)
+    try:
+        gen.start()
+    except AsyncEngineError as e:
+        raise APIError(f"the engine is not serving: {e}", 503) from None
+    headers = {"x-request-id": rid}
+    if req.stream:
+        body = _stream(s, gen, req, rid, chat)
+        return _SSEResponse(body, media_type="text/event-stream", headers=headers)
+    watcher = asyncio.create_task(_abort_on_disconnect(request, gen))
+    try:
+        async for _ in gen.deltas():
+            pass
+    except AsyncEngineError as e:
+        raise APIError(f"the engine failed this request: {e}", 500) from None
+    finally:
+        watcher.cancel()
+    make = R.chat_choice if chat else R.completion_choice
+    ids = bool(req.return_token_ids)
+    choices = [make(q.index, q.text, q.finish_reason, q.stop_reason,
+                    list(q.token_ids) if ids else None) for q in gen.seqs]
+    body_ = R.envelope("chat.completion" if chat else "text_completion", rid, int(time.time()),
+                       s.model_name, choices, usage=_usage(gen), metrics=_metrics(gen))
+    return JSONResponse(body_, headers=headers)
+
+
+def _usage(gen: Generation) -> dict[str, Any]:
+    return R.usage(
+        sum(r.num_prompt_tokens for r in gen.requests),
+        sum(len(q.token_ids) for q in gen.seqs),
+        sum(max(q.num_cached_tokens, 0) for q in gen.seqs if q.index % gen.n == 0),
+    )
+
+
+def _metrics(gen: Generation) -> dict[str, Any] | None:
+    if not gen.single:
+        return None
+    q = gen.seqs[0]
+    return R.request_metrics(q.times, len(q.token_ids), q.num_cached_tokens)
+
+
+async def _stream(
+    s: ServingState, gen: Generation, req: CompletionRequest | ChatCompletionRequest,
+    rid: str, chat: bool,
+) -> AsyncIterator[str]:
+    kind = "chat.completion.chunk" if chat else "text_completion"
+    created, model = int(time.time()), s.model_name
+    with_ids = bool(req.return_token_ids)
+    remaining = len(gen.seqs)
+    try:
+        if chat:
+            for q in gen.seqs:
+                first = R.chat_delta_choice(q.index, {"role": "assistant", "content": ""},
+                                            None, None)
+                yield R.sse(R.envelope(kind, rid, created, model, [first]))
+        async for d in gen.deltas():
+            if not (d.text or d.finished or (with_ids and d.token_ids)):
+                continue
+            extra: dict[str, Any] = {}
+            if req.continuous_usage:
+                extra["usage"] = _usage(gen)
+            if d.finished:
+                remaining -= 1
+                if remaining == 0 and not req.include_usage:
+                    extra["metrics"] = _metrics(gen)
+            yield R.sse(R.envelope(kind, rid, created, model, [_chunk_choice(d, chat, with_ids)],
+                                   **extra))
+        if req.include_usage:
+            yield R.sse(R.envelope(kind, rid, created, model, [], usage=_usage(gen),
+                                   metrics=_metrics(gen)))
+    except AsyncEngineError as e:
+        yield R.sse(APIError(f"the engine failed this request: {e}", 500).body())
+    yield R.sse("[DONE]")
+
+
+def _chunk_choice(d: Delta, chat: bool, with_ids: bool) -> dict[str, Any]:
+    q = d.seq
+    reason = q.finish_reason if d.finished else None
+    stop_reason = q.stop_reason if d.finished else None
+    ids = d.token_ids if with_ids else None
+    if chat:
+        delta = {"content": d.text} if d.text or not d.finished else {}
+        return R.chat_delta_choice(q.index, delta, reason, stop_reason, ids)
+    return R.completion_choice(q.index, d.text, reason, stop_reason, ids)
+
+
+async def _abort_on_disconnect(request: Request, gen: Generation) -> None:
+    """Wait for the client to go away (the body is already read), then abort."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            gen.abort()
+            return
+        await asyncio.sleep(0.05)
+
+
+class _SSEResponse(StreamingResponse):
+    """A StreamingResponse that always closes its generator, so a disconnect aborts at once."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            aclose = getattr(self.body_iterator, "aclose", None)
+            if aclose is not None:
+                await aclose()

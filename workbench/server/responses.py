@@ -1,0 +1,141 @@
+"""Response bodies (plain dicts, OpenAI's shapes) and the per-request `metrics` object.
+
+Place in the flow: `openai_routes` fills these from `generate.SeqOutput`s; streaming chunks
+are serialized with `sse()`.
+
+The per-request `metrics` object follows vLLM's `--enable-per-request-metrics` feature
+(field names and meanings from vLLM's "Per-Request Metrics" docs; always on here). It is
+attached to the non-streaming response and to the LAST chunk of a stream (the usage chunk when
+`stream_options.include_usage` is set, otherwise the last finish chunk). Like vLLM it is
+`null` when the request has more than one sequence (n > 1 or a batch of prompts). Engine
+timestamps (time.perf_counter) give, in milliseconds:
+
+    queue_time_ms           arrival -> first scheduled                    (vLLM's name)
+    time_to_first_token_ms  first scheduled -> first token                (vLLM's definition:
+                            "from when the request was scheduled"; = prefill_time_ms)
+    generation_time_ms      first token -> last token                     (vLLM's name)
+    mean_itl_ms             generation_time_ms / (tokens - 1); null for 1 token
+    tokens_per_second       tokens / (first scheduled -> last token)
+    -- workbench extras, named so they cannot be confused --
+    arrival_to_first_token_ms  arrival -> first token (what vllm:time_to_first_token_seconds
+                            observes; = queue_time_ms + prefill_time_ms)
+    prefill_time_ms         first scheduled -> first token
+    decode_time_ms          first token -> finished
+    e2e_latency_ms          arrival -> finished
+    num_output_tokens, num_cached_tokens (prefix-cache hit tokens)
+
+"Arrival" is when the server handed the tokenized request to the engine (as in vLLM, after
+parsing, templating and tokenization).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from workbench.engine.request import RequestTimes
+
+
+def _ms(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else round((b - a) * 1000.0, 3)
+
+
+def request_metrics(
+    times: RequestTimes | None, num_output_tokens: int, num_cached_tokens: int
+) -> dict[str, Any] | None:
+    if times is None:
+        return None
+    last = times.token_times[-1] if times.token_times else None
+    gen_ms = _ms(times.first_token, last)
+    itl = None
+    if gen_ms is not None and num_output_tokens > 1:
+        itl = round(gen_ms / (num_output_tokens - 1), 3)
+    infer_ms = _ms(times.first_scheduled, last)
+    tps = None
+    if infer_ms and num_output_tokens:
+        tps = round(num_output_tokens / (infer_ms / 1000.0), 3)
+    return {
+        "queue_time_ms": _ms(times.arrival, times.first_scheduled),
+        "time_to_first_token_ms": _ms(times.first_scheduled, times.first_token),
+        "generation_time_ms": gen_ms,
+        "mean_itl_ms": itl,
+        "tokens_per_second": tps,
+        "arrival_to_first_token_ms": _ms(times.arrival, times.first_token),
+        "prefill_time_ms": _ms(times.first_scheduled, times.first_token),
+        "decode_time_ms": _ms(times.first_token, times.finished),
+        "e2e_latency_ms": _ms(times.arrival, times.finished),
+        "num_output_tokens": num_output_tokens,
+        "num_cached_tokens": max(num_cached_tokens, 0),
+    }
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": max(cached_tokens, 0)},
+    }
+
+
+def completion_choice(
+    index: int, text: str, finish_reason: str | None, stop_reason: int | str | None,
+    token_ids: list[int] | None = None,
+) -> dict[str, Any]:
+    choice: dict[str, Any] = {
+        "index": index, "text": text, "logprobs": None,
+        "finish_reason": finish_reason, "stop_reason": stop_reason,
+    }
+    if token_ids is not None:
+        choice["token_ids"] = token_ids
+    return choice
+
+
+def chat_choice(
+    index: int, text: str, finish_reason: str | None, stop_reason: int | str | None,
+    token_ids: list[int] | None = None,
+) -> dict[str, Any]:
+    choice: dict[str, Any] = {
+        "index": index, "message": {"role": "assistant", "content": text},
+        "logprobs": None, "finish_reason": finish_reason, "stop_reason": stop_reason,
+    }
+    if token_ids is not None:
+        choice["token_ids"] = token_ids
+    return choice
+
+
+def chat_delta_choice(
+    index: int, delta: dict[str, Any], finish_reason: str | None,
+    stop_reason: int | str | None, token_ids: list[int] | None = None,
+) -> dict[str, Any]:
+    choice: dict[str, Any] = {
+        "index": index, "delta": delta, "logprobs": None,
+        "finish_reason": finish_reason, "stop_reason": stop_reason,
+    }
+    if token_ids is not None:
+        choice["token_ids"] = token_ids
+    return choice
+
+
+def envelope(
+    kind: str, rid: str, created: int, model: str, choices: list[dict[str, Any]],
+    **extra: Any,
+) -> dict[str, Any]:
+    """kind: text_completion | chat.completion | chat.completion.chunk."""
+    body: dict[str, Any] = {
+        "id": rid, "object": kind, "created": created, "model": model, "choices": choices,
+    }
+    body.update({k: v for k, v in extra.items() if v is not None or k == "metrics"})
+    return body
+
+
+def sse(payload: dict[str, Any] | str) -> str:
+    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
+    return f"data: {data}\n\n"
+
+
+def model_list(name: str, root: str, max_model_len: int, created: int) -> dict[str, Any]:
+    return {"object": "list", "data": [{
+        "id": name, "object": "model", "created": created, "owned_by": "workbench",
+        "root": root, "parent": None, "max_model_len": max_model_len, "permission": [],
+    }]}
