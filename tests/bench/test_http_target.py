@@ -363,3 +363,177 @@ def test_poller_scrapes_every_interval(fake: tuple[FakeOpenAI, str]) -> None:
 
     p = run_sync(dead)
     assert p.rows == [] and p.errors >= 2 and "ConnectError" in (p.last_error or "")
+
+
+def test_sse_parsing_rules() -> None:
+    from workbench.bench.sse import SSEDecoder, StreamParser
+
+    dec = SSEDecoder()
+    raw = b'data: {"a": 1}\r\n\r\n: ping\n\nevent: x\ndata: {"b":\ndata: 2}\n\ndata: [DO'
+    assert dec.feed(raw[:7]) == [] and dec.feed(raw[7:]) == ['{"a": 1}', '{"b":\n2}']
+    assert dec.feed(b"NE]") == [] and dec.flush() == ["[DONE]"]
+    assert SSEDecoder().feed("data: \u00e9\n\n".encode()[:7]) == []  # half a UTF-8 char waits
+
+    # workbench serve's chat stream: a role chunk before any token, token_ids per step, a
+    # finish chunk, then usage + per-request metrics (ms) on the last chunk
+    rec = RequestRecord("q", 0, 0, False)
+    p = StreamParser(rec, chat=True)
+    events = [
+        (0.01, {"choices": [{"delta": {"role": "assistant", "content": ""}}]}),
+        (0.05, {"choices": [{"delta": {"content": "he"}, "token_ids": [7, 8]}]}),
+        (0.06, {"choices": [{"delta": {"content": ""}, "token_ids": [9]}]}),  # partial UTF-8
+        (0.07, {"choices": [{"delta": {}, "token_ids": [], "finish_reason": "length"}]}),
+        (0.08, {"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": 3},
+                "metrics": {"queue_time_ms": 2.0, "time_to_first_token_ms": 30.0,
+                            "arrival_to_first_token_ms": 32.0, "decode_time_ms": 15.0,
+                            "e2e_latency_ms": 47.0}}),
+    ]
+    for t, ev in events:
+        p.feed(json.dumps(ev), t)
+    p.feed("[DONE]", 0.09)
+    p.finish(0.09)
+    assert rec.success and rec.first_token_s == 0.05 and rec.chunk_times_s == [0.05, 0.06]
+    assert rec.chunk_tokens == [2, 1] and rec.end_s == 0.06 and rec.output_tokens == 3
+    assert rec.prompt_tokens == 5 and p.info["finish_reason"] == "length" and p.info["done"]
+    assert rec.server_queue_s == pytest.approx(0.002)
+    assert rec.server_prefill_s == pytest.approx(0.030)  # vLLM's per-request "TTFT"
+    assert rec.server_ttft_s == pytest.approx(0.032) and rec.server_e2e_s == pytest.approx(0.047)
+
+    # vLLM's rule without token counts: every event with choices is a token chunk
+    rec = RequestRecord("c", 0, 0, False)
+    p = StreamParser(rec)
+    for t, text in ((0.1, "a"), (0.2, ""), (0.3, "b")):
+        p.feed(json.dumps({"choices": [{"text": text}]}), t)
+    p.finish(0.4)
+    assert rec.chunk_times_s == [0.1, 0.2, 0.3] and rec.output_tokens == 3 and rec.end_s == 0.3
+    rec = RequestRecord("e", 0, 0, False)
+    p = StreamParser(rec)
+    p.feed("not json", 0.1)
+    p.finish(0.2)
+    assert not rec.success and "malformed" in (rec.error or "") and rec.end_s == 0.2
+
+
+def test_cli_against_the_fake(fake: tuple[FakeOpenAI, str], tmp_path: Any,
+                              capsys: pytest.CaptureFixture[str]) -> None:
+    from workbench.bench.cli import main, parse_arrivals
+    from workbench.demo import bundled_checkpoint
+
+    _, url = fake
+    out = tmp_path / "run.json"
+    main(["--target", url.removesuffix("/v1"), "--model", MODEL, "--workload", "balanced-chat",
+          "--tokenizer", str(bundled_checkpoint()), "--num-requests", "5", "--param",
+          "output_len=3", "--arrivals", "closed:2", "--poll-interval", "0.05", "--no-mlflow",
+          "--json", str(out)])
+    printed = capsys.readouterr().out
+    assert "Serving Benchmark Result" in printed and "Δcount check | ok" in printed
+    doc = json.loads(out.read_text())
+    assert doc["metrics"]["completed"] == 5 and doc["metrics"]["total_output_tokens"] == 15
+    assert doc["server_delta"]["vllm:generation_tokens_total"] == 15
+    assert doc["target"]["kind"] == "http" and doc["server_count_check"] is None
+    assert parse_arrivals("gamma:8:0.5", seed=3).burstiness == 0.5
+    with pytest.raises(SystemExit, match="must be closed:C"):
+        parse_arrivals("burst:8")
+
+
+def test_cli_logs_to_mlflow_store(fake: tuple[FakeOpenAI, str], tmp_path: Any,
+                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from workbench.bench import cli
+    from workbench.demo import bundled_checkpoint
+    from workbench.tracking import mlflow_store
+
+    calls: list[tuple[str, Any]] = []
+
+    class FakeStore:
+        def __init__(self, name: str, uri: str | None = None) -> None:
+            calls.append(("init", (name, uri)))
+
+        def __getattr__(self, method: str) -> Any:
+            def record(*a: Any, **kw: Any) -> str:
+                calls.append((method, a[1:] if len(a) > 1 else kw))
+                return "run-1"
+            return record
+
+    monkeypatch.setattr(mlflow_store, "Store", FakeStore)
+    _, url = fake
+    cli.main(["--target", url, "--model", MODEL, "--workload", "balanced-chat", "--tokenizer",
+              str(bundled_checkpoint()), "--num-requests", "3", "--param", "output_len=2",
+              "--tracking-uri", "sqlite:///x.db", "--experiment", "e"])
+    by = {}
+    for method, args in calls:
+        by.setdefault(method, []).append(args)
+    assert by["init"] == [("e", "sqlite:///x.db")]
+    metrics = {k: v for (m,) in by["log_metrics"] for k, v in m.items()}
+    assert metrics["completed"] == 3 and metrics["server.vllm:generation_tokens_total"] == 6
+    files = {k for (f,) in by["log_files"] for k in f}
+    assert {"requests.csv", "summary.md", "server_delta.json", "client_server_join.csv"} <= files
+    assert by["set_tags"] == [({"server_count_check": "ok"},)] and "finish" in by
+
+
+def test_against_workbench_serve(tmp_path: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """The real server (`workbench serve` on the bundled checkpoint) started per variant by
+    make_target: engine knobs as flags, ready, streamed, /metrics deltas, stopped."""
+    pytest.importorskip("workbench.server.app")
+    import sys
+
+    from workbench.bench.server_process import make_target
+    from workbench.bench.workloads import make_workload
+    from workbench.demo import bundled_checkpoint
+    from workbench.models.tokenizer import load_tokenizer
+
+    ckpt = str(bundled_checkpoint())
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    spec = {"kind": "http", "base_url": f"http://127.0.0.1:{port}/v1", "model": "bundled",
+            "command": [sys.executable, "-m", "workbench.server.serve", "--model", ckpt,
+                        "--port", str(port), "--log-level", "warning"],
+            "poll_interval_s": 0.02, "log_path": str(tmp_path / "server.log")}
+    config = {"dtype": "float32", "max_model_len": 512, "max_num_batched_tokens": 64,
+              "max_num_seqs": 8}
+    target, server = make_target(spec, config)
+    w = make_workload("balanced-chat", 0, load_tokenizer(ckpt), num_requests=8, output_len=16)
+    with server:
+        try:
+            res = run(target, w, ArrivalSpec(mode="closed", concurrency=4), warmup_requests=1)
+            pid = server.pid
+        finally:
+            run_sync(target.stop)
+    assert not server.alive and pid is not None
+    assert "--max-num-batched-tokens" in server.command and target.model == ckpt
+    assert res.error is None, res.error
+    for r in res.records:
+        assert r.success and r.output_tokens == 16 and r.chunk_times_s, r.error
+        assert r.server_ttft_s is not None and 0 < r.server_ttft_s <= r.ttft_s
+        assert r.server_queue_s is not None and r.server_e2e_s is not None
+    side = server_side(res, target)
+    d = side["delta"]
+    assert side["count_check"] is None and d["vllm:generation_tokens_total"] == 8 * 16
+    assert d["vllm:time_to_first_token_seconds:mean_delta"] == pytest.approx(
+        sum(r.server_ttft_s for r in res.records) / 8, rel=0.01, abs=1e-3)
+    frame = join_client_server(res.records, target.server_rows())
+    assert frame["matched"].all() and (frame["ttft_overhead_ms"] > 0).all()
+    assert side["series"] and "kv_cache_usage_perc" in side["series"][0]
+    assert "reset_prefix_cache() after the warm-up returned False" not in caplog.text
+
+
+def test_cold_cache_state_restarts_the_server_process(fake: tuple[FakeOpenAI, str]) -> None:
+    f, url = fake
+    restarts: list[float] = []
+
+    class Server:  # stands in for a ServerProcess
+        def restart(self) -> None:
+            restarts.append(time.perf_counter())
+
+        def describe(self) -> dict[str, Any]:
+            return {"command": ["fake"]}
+
+    t = OpenAITarget(url, MODEL, poll_interval_s=None, server=Server())
+    try:
+        res = run(t, _workload(2, prefix="cold"), ArrivalSpec(mode="closed", concurrency=1),
+                  cache_state="cold")
+    finally:
+        run_sync(t.stop)
+    assert len(restarts) == 1 and all(r.success for r in res.records)
+    assert res.target["server"] == {"command": ["fake"]}
+    with pytest.raises(NotImplementedError, match="no ServerProcess"):
+        run_sync(OpenAITarget(url, MODEL).restart)

@@ -13,7 +13,14 @@ import httpx
 import openai
 import pytest
 
-from tests.server.conftest import ENGINE_KW, MODEL_NAME, ServerHandle
+from tests.server.conftest import (
+    ENGINE_KW,
+    MODEL_NAME,
+    ServerHandle,
+    make_app,
+    start_server,
+    stop_server,
+)
 
 MML = ENGINE_KW["max_model_len"]
 LONG_IDS = [5 + i % 900 for i in range(MML + 10)]
@@ -179,3 +186,35 @@ def test_non_streaming_disconnect_aborts_and_frees_blocks(idle_server: ServerHan
     after = idle_server.metrics()
     key = "vllm:request_success_total{finished_reason=abort}"
     assert after[key] == before[key] + 1
+
+
+def test_failed_step_fails_only_its_requests_and_a_stopped_engine_is_503(model_dir: Any) -> None:
+    handle = start_server(make_app(model_dir))
+    url = f"{handle.base_url}/v1/completions"
+    body = {"prompt": "x", "max_tokens": 8, "temperature": 0, "ignore_eos": True}
+    try:
+        runner = handle.engine.engine.runner
+        real = runner.execute_model
+        calls = {"n": 0}
+
+        def flaky(*args: Any, **kwargs: Any) -> Any:
+            calls["n"] += 1
+            if calls["n"] == 3:
+                raise RuntimeError("injected step failure")
+            return real(*args, **kwargs)
+
+        runner.execute_model = flaky  # type: ignore[method-assign]
+        with httpx.stream("POST", url, json={**body, "stream": True}) as r:
+            lines = [ln for ln in r.iter_lines() if ln.startswith("data: ")]
+        assert r.status_code == 200 and lines[-1] == "data: [DONE]"
+        err = json.loads(lines[-2][6:])["error"]
+        assert err["code"] == 500 and "injected step failure" in err["message"]
+        ok = httpx.post(url, json=body, timeout=30)  # the next request is served normally
+        assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] == 8
+        metrics = handle.metrics()
+        assert metrics["vllm:request_success_total{finished_reason=error}"] == 1
+        handle.engine.stop()
+        _check_error(httpx.post(url, json=body, timeout=30), 503, None)
+        assert httpx.get(f"{handle.base_url}/health").status_code == 503
+    finally:
+        stop_server(handle)

@@ -119,15 +119,14 @@ def _workload(args: argparse.Namespace) -> Any:
     return make_workload(args.workload, args.seed, load_tokenizer(tok_dir), **params)
 
 
-def _target(args: argparse.Namespace, engine: dict[str, Any]) -> tuple[Any, Any]:
-    from workbench.bench.server_process import make_target
-
+def _target_spec(args: argparse.Namespace) -> dict[str, Any]:
+    """The template-style target dict of `server_process.make_target`."""
     if args.target in ("inprocess", "in-process"):
         model = _model_dir(args.model)
         if model is None:
             raise SystemExit(f"--target inprocess needs --model as a local folder or 'bundled', "
                              f"not {args.model!r}")
-        return make_target({"kind": "in-process", "model": model}, engine)
+        return {"kind": "in-process", "model": model}
     url = args.target.rstrip("/")
     if not url.startswith(("http://", "https://")):
         raise SystemExit(f"--target {args.target!r} must be http://HOST:PORT/v1 or inprocess")
@@ -141,7 +140,7 @@ def _target(args: argparse.Namespace, engine: dict[str, Any]) -> tuple[Any, Any]
         spec["api_key"] = args.api_key
     if args.server_cmd:
         spec["command"] = args.server_cmd
-    return make_target(spec, engine)
+    return spec
 
 
 def server_report(side: dict[str, Any]) -> str:
@@ -166,19 +165,16 @@ def server_report(side: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> None:
     from workbench.bench.join import server_side
     from workbench.bench.metrics import summary_table
-    from workbench.bench.runner import run, run_sync
+    from workbench.bench.server_process import run_variant
 
     args = _parser().parse_args(argv)
     engine = _kv(args.engine, "--engine")
     workload = _workload(args)
     arrival = parse_arrivals(args.arrivals, args.seed, args.max_concurrency)
-    target, lifecycle = _target(args, engine)
-    with lifecycle:  # a --server-cmd server lives exactly as long as this block
-        try:
-            result = run(target, workload, arrival, cache_state=args.cache_state,
-                         warmup_requests=args.warmup_requests, max_duration_s=args.max_duration)
-        finally:
-            run_sync(target.stop)
+    result, target = run_variant(_target_spec(args), engine, workload, arrival,
+                                 cache_state=args.cache_state,
+                                 warmup_requests=args.warmup_requests,
+                                 max_duration_s=args.max_duration)
     metrics = result.metrics() if result.duration_s > 0 else {}
     side = server_side(result, target) if result.target.get("kind") == "http" else None
     print(summary_table(metrics) if metrics else "no measured requests")

@@ -148,6 +148,9 @@ class OpenAITarget(Target):
         except httpx.HTTPError as e:
             raise RuntimeError(f"no OpenAI-compatible server at {self.base_url}: "
                                f"{type(e).__name__}: {e}") from e
+        if resp.status_code in (401, 403):
+            raise RuntimeError(f"{self.base_url}/models answered {resp.status_code}: pass "
+                               "api_key (or set OPENAI_API_KEY) for this server")
         if resp.status_code == 200:
             self.served_models = list(resp.json().get("data") or [])
             self._resolve_model([str(m.get("id")) for m in self.served_models])
@@ -267,8 +270,11 @@ class OpenAITarget(Target):
             except httpx.HTTPError as e:
                 logger.warning("POST %s failed: %s", self.root + path, e)
                 return False
-            if resp.status_code == 200:
-                return True
+            if resp.status_code == 200:  # workbench serve: {"success": false} when it could not
+                try:
+                    return bool(resp.json().get("success", True))
+                except (ValueError, AttributeError):
+                    return True  # vLLM: an empty 200
             if resp.status_code not in (404, 405):
                 return False
         return False

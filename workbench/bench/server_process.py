@@ -97,18 +97,25 @@ class ServerProcess:
         atexit.register(self.stop)
         logger.info("started server pid %d: %s (log %s)", self.proc.pid,
                     shlex.join(self.command), self.log_path)
+        try:
+            self._wait_ready(t_launch)
+        except BaseException:  # not ready, or Ctrl-C while waiting: no orphan either way
+            self.stop()
+            raise
+        return self
+
+    def _wait_ready(self, t_launch: float) -> None:
+        assert self.proc is not None
         deadline = t_launch + self.ready_timeout_s
         while True:
             code = self.proc.poll()
             if code is not None:
-                self.stop()
                 raise RuntimeError(f"server command exited with code {code} before it was "
                                    f"ready: {shlex.join(self.command)}\n{self.log_tail()}")
             if _healthy(self.health_url):
                 self.ready_s = time.perf_counter() - t_launch
-                return self
+                return
             if time.perf_counter() > deadline:
-                self.stop()
                 raise RuntimeError(f"server not ready at {self.health_url} after "
                                    f"{self.ready_timeout_s} s (stopped it): "
                                    f"{shlex.join(self.command)}\n{self.log_tail()}")
@@ -269,3 +276,19 @@ def make_target(target_spec: dict[str, Any], engine_config: dict[str, Any]
                           **{k: target_spec[k] for k in keys if k in target_spec})
     return target, (server if server is not None else contextlib.nullcontext())
 
+
+
+def run_variant(target_spec: dict[str, Any], engine_config: dict[str, Any], workload: Any,
+                arrival: Any, **run_kw: Any) -> tuple[Any, Any]:
+    """One measured run of one variant: build the target (`make_target`), start its server,
+    `runner.run(...)`, stop the target, then the server. Returns (RunResult, target); the
+    target still answers server_series() / server_rows() for `join.log_server_side`."""
+    from workbench.bench.runner import run, run_sync
+
+    target, lifecycle = make_target(target_spec, engine_config)
+    with lifecycle:
+        try:
+            result = run(target, workload, arrival, **run_kw)
+        finally:
+            run_sync(target.stop)
+    return result, target

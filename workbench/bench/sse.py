@@ -6,17 +6,23 @@ functions of (payloads, times): tested without a server.
 
 Rules (vLLM `benchmarks/lib/endpoint_request_func.py`, completions and chat):
 - An event with `choices` is a token chunk, even with empty text (a special token, half a
-  UTF-8 character); the first one is TTFT, every later one adds one ITL gap. Exception: when
-  the server streams usage per chunk (`continuous_usage_stats`), an event that adds no
-  completion token and no text (a role-only or finish-only event) is not a token chunk.
-- Tokens per chunk: the growth of `usage.completion_tokens` when streamed, else 1.
+  UTF-8 character); the first one is TTFT, every later one adds one ITL gap. Exceptions:
+  when the server says how many tokens an event carries (`token_ids` in the choice, or usage
+  streamed per chunk with `continuous_usage_stats`), an event with no token and no text is
+  not a token chunk; a chat event with only `delta.role` is not one either (`workbench serve`
+  sends it before the first token; vLLM sends it together with the first token, so vLLM's
+  own client and this rule agree there).
+- Tokens per chunk: len(`token_ids`), else the growth of `usage.completion_tokens` when
+  streamed, else 1.
 - output_tokens = the last `usage.completion_tokens` (the final usage event of
   `stream_options: {include_usage: true}`); prompt_tokens = `usage.prompt_tokens` when given.
   Without any usage, output_tokens = the number of token chunks.
 - end_s = the last token chunk (vLLM's `latency`), not [DONE].
 - Success = at least one token chunk and no error event.
-- Server-side durations (seconds) are read from any event that carries them, top level or in
-  a `server_timing` / `timings` / `metrics` object (`workbench serve`'s final chunk).
+- Server-side durations are read from any event that carries them, top level or in a
+  `metrics` object (`workbench serve`'s last chunk, in ms: queue_time_ms,
+  arrival_to_first_token_ms, prefill_time_ms, decode_time_ms, e2e_latency_ms) or a
+  `server_timing` / `timings` object (seconds); see SERVER_FIELDS.
 """
 
 from __future__ import annotations
@@ -27,15 +33,21 @@ from typing import Any
 
 from workbench.bench.metrics import RequestRecord
 
-# RequestRecord field -> names a server may use for it (seconds) in a streamed event.
-SERVER_FIELDS: dict[str, tuple[str, ...]] = {
-    "server_queue_s": ("server_queue_s", "queue_s", "queue_time_s", "queue_time"),
-    "server_prefill_s": ("server_prefill_s", "prefill_s", "prefill_time_s", "prefill_time"),
-    "server_decode_s": ("server_decode_s", "decode_s", "decode_time_s", "decode_time"),
-    "server_ttft_s": ("server_ttft_s", "ttft_s", "first_token_latency_s", "ttft"),
-    "server_e2e_s": ("server_e2e_s", "e2e_s", "e2e_latency_s", "e2e"),
+# RequestRecord field -> (name, seconds per unit) a server may use for it in an event.
+# `workbench serve` (and vLLM's per-request `metrics` object) send milliseconds; there
+# `time_to_first_token_ms` counts from first scheduled, i.e. it is the prefill time.
+SERVER_FIELDS: dict[str, tuple[tuple[str, float], ...]] = {
+    "server_queue_s": (("server_queue_s", 1.0), ("queue_s", 1.0), ("queue_time_s", 1.0),
+                       ("queue_time_ms", 1e-3)),
+    "server_prefill_s": (("server_prefill_s", 1.0), ("prefill_s", 1.0),
+                         ("prefill_time_ms", 1e-3), ("time_to_first_token_ms", 1e-3)),
+    "server_decode_s": (("server_decode_s", 1.0), ("decode_s", 1.0), ("decode_time_ms", 1e-3)),
+    "server_ttft_s": (("server_ttft_s", 1.0), ("ttft_s", 1.0),
+                      ("arrival_to_first_token_ms", 1e-3)),
+    "server_e2e_s": (("server_e2e_s", 1.0), ("e2e_s", 1.0), ("e2e_latency_s", 1.0),
+                     ("e2e_latency_ms", 1e-3)),
 }
-SERVER_CONTAINERS = ("server_timing", "server_timings", "timings", "metrics", "server")
+SERVER_CONTAINERS = ("metrics", "server_timing", "server_timings", "timings")
 
 
 class SSEDecoder:
@@ -71,10 +83,10 @@ def server_fields(event: dict[str, Any]) -> dict[str, float]:
     nested = [event[c] for c in SERVER_CONTAINERS if isinstance(event.get(c), dict)]
     for src in [event, *nested]:
         for field, names in SERVER_FIELDS.items():
-            for name in names:
+            for name, scale in names:
                 v = src.get(name)
                 if isinstance(v, int | float) and not isinstance(v, bool):
-                    found.setdefault(field, float(v))
+                    found.setdefault(field, float(v) * scale)
                     break
     return found
 
@@ -124,15 +136,22 @@ class StreamParser:
                 self.record.prompt_tokens = int(usage["prompt_tokens"])
 
     def _choice(self, c: dict[str, Any], usage: dict[str, Any] | None, now: float) -> None:
-        text = (c.get("delta") or {}).get("content") if self.chat else c.get("text")
-        n = 1
+        delta = c.get("delta") or {}
+        text = delta.get("content") if self.chat else c.get("text")
+        n: int | None = None  # tokens in this event, when the server says
+        if isinstance(c.get("token_ids"), list):
+            n = len(c["token_ids"])
         if usage is not None and usage.get("completion_tokens") is not None:
             ct = int(usage["completion_tokens"])
-            n, self._usage_ct = ct - (self._usage_ct or 0), ct
+            n, self._usage_ct = (ct - (self._usage_ct or 0) if n is None else n), ct
         if c.get("finish_reason"):
             self.info["finish_reason"] = c["finish_reason"]
-        if n <= 0 and not text:
-            return  # streamed usage shows this event carried no token
+        if n is not None and n <= 0 and not text:
+            return  # the server shows this event carried no token
+        if n is None and self.chat and "role" in delta and not text and not c.get(
+                "finish_reason"):
+            return  # the chat role chunk, sent before any token by some servers
+        n = 1 if n is None else n
         r = self.record
         if r.first_token_s is None:
             r.first_token_s = now

@@ -58,7 +58,8 @@ class ExperimentResult:
 
 
 def resolve_model(target: dict[str, Any]) -> str:
-    model = str(target.get("model", "bundled"))
+    """The local folder whose tokenizer builds the workload (http targets: `tokenizer`)."""
+    model = str(target.get("tokenizer", target.get("model", "bundled")))
     if model == "bundled":
         from workbench.demo import bundled_checkpoint
 
@@ -125,6 +126,8 @@ def run_experiment(
                       f"repeat {repeat + 1}/{template.repeats}", flush=True)
             runs.append(_run_one(template, store, parent, model, workload, arrival, slo,
                                  label, value, repeat, preflight, checksum, profile))
+    # The quality gate replays golden prompts through the in-process engine on the same
+    # folder: meaningful for in-process targets and `workbench serve`.
     quality = _quality(template, model, workload) if template.quality_gate else {}
     base = [r.metrics for r in runs if r.label == BASELINE and r.error is None]
     var: dict[Any, list[dict[str, float]]] = {}
@@ -175,7 +178,7 @@ def _run_one(
     profile: str | None = None,
 ) -> RunRecord:
     from workbench.bench.runner import run, run_sync
-    from workbench.bench.targets import InProcessTarget
+    from workbench.bench.server_process import make_target
 
     config = template.baseline if value is None else template.variant_config(value)
     run_id = store.create_run(f"{template.variable_name}={label} r{repeat}", parent_id=parent,
@@ -185,19 +188,24 @@ def _run_one(
                                     "hardware_fingerprint": preflight["fingerprint"]})
     store.log_params(run_id, {"engine": config, "workload": template.workload,
                               "arrivals": template.arrivals, "cache_state": template.cache_state,
-                              "model": model, "repeat": repeat})
+                              "target": template.target, "model": model, "repeat": repeat})
     record = RunRecord(label, value, repeat, run_id)
     result = None
     target = None
     try:
         if workload.checksum != checksum:
             raise RuntimeError("the workload changed between runs (checksum mismatch)")
-        target = InProcessTarget(model, engine_kwargs=config)
-        with tempfile.TemporaryDirectory() as tmp:
+        # in-process: a fresh engine per run; http: the server command (engine knobs as
+        # flags) started before the run and stopped after it.
+        target, lifecycle = make_target(template.target, config)
+        with lifecycle, tempfile.TemporaryDirectory() as tmp:
             trace = Path(tmp) / "torch_trace.json"
-            with torch_trace(str(trace)) if profile == "torch" else contextlib.nullcontext():
-                result = run(target, workload, arrival, cache_state=template.cache_state,
-                             warmup_requests=template.warmup_requests)
+            try:
+                with torch_trace(str(trace)) if profile == "torch" else contextlib.nullcontext():
+                    result = run(target, workload, arrival, cache_state=template.cache_state,
+                                 warmup_requests=template.warmup_requests)
+            finally:
+                run_sync(target.stop)  # the target before its server
             if trace.exists():
                 store.log_artifact(run_id, trace)
         if result.error:
@@ -212,15 +220,15 @@ def _run_one(
         record.error = f"{type(e).__name__}: {e}"
         store.log_files(run_id, {"error.txt": traceback.format_exc()})
     finally:
-        if target is not None:
-            run_sync(target.stop)
         if result is not None:
-            _log_run_artifacts(store, run_id, result, record.metrics)
+            _log_run_artifacts(store, run_id, result, record.metrics, target)
         store.finish(run_id, failed=record.error is not None)
     return record
 
 
-def _log_run_artifacts(store: Any, run_id: str, result: Any, metrics: dict[str, float]) -> None:
+def _log_run_artifacts(
+    store: Any, run_id: str, result: Any, metrics: dict[str, float], target: Any = None
+) -> None:
     from workbench.bench.metrics import records_frame, summary_table
 
     files: dict[str, str | bytes] = {
@@ -239,6 +247,10 @@ def _log_run_artifacts(store: Any, run_id: str, result: Any, metrics: dict[str, 
                          ["running", "waiting", "kv_cache_usage_perc", "prefill_tokens",
                           "decode_tokens"])
         store.log_metrics(run_id, phase_shares(result.step_trace))
+    if (result.target or {}).get("kind") == "http":
+        from workbench.bench.join import log_server_side
+
+        log_server_side(store, run_id, result, target)
     store.log_files(run_id, files)
 
 

@@ -86,7 +86,8 @@ class Generation:
     def start(self) -> None:
         """Hand the requests to the engine (call inside the running loop, before deltas()).
 
-        Raises AsyncEngineError when the engine loop is not serving; then nothing is added.
+        Raises AsyncEngineError when the engine loop is not serving (requests already added
+        are aborted).
         """
         assert not self._started, "start() is called once"
         self._started = True

@@ -3,19 +3,21 @@
 Place in the flow: body (size-capped) -> protocol.parse_request -> inputs.build_requests ->
 generate.Generation -> a JSON body, or server-sent events `data: {chunk}` ... `data: [DONE]`.
 
-Streaming: one chunk per engine step that released text for a choice (chat: a first chunk
-per choice with `delta.role`); with `stream_options.include_usage` a last chunk with
-`choices: []` and `usage`; the last chunk before `[DONE]` carries the per-request `metrics`
-object (see `responses.py`). With `return_token_ids: true` every chunk's choice also has the
-`token_ids` it covers (a chunk is then sent for every step, text or not). A client that
-disconnects mid-stream (or mid non-streaming request) aborts its engine requests, which frees
-their KV blocks. The response id is the client's `x-request-id` header when given, otherwise
-`cmpl-<hex>` / `chatcmpl-<hex>`; it is echoed in the `x-request-id` response header.
+Streaming: one chunk per engine step that released text for a choice (chat: just before a
+choice's first text, a chunk with `delta.role` and empty content, as vLLM does); with
+`stream_options.include_usage` a last chunk with `choices: []` and `usage`; the last chunk
+before `[DONE]` carries the per-request `metrics` object (see `responses.py`). With
+`return_token_ids: true` every chunk's choice also has the `token_ids` it covers (a chunk is
+then sent for every step, text or not). A client that disconnects mid-stream (or mid
+non-streaming request) aborts its engine requests, which frees their KV blocks. The response
+id is the client's `x-request-id` header when given, otherwise `cmpl-<hex>` /
+`chatcmpl-<hex>`; it is echoed in the `x-request-id` response header.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -28,6 +30,7 @@ from starlette.types import Receive, Scope, Send
 
 from workbench.engine.async_engine import AsyncEngine, AsyncEngineError
 from workbench.engine.llm_engine import LLMEngine
+from workbench.engine.request import Request as EngineRequest
 from workbench.server import inputs
 from workbench.server import responses as R
 from workbench.server.generate import Delta, Generation
@@ -69,8 +72,6 @@ def request_id(request: Request, prefix: str) -> str:
 
 async def read_json(request: Request, limit: int) -> Any:
     """The body as JSON; 413 past `limit` bytes (checked while reading), 400 if malformed."""
-    import json
-
     declared = request.headers.get("content-length")
     too_big = APIError(f"the request body is larger than the limit of {limit} bytes", 413)
     if declared is not None and declared.isdigit() and int(declared) > limit:
@@ -83,7 +84,7 @@ async def read_json(request: Request, limit: int) -> Any:
         chunks.append(chunk)
     try:
         return json.loads(b"".join(chunks))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError, nesting
         raise APIError(f"the request body is not valid JSON: {e}") from None
 
 
@@ -126,7 +127,7 @@ async def create_chat_completion(request: Request) -> Response:
 
 async def _serve(
     request: Request, s: ServingState, req: CompletionRequest | ChatCompletionRequest,
-    reqs: list[Any], rid: str, chat: bool,
+    reqs: list[EngineRequest], rid: str, chat: bool,
 ) -> Response:
     gen = Generation(s.engine, s.llm_engine.tokenizer, reqs, req.n, req.stop_strings,
                      req.skip_special_tokens, s.metrics)
@@ -139,7 +140,7 @@ async def _serve(
     headers = {"x-request-id": rid}
     if req.stream:
         body = _stream(s, gen, req, rid, chat)
-        return _SSEResponse(body, media_type="text/event-stream", headers=headers)
+        return _SSEResponse(body, gen, media_type="text/event-stream", headers=headers)
     watcher = asyncio.create_task(_abort_on_disconnect(request, gen))
     try:
         async for _ in gen.deltas():
@@ -180,15 +181,16 @@ async def _stream(
     created, model = int(time.time()), s.model_name
     with_ids = bool(req.return_token_ids)
     remaining = len(gen.seqs)
+    announced: set[int] = set()
     try:
-        if chat:
-            for q in gen.seqs:
-                first = R.chat_delta_choice(q.index, {"role": "assistant", "content": ""},
-                                            None, None)
-                yield R.sse(R.envelope(kind, rid, created, model, [first]))
         async for d in gen.deltas():
             if not (d.text or d.finished or (with_ids and d.token_ids)):
                 continue
+            if chat and d.seq.index not in announced:  # vLLM: with the first output
+                announced.add(d.seq.index)
+                role = {"role": "assistant", "content": ""}
+                yield R.sse(R.envelope(kind, rid, created, model,
+                                       [R.chat_delta_choice(d.seq.index, role, None, None)]))
             extra: dict[str, Any] = {}
             if req.continuous_usage:
                 extra["usage"] = _usage(gen)
@@ -228,7 +230,12 @@ async def _abort_on_disconnect(request: Request, gen: Generation) -> None:
 
 
 class _SSEResponse(StreamingResponse):
-    """A StreamingResponse that always closes its generator, so a disconnect aborts at once."""
+    """A StreamingResponse that always closes its generator and aborts what is unfinished, so
+    a client that goes away (even before the first byte) frees its blocks at once."""
+
+    def __init__(self, content: AsyncIterator[str], gen: Generation, **kw: Any) -> None:
+        super().__init__(content, **kw)
+        self.gen = gen
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -237,3 +244,4 @@ class _SSEResponse(StreamingResponse):
             aclose = getattr(self.body_iterator, "aclose", None)
             if aclose is not None:
                 await aclose()
+            self.gen.abort()

@@ -1,0 +1,76 @@
+"""`workbench serve`: engine knobs as vLLM-spelled flags, one clear error, a real process."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from workbench.server.serve import engine_knobs, parse_args
+
+
+def test_every_engine_knob_is_a_flag(model_dir: Path) -> None:
+    names = {name for name, _, _ in engine_knobs()}
+    assert {"max_num_batched_tokens", "block_size", "enable_prefix_caching", "dtype",
+            "max_model_len", "max_num_seqs", "num_gpu_blocks_override", "kv_cache_memory_bytes",
+            "enable_chunked_prefill", "long_prefill_token_threshold", "policy",
+            "seed"} <= names
+    args, config = parse_args([
+        "--model", str(model_dir), "--max-num-batched-tokens", "128", "--block-size", "8",
+        "--no-enable-prefix-caching", "--dtype", "float32", "--max-model-len", "128",
+        "--max-num-seqs", "4", "--num-gpu-blocks-override", "40", "--no-enable-chunked-prefill",
+        "--long-prefill-token-threshold", "0", "--policy", "priority", "--seed", "7",
+        "--port", "9999", "--api-key", "k",
+    ])
+    sc, cc, mc = config.scheduler_config, config.cache_config, config.model_config
+    assert (sc.max_num_batched_tokens, sc.max_num_seqs, sc.policy) == (128, 4, "priority")
+    assert sc.enable_chunked_prefill is False and cc.enable_prefix_caching is False
+    assert (cc.block_size, cc.num_gpu_blocks_override) == (8, 40)
+    assert (mc.dtype, mc.max_model_len, mc.seed) == ("float32", 128, 7)
+    assert (args.host, args.port, args.api_key) == ("127.0.0.1", 9999, "k")
+    _, default = parse_args([str(model_dir)])
+    assert default.cache_config.enable_prefix_caching is True
+
+
+def test_bad_knob_is_one_clear_error(model_dir: Path, capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as e:
+        parse_args(["--model", str(model_dir), "--block-size", "3"])
+    assert e.value.code == 2
+    assert "block_size (3) must be one of" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_args([])
+
+
+def test_serve_process_answers_the_openai_client(model_dir: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "workbench.server.serve", "--model", str(model_dir),
+         "--max-model-len", "128", "--num-gpu-blocks-override", "64", "--port", str(port),
+         "--served-model-name", "tiny", "--api-key", "k", "--log-level", "warning"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
+            try:
+                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="k", max_retries=0)
+        c = client.completions.create(model="tiny", prompt="hello", max_tokens=3,
+                                      extra_body={"ignore_eos": True})
+        assert c.usage.completion_tokens == 3
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
