@@ -296,8 +296,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"- {r.name}: load {r.load_s:.1f}s; runs {[round(t, 2) for t in r.run_s]}s; "
               f"{r.notes}")
     if args.json:
-        doc = {"cpu": cpu_summary(), "checkpoint": str(ckpt), "workload_sha256": checksum(reqs), "seed": args.seed,
-               "gflops": gflops, "roofline_output_tok_s": roof.output_tok_s,
+        doc = {"cpu": cpu_summary(), "checkpoint": str(ckpt), "seed": args.seed,
+               "workload_sha256": checksum(reqs), "runs": args.runs, "gflops": gflops,
+               "roofline_output_tok_s": roof.output_tok_s,
                "roofline_gflop": roof.total_flops / 1e9,
                "results": [{**{k: v for k, v in asdict(r).items() if k != "token_ids"},
                             "output_tok_s": r.output_tok_s, "total_tok_s": r.total_tok_s,

@@ -1,14 +1,18 @@
 """Engine statistics under vLLM's metric names, and the per-step trace.
 
 Counters only grow; gauges are the value after the latest step. `snapshot()` is what
-`LLM.stats()` returns. The step trace is one row per engine step (a list of dicts, ready for
-`pandas.DataFrame`).
+`LLM.stats()` returns. The step trace is one row per engine step (the newest
+MAX_STEP_TRACE_ROWS are kept; `LLM.step_trace()` gives dicts ready for `pandas.DataFrame`).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
+
+# A long-running server steps forever: keep the newest rows only (about 20 MB at most).
+MAX_STEP_TRACE_ROWS = 100_000
 
 COUNTERS = (
     "vllm:num_preemptions",
@@ -45,7 +49,9 @@ class StepRecord:
 class EngineStats:
     counters: dict[str, float] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
     gauges: dict[str, float] = field(default_factory=lambda: dict.fromkeys(GAUGES, 0.0))
-    step_trace: list[StepRecord] = field(default_factory=list)
+    step_trace: deque[StepRecord] = field(
+        default_factory=lambda: deque(maxlen=MAX_STEP_TRACE_ROWS)
+    )
     num_steps: int = 0
     engine_time_s: float = 0.0  # summed step durations
 

@@ -26,6 +26,7 @@ exposed as `<name>_total`; `_created` samples are disabled as vLLM does (process
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Iterator
 from typing import Any
 
@@ -146,12 +147,14 @@ class ServerMetrics:
             self._live = await asyncio.wait_for(asyncio.wrap_future(fut), timeout_s)
         except Exception:  # noqa: BLE001 - a timeout or a stopped engine: last-step gauges
             self._live = {}
-        trace = self.engine.engine.stats.step_trace
-        if len(trace) < self._steps_seen:
+        stats = self.engine.engine.stats
+        total = stats.num_steps
+        if total < self._steps_seen:
             self._steps_seen = 0
-        for rec in trace[self._steps_seen:]:
+        new = min(total - self._steps_seen, len(stats.step_trace))  # the trace is bounded
+        for rec in list(itertools.islice(reversed(stats.step_trace), new))[::-1]:
             self.iteration_tokens.observe(rec.prefill_tokens + rec.decode_tokens)
-        self._steps_seen = len(trace)
+        self._steps_seen = total
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

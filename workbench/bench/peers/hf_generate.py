@@ -11,9 +11,20 @@ that take the offline workload and return each request's greedy token ids.
 * `generate_batch` (continuous batching): the manager API of transformers 5.24,
   `model.init_continuous_batching(...)` then `add_request(ids, max_new_tokens=n)` per request,
   so each request stops at its own length (`model.generate_batch(inputs)` takes one
-  `max_new_tokens` for all). Best configuration measured on the bench workload (2 cores, fp32):
-  see `CB_BEST`; block sharing (prefix caching) is off so repeated timed runs do not hit
-  the cache, matching vLLM's reset between runs.
+  `max_new_tokens` for all). Block sharing (prefix caching) is off so repeated timed runs do
+  not hit the cache, matching vLLM's reset between runs; the flash decode path (CUDA only)
+  is off. On CPU its attention is one varlen SDPA call over every request's gathered KV with
+  a dense [query tokens, all keys] mask, so a decode step costs ~batch^2: at 64 requests the
+  attention is ~6x the matmul FLOPs, at 16 about equal. Hence `CB_BEST` caps the batch at 16
+  requests. Tuning on the bench workload (64 requests, fp32, 2 AVX-512 cores, one run each,
+  "others" = CPU share other processes used meanwhile; this machine is shared and noisy):
+
+    attention    page  max_batch_tokens  max_requests  output tok/s  others
+    sdpa           64               512            64           230      2%
+    sdpa           64               256            16      293, 176   2%, 1%
+    sdpa           64               128             8           214      4%
+    sdpa          256              1024            64           220      1%
+    paged|eager    64               512            64           104      8%
 """
 
 from __future__ import annotations
@@ -28,9 +39,9 @@ import torch
 
 from workbench.bench.offline_workload import OfflineRequest
 
-# Measured best on the bench workload (see module docstring).
+# Measured best on the bench workload (see the module docstring).
 CB_BEST: dict[str, Any] = {"attn_implementation": "sdpa", "page_size": 64,
-                           "max_batch_tokens": 512, "max_requests": 64}
+                           "max_batch_tokens": 256, "max_requests": 16}
 
 
 def load_hf_model(ckpt_dir: str | Path, attn_implementation: str = "sdpa") -> Any:
