@@ -104,3 +104,41 @@ def test_fingerprint_change_warns(tmp_path: Path) -> None:
     assert _fingerprint_warning(store, "aaa") is None
     with pytest.warns(RuntimeWarning, match=r"fingerprint bbb differs .*\(aaa, run "):
         assert _fingerprint_warning(store, "bbb") is not None
+
+
+def test_http_experiment_starts_a_server_per_run(tmp_path: Path) -> None:
+    """The shipped HTTP template, shrunk: `workbench serve` per run, knob as a flag."""
+    import socket
+    import sys
+
+    from workbench.demo import bundled_checkpoint
+    from workbench.experiments.template import load_template
+
+    root = Path(__file__).parents[2]
+    raw = load_template(root / "experiments" / "chunked_prefill_budget_http.yaml").raw
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    raw["target"].update(
+        base_url=f"http://127.0.0.1:{port}/v1", poll_interval_s=0.05,
+        command=[sys.executable, "-m", "workbench.server.serve", "--model",
+                 str(bundled_checkpoint()), "--port", str(port), "--log-level", "warning"])
+    raw["workload"]["params"] = {"num_requests": 4}
+    raw.update(repeats=1, warmup_requests=1,
+               variable={"name": "max_num_batched_tokens", "values": [64]})
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    result = run_experiment(parse_template(raw), uri=uri, progress=False)
+    assert [r.error for r in result.runs] == [None, None]
+    client = MlflowClient(tracking_uri=uri)
+    run = client.get_run(result.runs[1].run_id)
+    assert run.data.params["engine.max_num_batched_tokens"] == "64"
+    assert run.data.metrics["completed"] == 4
+    # Server-side histogram deltas (seed 002's Δsum/Δcount) beside the client metrics.
+    assert run.data.metrics["server.vllm/e2e_request_latency_seconds_count"] == 4
+    assert run.data.metrics["server.vllm/e2e_request_latency_seconds/mean_delta"] > 0
+    summary = Path(client.download_artifacts(run.info.run_id, "summary.json", str(tmp_path)))
+    client_tokens = json.loads(summary.read_text())["metrics"]["total_output_tokens"]
+    assert run.data.metrics["server.vllm/generation_tokens_total"] == client_tokens
+    assert run.data.tags["server_count_check"] == "ok"
+    arts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"client_server_join.csv", "server_delta.json", "requests.csv"} <= arts
