@@ -514,6 +514,20 @@ def test_against_workbench_serve(tmp_path: Any, caplog: pytest.LogCaptureFixture
     assert frame["matched"].all() and (frame["ttft_overhead_ms"] > 0).all()
     assert side["series"] and "kv_cache_usage_perc" in side["series"][0]
     assert "reset_prefix_cache() after the warm-up returned False" not in caplog.text
+    # The same workload in-process: the report puts client TTFT beside server TTFT, so the
+    # HTTP (and queue) overhead is visible.
+    from workbench.bench.targets import InProcessTarget
+
+    local = InProcessTarget(ckpt, engine_kwargs=config)
+    try:
+        inproc = run(local, w, ArrivalSpec(mode="closed", concurrency=4), warmup_requests=1)
+    finally:
+        run_sync(local.stop)
+    table = overhead_table(inproc, res)
+    assert table.loc["in-process", "requests"] == table.loc["http", "requests"] == 8
+    for row in ("in-process", "http"):
+        assert table.loc[row, "median_client_ttft_ms"] >= table.loc[row, "median_server_ttft_ms"]
+        assert table.loc[row, "median_ttft_overhead_ms"] >= 0
 
 
 def test_cold_cache_state_restarts_the_server_process(fake: tuple[FakeOpenAI, str]) -> None:
