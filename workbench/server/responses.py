@@ -78,43 +78,38 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dic
     }
 
 
+def _choice(
+    index: int, body: dict[str, Any], finish_reason: str | None,
+    stop_reason: int | str | None, token_ids: list[int] | None,
+) -> dict[str, Any]:
+    """One choice: `body` ({"text"} / {"message"} / {"delta"}) plus the common fields."""
+    choice: dict[str, Any] = {"index": index, **body, "logprobs": None,
+                              "finish_reason": finish_reason, "stop_reason": stop_reason}
+    if token_ids is not None:
+        choice["token_ids"] = token_ids
+    return choice
+
+
 def completion_choice(
     index: int, text: str, finish_reason: str | None, stop_reason: int | str | None,
     token_ids: list[int] | None = None,
 ) -> dict[str, Any]:
-    choice: dict[str, Any] = {
-        "index": index, "text": text, "logprobs": None,
-        "finish_reason": finish_reason, "stop_reason": stop_reason,
-    }
-    if token_ids is not None:
-        choice["token_ids"] = token_ids
-    return choice
+    return _choice(index, {"text": text}, finish_reason, stop_reason, token_ids)
 
 
 def chat_choice(
     index: int, text: str, finish_reason: str | None, stop_reason: int | str | None,
     token_ids: list[int] | None = None,
 ) -> dict[str, Any]:
-    choice: dict[str, Any] = {
-        "index": index, "message": {"role": "assistant", "content": text},
-        "logprobs": None, "finish_reason": finish_reason, "stop_reason": stop_reason,
-    }
-    if token_ids is not None:
-        choice["token_ids"] = token_ids
-    return choice
+    body = {"message": {"role": "assistant", "content": text}}
+    return _choice(index, body, finish_reason, stop_reason, token_ids)
 
 
 def chat_delta_choice(
     index: int, delta: dict[str, Any], finish_reason: str | None,
     stop_reason: int | str | None, token_ids: list[int] | None = None,
 ) -> dict[str, Any]:
-    choice: dict[str, Any] = {
-        "index": index, "delta": delta, "logprobs": None,
-        "finish_reason": finish_reason, "stop_reason": stop_reason,
-    }
-    if token_ids is not None:
-        choice["token_ids"] = token_ids
-    return choice
+    return _choice(index, {"delta": delta}, finish_reason, stop_reason, token_ids)
 
 
 def envelope(
