@@ -142,3 +142,10 @@ def test_http_experiment_starts_a_server_per_run(tmp_path: Path) -> None:
     assert run.data.tags["server_count_check"] == "ok"
     arts = {a.path for a in client.list_artifacts(run.info.run_id)}
     assert {"client_server_join.csv", "server_delta.json", "requests.csv"} <= arts
+
+
+def test_parent_run_has_the_sweep_plot(experiment: tuple[Any, str]) -> None:
+    result, uri = experiment
+    client = MlflowClient(tracking_uri=uri)
+    assert [a.path for a in client.list_artifacts(result.parent_run_id, "plots")] == [
+        "plots/sweep.png"]

@@ -149,10 +149,39 @@ def run_experiment(
         "verdict.md": f"# {template.name}\n\n{template.question}\n\n{table}\n",
         "verdicts.json": json.dumps([v.as_dict() for v in verdicts], indent=2, default=str),
     })
+    _log_sweep_plot(store, parent, template, runs)
     store.set_tags(parent, {"adopted": "none" if adopted is None else str(adopted)})
     store.finish(parent, failed=not base)
     return ExperimentResult(template.name, parent, store.uri, checksum, runs, verdicts, table,
                             adopted)
+
+
+def _log_sweep_plot(store: Any, parent: str, template: Template, runs: list[RunRecord]) -> None:
+    """plots/sweep.png on the parent run: the objective and a tail against the variable
+    (median line, band = range of repeats). A plotting failure only warns."""
+    name = template.variable_name
+    base_value = template.baseline.get(name, BASELINE)
+    rows = [{name: base_value if r.value is None else r.value, **r.metrics}
+            for r in runs if r.error is None]
+    objective = template.objective.metric
+    other = "p95_ttft_ms" if objective != "p95_ttft_ms" else "output_throughput"
+    if not rows or not all(objective in r and other in r for r in rows):
+        return
+    try:
+        import pandas as pd
+
+        from workbench.analysis.plots import save, sweep_tradeoff
+
+        frame = pd.DataFrame(rows)
+        if frame[name].map(type).nunique() > 1 or frame[name].dtype == bool:
+            frame[name] = frame[name].astype(str)
+        fig = sweep_tradeoff(frame, x=name, ys=(objective, other),
+                             title=f"{template.name}: {name}")
+        with tempfile.TemporaryDirectory() as tmp:
+            store.log_artifact(parent, save(fig, Path(tmp) / "sweep.png"), "plots")
+    except Exception as e:  # noqa: BLE001 - the numbers are logged already
+        warnings.warn(f"could not draw the sweep plot: {type(e).__name__}: {e}",
+                      RuntimeWarning, stacklevel=2)
 
 
 def _fingerprint_warning(store: Any, fingerprint: str) -> str | None:

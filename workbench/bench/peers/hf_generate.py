@@ -16,15 +16,17 @@ that take the offline workload and return each request's greedy token ids.
   is off. On CPU its attention is one varlen SDPA call over every request's gathered KV with
   a dense [query tokens, all keys] mask, so a decode step costs ~batch^2: at 64 requests the
   attention is ~6x the matmul FLOPs, at 16 about equal. Hence `CB_BEST` caps the batch at 16
-  requests. Tuning on the bench workload (64 requests, fp32, 2 AVX-512 cores, one run each,
-  "others" = CPU share other processes used meanwhile; this machine is shared and noisy):
+  requests. Tuning on the bench workload (64 requests, fp32, 2 AVX-512 cores; only runs
+  during which other processes used <= 4% of the CPUs; this machine is shared and noisy):
 
-    attention    page  max_batch_tokens  max_requests  output tok/s  others
-    sdpa           64               512            64           230      2%
-    sdpa           64               256            16      293, 176   2%, 1%
-    sdpa           64               128             8           214      4%
-    sdpa          256              1024            64           220      1%
-    paged|eager    64               512            64           104      8%
+    attention    page  max_batch_tokens  max_requests  output tok/s
+    sdpa           64               512            16  303, 279
+    sdpa           64               256            16  293, 291, 234, 176
+    sdpa           64               256            32  282, 274
+    sdpa           64               512            64  258, 230
+    sdpa          256              1024            64  220
+    sdpa           64               128             8  214
+    paged|eager    64               512            64  104 (8% others)
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from workbench.bench.offline_workload import OfflineRequest
 
 # Measured best on the bench workload (see the module docstring).
 CB_BEST: dict[str, Any] = {"attn_implementation": "sdpa", "page_size": 64,
-                           "max_batch_tokens": 256, "max_requests": 16}
+                           "max_batch_tokens": 512, "max_requests": 16}
 
 
 def load_hf_model(ckpt_dir: str | Path, attn_implementation: str = "sdpa") -> Any:
