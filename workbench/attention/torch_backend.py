@@ -2,10 +2,11 @@
 
 Per layer: (1) scatter the new K/V rows into the cache at `slot_mapping`; (2) attend.
 
-    decodes  (query_len == 1): one batched gather of every decode sequence's blocks
-             kv_cache[0].view(num_blocks, -1)[block_tables[d, :nb]] -> [n, nb*bs, Hkv, D],
-             then one SDPA with q viewed as [n, Hkv, G, D] (GQA group = the "query" axis) and
-             a [n, 1, 1, nb*bs] mask `pos < seq_len` hiding the padded tail;
+    decodes  (query_len == 1): sorted longest context first and cut into chunks of about
+             DECODE_CHUNK_BYTES of K+V; each chunk does one batched gather of its sequences'
+             blocks, kv_cache[0].view(num_blocks, -1)[block_tables[d, :nb]] ->
+             [n, nb*bs, Hkv, D] with nb its own longest context, then one SDPA with q viewed
+             as [n, Hkv, G, D] (GQA group = the "query" axis) and a mask `pos < seq_len`;
     prefills (query_len > 1): per sequence, gather its ceil(seq_len / bs) blocks and run SDPA
              with enable_gqa; is_causal when the context is just the query, else an explicit
              bottom-right causal mask (query j sits at seq_len - query_len + j).
@@ -36,9 +37,11 @@ DECODE_CHUNK_BYTES = 4 << 20
 class _DecodePlan:
     rows: slice | torch.Tensor  # rows of the flat batch holding the decode tokens
     num_seqs: int
-    block_ids: torch.Tensor  # [num_seqs * num_blocks] int64
-    num_blocks: int  # blocks gathered per sequence (covers the longest decode context)
+    tables: torch.Tensor  # [num_seqs, num_blocks] block ids, sequences longest first
+    num_blocks: int  # blocks of the longest decode context
+    nbs: list[int]  # blocks each sequence needs, longest first (chunks gather only these)
     mask: torch.Tensor  # [num_seqs, 1, 1, num_blocks * block_size] bool, True = attend
+    order: torch.Tensor | None  # sorted position j holds decode sequence order[j]; None = same
 
 
 @dataclass
@@ -86,18 +89,27 @@ def build_plan(md: AttentionMetadata, block_size: int) -> _Plan:
     dec = [i for i, q in enumerate(md.query_lens_cpu) if q == 1]
     decode = None
     if dec:
-        nb = blocks_for(max(md.seq_lens_cpu[i] for i in dec))
-        all_seqs = len(dec) == md.num_seqs
-        idx = None if all_seqs else torch.tensor(dec, dtype=torch.long, device=device)
-        tables = md.block_tables if idx is None else md.block_tables.index_select(0, idx)
-        seq_lens = md.seq_lens if idx is None else md.seq_lens.index_select(0, idx)
+        # Longest context first: a chunk of sequences then gathers only as many blocks as
+        # its own longest member needs, not the batch's longest.
+        lens = [md.seq_lens_cpu[i] for i in dec]
+        perm = sorted(range(len(dec)), key=lambda j: -lens[j])
+        identity = perm == list(range(len(dec)))
+        nb = blocks_for(lens[perm[0]])
+        if identity and len(dec) == md.num_seqs:
+            tables, seq_lens = md.block_tables[:, :nb], md.seq_lens
+        else:
+            idx = torch.tensor([dec[j] for j in perm], dtype=torch.long, device=device)
+            tables = md.block_tables.index_select(0, idx)[:, :nb]
+            seq_lens = md.seq_lens.index_select(0, idx)
         pos = torch.arange(nb * block_size, device=device)
         decode = _DecodePlan(
             rows=_rows([starts[i] for i in dec], device),
             num_seqs=len(dec),
-            block_ids=tables[:, :nb].reshape(-1),
+            tables=tables,
             num_blocks=nb,
+            nbs=[-(-lens[j] // block_size) for j in perm],
             mask=(pos[None, :] < seq_lens[:, None]).view(len(dec), 1, 1, -1),
+            order=None if identity else torch.tensor(perm, dtype=torch.long, device=device),
         )
     prefills = []
     for i, q_len in enumerate(md.query_lens_cpu):
@@ -222,30 +234,32 @@ class TorchAttentionBackend(AttentionBackend):
         """query [n, Hq, D] (one token per sequence) -> [n, Hq, D], in chunks of sequences whose
         gathered K+V fit DECODE_CHUNK_BYTES, so each chunk is still in cache when SDPA reads it."""
         n, num_heads, head_dim = query.shape
-        nb, block_numel = dp.num_blocks, k_blocks.shape[1]
-        ctx = nb * block_numel // (num_kv_heads * head_dim)
-        chunk = n
-        if query.device.type == "cpu":
-            per_seq = 2 * nb * block_numel * k_blocks.element_size()
-            chunk = max(1, min(n, DECODE_CHUNK_BYTES // per_seq))
-        kbuf, vbuf = self._scratch(chunk * nb, k_blocks)
+        block_numel = k_blocks.shape[1]
+        block_size = block_numel // (num_kv_heads * head_dim)
+        limit = DECODE_CHUNK_BYTES if query.device.type == "cpu" else None
         # q head h reads kv head h // group: the group is SDPA's "query length" axis
         q = query.reshape(n, num_kv_heads, num_heads // num_kv_heads, head_dim)
-        out = torch.empty_like(q) if chunk < n else None
-        for s in range(0, n, chunk):
-            e = min(s + chunk, n)
-            ids = dp.block_ids[s * nb : e * nb]
-            k = torch.index_select(k_blocks, 0, ids, out=kbuf[: (e - s) * nb])
-            v = torch.index_select(v_blocks, 0, ids, out=vbuf[: (e - s) * nb])
-            o = F.scaled_dot_product_attention(
+        if dp.order is not None:
+            q = q.index_select(0, dp.order)
+        out = torch.empty_like(q)
+        s = 0
+        while s < n:
+            nb = dp.nbs[s]  # the longest context of this chunk (sequences are sorted)
+            per_seq = 2 * nb * block_numel * k_blocks.element_size()
+            e = n if limit is None else min(n, s + max(1, limit // per_seq))
+            kbuf, vbuf = self._scratch((e - s) * nb, k_blocks)
+            ids = dp.tables[s:e, :nb].reshape(-1)
+            k = torch.index_select(k_blocks, 0, ids, out=kbuf)
+            v = torch.index_select(v_blocks, 0, ids, out=vbuf)
+            ctx = nb * block_size
+            out[s:e] = F.scaled_dot_product_attention(
                 q[s:e],
                 k.view(e - s, ctx, num_kv_heads, head_dim).transpose(1, 2),
                 v.view(e - s, ctx, num_kv_heads, head_dim).transpose(1, 2),
-                attn_mask=dp.mask[s:e],
+                attn_mask=dp.mask[s:e, :, :, :ctx],
                 scale=scale,
             )
-            if out is None:
-                return o.reshape(n, num_heads, head_dim)
-            out[s:e] = o
-        assert out is not None
+            s = e
+        if dp.order is not None:
+            out = torch.empty_like(out).index_copy_(0, dp.order, out)
         return out.reshape(n, num_heads, head_dim)
