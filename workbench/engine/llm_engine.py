@@ -18,9 +18,12 @@ from workbench.config import EngineConfig
 from workbench.engine.model_runner import ModelRunner
 from workbench.engine.request import Request, RequestStatus
 from workbench.engine.scheduler import Scheduler
+from workbench.engine.scheduler_output import SchedulerOutput
 from workbench.engine.stats import EngineStats, StepRecord
 from workbench.models.tokenizer import load_tokenizer
 from workbench.sampling_params import SamplingParams
+from workbench.spec_decode.draft_model import DraftModelProposer
+from workbench.spec_decode.ngram import NgramProposer
 
 PromptType = str | list[int] | dict[str, Any]
 DEFAULT_CPU_KV_BYTES = 4 << 30  # like vLLM-CPU's VLLM_CPU_KVCACHE_SPACE default (4 GiB)
@@ -33,9 +36,21 @@ class LLMEngine:
         self.max_model_len: int = mc.max_model_len  # type: ignore[assignment]
         self.tokenizer = load_tokenizer(mc.model)
         self.runner = ModelRunner(config)
+        spec = config.speculative_config
+        assert not isinstance(spec, dict)
+        self.ngram: NgramProposer | None = None
+        self.drafter: DraftModelProposer | None = None
+        lookahead = 0
+        if spec is not None and spec.method == "ngram":
+            self.ngram = NgramProposer(spec, self.max_model_len)
+        elif spec is not None:
+            self.drafter = DraftModelProposer(config)
+            lookahead = spec.num_speculative_tokens
         self.num_blocks = self._size_kv_pool()
         self.runner.allocate_kv_cache(self.num_blocks)
-        self.scheduler = Scheduler(sc, cc, self.num_blocks)
+        if self.drafter is not None:
+            self.drafter.allocate_kv_cache(self.num_blocks)
+        self.scheduler = Scheduler(sc, cc, self.num_blocks, num_lookahead_tokens=lookahead)
         self.stats = EngineStats()
         self.vocab_size = int(mc.hf_config["vocab_size"])
         eos = self.tokenizer.eos_token_id
@@ -43,9 +58,15 @@ class LLMEngine:
         self._ids = itertools.count()
 
     # ----------------------------------------------------------------- memory
+    @property
+    def bytes_per_block(self) -> int:
+        """KV bytes one block id costs: the target's layers, plus the draft model's."""
+        draft = self.drafter.bytes_per_block if self.drafter is not None else 0
+        return self.runner.bytes_per_block + draft
+
     def _size_kv_pool(self) -> int:
         cc, sc = self.config.cache_config, self.config.scheduler_config
-        bpb = self.runner.bytes_per_block
+        bpb = self.bytes_per_block
         bs = cc.block_size
         if cc.num_gpu_blocks_override is not None:
             num_blocks, source = cc.num_gpu_blocks_override, "num_gpu_blocks_override"
@@ -74,9 +95,11 @@ class LLMEngine:
     def memory_readout(self) -> dict[str, float]:
         bs = self.config.cache_config.block_size
         usable = self.num_blocks - 1
-        bpb = self.runner.bytes_per_block
+        bpb = self.bytes_per_block
+        draft_weights = self.drafter.runner.weight_bytes if self.drafter is not None else 0
         return {
-            "weight_bytes": self.runner.weight_bytes,
+            "weight_bytes": self.runner.weight_bytes + draft_weights,
+            "draft_weight_bytes": draft_weights,
             "kv_bytes": self.num_blocks * bpb,
             "bytes_per_block": bpb,
             "kv_bytes_per_token": bpb // bs,
@@ -161,12 +184,24 @@ class LLMEngine:
             with profiling.range("scheduler.schedule"):
                 out = sched.schedule()
             sampled = self.runner.execute_model(out)
+            outputs_before = {r.request_id: r.num_output_tokens for r in out.scheduled_requests}
             with profiling.range("scheduler.update"):
                 progressed, finished = sched.update_from_output(out, sampled)
+            if self.ngram is not None or self.drafter is not None:
+                with profiling.range("spec_decode.propose"):
+                    self._propose(out, progressed)
+        stats = self.stats
+        spec_drafted = spec_accepted = 0
+        for rid, drafts in out.scheduled_spec_decode_tokens.items():
+            accepted = len(sampled[rid]) - 1
+            stats.record_spec(len(drafts), accepted)
+            spec_drafted += len(drafts)
+            spec_accepted += accepted
         c = self.stats.counters
         for req in progressed:
-            c["vllm:generation_tokens"] += len(sampled[req.request_id])
-            if req.num_output_tokens == len(sampled[req.request_id]) and req.parent_id is None:
+            before = outputs_before[req.request_id]
+            c["vllm:generation_tokens"] += req.num_output_tokens - before  # stops truncate
+            if before == 0 and req.parent_id is None:
                 c["vllm:prompt_tokens"] += req.num_prompt_tokens
         for req in finished:
             self.runner.sampler.forget(req.request_id)
@@ -181,8 +216,17 @@ class LLMEngine:
             running=len(sched.running), waiting=len(sched.waiting),
             kv_cache_usage_perc=sched.kv_cache_manager.usage,
             preemptions=sched.num_preemptions_last_step,
+            spec_draft_tokens=spec_drafted, spec_accepted_tokens=spec_accepted,
         ))
         return progressed
+
+    def _propose(self, out: SchedulerOutput, progressed: list[Request]) -> None:
+        """Drafts for every running request that just received tokens (verified next step)."""
+        drafting = [r for r in progressed if r.status == RequestStatus.RUNNING]
+        if self.ngram is not None:
+            self.ngram.propose(drafting)
+        elif self.drafter is not None:
+            self.drafter.propose(out, drafting)
 
     def reset_prefix_cache(self) -> bool:
         return self.scheduler.kv_cache_manager.reset_prefix_cache()

@@ -77,7 +77,7 @@ class ModelRunner:
         if out.is_empty:
             return {}
         if out.blocks_to_copy:
-            self._copy_blocks(out.blocks_to_copy)
+            self.copy_blocks(out.blocks_to_copy)
         with nvtx_range("model_runner.prepare_inputs"):
             input_ids, positions, meta, logits_idx, to_sample = self.prepare_inputs(out)
         with nvtx_range(f"model_runner.forward prefill={out.num_prefill_tokens} "
@@ -85,12 +85,17 @@ class ModelRunner:
             hidden = self.model(input_ids, positions, meta)
         if not to_sample:
             return {}
+        spec = out.scheduled_spec_decode_tokens
         with nvtx_range("model_runner.sample"):
             logits = self.model.compute_logits(hidden[logits_idx])
-            tokens = self.sampler(logits, to_sample)
-        return {r.request_id: [t] for r, t in zip(to_sample, tokens, strict=True)}
+            if not spec:
+                tokens = self.sampler(logits, to_sample)
+                return {r.request_id: [t] for r, t in zip(to_sample, tokens, strict=True)}
+            drafts = [spec.get(r.request_id, []) for r in to_sample]
+            accepted = self.sampler.verify(logits, to_sample, drafts)
+        return {r.request_id: a for r, a in zip(to_sample, accepted, strict=True)}
 
-    def _copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         src = torch.tensor([s for s, _ in pairs], device=self.device)
         dst = torch.tensor([d for _, d in pairs], device=self.device)
         for cache in self.kv_caches:
@@ -101,11 +106,9 @@ class ModelRunner:
     ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor, list[Request]]:
         reqs = out.scheduled_requests
         num_sched = out.num_scheduled_tokens
-        bs = self.block_size
         token_ids: list[int] = []
         starts: list[int] = []
         q_lens: list[int] = []
-        seq_lens: list[int] = []
         to_sample: list[Request] = []
         logits_idx: list[int] = []
         total = 0
@@ -119,17 +122,37 @@ class ModelRunner:
                     token_ids.append(all_ids[start])
                 else:
                     token_ids.extend(all_ids[start:end])
-            else:  # speculative tokens follow the confirmed ones
+            else:  # draft tokens follow the confirmed ones (scheduler trimmed them to fit)
                 token_ids.extend(all_ids[start:])
-                token_ids.extend(req.spec_token_ids[: end - len(all_ids)])
+                token_ids.extend(out.scheduled_spec_decode_tokens[req.request_id])
             starts.append(start)
             q_lens.append(n)
-            seq_lens.append(end)
             total += n
             if end >= len(all_ids):
                 to_sample.append(req)
-                logits_idx.append(total - 1)
-        num_reqs = len(reqs)
+                if end == len(all_ids):
+                    logits_idx.append(total - 1)
+                else:  # the last confirmed token and every draft are scored
+                    logits_idx.extend(range(total - 1 - (end - len(all_ids)), total))
+        input_ids, positions, meta = self.build_batch(
+            token_ids, starts, q_lens, [out.block_ids[r.request_id] for r in reqs]
+        )
+        logits_rows = torch.tensor(logits_idx, dtype=torch.int64, device=self.device)
+        return input_ids, positions, meta, logits_rows, to_sample
+
+    def build_batch(
+        self,
+        token_ids: list[int],
+        starts: list[int],
+        q_lens: list[int],
+        block_ids: list[list[int]],
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        """Flat batch tensors: sequence i brings q_lens[i] tokens (consecutive in token_ids)
+        at positions starts[i].., its KV slots from block_ids[i]."""
+        bs = self.block_size
+        num_reqs = len(q_lens)
+        total = len(token_ids)
+        seq_lens = [s + q for s, q in zip(starts, q_lens, strict=True)]
         q_arr = np.asarray(q_lens, dtype=np.int64)
         cu = np.zeros(num_reqs + 1, dtype=np.int64)
         np.cumsum(q_arr, out=cu[1:])
@@ -140,8 +163,7 @@ class ModelRunner:
         max_seq_len = max(seq_lens)
         width = cdiv(max_seq_len, bs)
         table = np.zeros((num_reqs, width), dtype=np.int64)
-        for i, req in enumerate(reqs):
-            ids = out.block_ids[req.request_id]
+        for i, ids in enumerate(block_ids):
             k = min(len(ids), width)
             table[i, :k] = ids[:k]
         slots = table[req_idx, positions // bs] * bs + positions % bs
@@ -151,7 +173,7 @@ class ModelRunner:
             query_start_loc=torch.from_numpy(cu).to(dev),
             seq_lens=torch.tensor(seq_lens, dtype=torch.int64, device=dev),
             block_tables=torch.from_numpy(table).to(dev),
-            query_lens_cpu=q_lens,
+            query_lens_cpu=list(q_lens),
             seq_lens_cpu=seq_lens,
             max_query_len=max(q_lens),
             max_seq_len=max_seq_len,
@@ -160,6 +182,4 @@ class ModelRunner:
             torch.tensor(token_ids, dtype=torch.int64, device=dev),
             torch.from_numpy(positions).to(dev),
             meta,
-            torch.tensor(logits_idx, dtype=torch.int64, device=dev),
-            to_sample,
         )

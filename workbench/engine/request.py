@@ -5,7 +5,8 @@ number of new tokens, `num_tokens - num_computed_tokens` (plus speculative token
 
     all_token_ids:   | prompt_token_ids ............ | output_token_ids ... |
     num_computed_tokens:  tokens whose KV is in the cache
-    spec_token_ids:  draft tokens proposed for the next step (not part of all_token_ids)
+    spec_token_ids:  draft tokens proposed for the next step (not part of all_token_ids);
+                     verified next step, then cleared (rejected ones roll back)
 """
 
 from __future__ import annotations
@@ -14,8 +15,12 @@ import enum
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from workbench.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    import torch
 
 
 class RequestStatus(enum.IntEnum):
@@ -63,6 +68,8 @@ class Request:
         "num_computed_tokens",
         "num_cached_tokens",
         "spec_token_ids",
+        "spec_token_probs",
+        "num_draft_computed_tokens",
         "status",
         "priority",
         "cache_salt",
@@ -96,6 +103,11 @@ class Request:
         self.num_computed_tokens = 0
         self.num_cached_tokens = -1  # prefix-cache hit tokens at first schedule; -1 = unknown
         self.spec_token_ids: list[int] = []
+        # Draft-model distributions the drafts were sampled from ([k, vocab]); None = one-hot
+        # drafts (n-gram, or a greedy request).
+        self.spec_token_probs: torch.Tensor | None = None
+        # Tokens whose KV the draft model holds (draft-model speculation only).
+        self.num_draft_computed_tokens = 0
         self.status = RequestStatus.WAITING
         self.priority = priority
         self.cache_salt = cache_salt

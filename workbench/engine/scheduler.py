@@ -33,8 +33,12 @@ class Scheduler:
         scheduler_config: SchedulerConfig,
         cache_config: CacheConfig,
         num_blocks: int,
+        num_lookahead_tokens: int = 0,
     ) -> None:
         self.config = scheduler_config
+        # Draft-model speculation: slots for the k draft positions the draft model writes
+        # after this step, allocated ahead (vLLM's num_lookahead_tokens).
+        self.num_lookahead_tokens = num_lookahead_tokens
         self.max_model_len = scheduler_config.max_model_len
         self.kv_cache_manager = KVCacheManager(
             num_blocks=num_blocks,
@@ -86,7 +90,9 @@ class Scheduler:
         max_model_len = self.max_model_len
         running = self.running
         block_ids = out.block_ids
-        decodes = 0
+        spec_out = out.scheduled_spec_decode_tokens
+        lookahead = self.num_lookahead_tokens
+        decode_tokens = 0
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
@@ -101,18 +107,23 @@ class Scheduler:
             if num_new <= 0:
                 i += 1
                 continue
-            while kv.allocate_slots(req, num_new) is None:
+            num_spec = num_computed + num_new - len(req.all_token_ids)
+            if num_spec > 0:  # drafts that fit the budget are verified; the rest dropped
+                spec_out[req.request_id] = req.spec_token_ids[:num_spec]
+            while kv.allocate_slots(req, num_new, num_lookahead_tokens=lookahead) is None:
                 victim = self._pick_victim()
                 if victim.request_id in num_sched:  # only possible under the priority policy
                     budget += num_sched.pop(victim.request_id)
                     scheduled.remove(victim)
                     del block_ids[victim.request_id]
+                    spec_out.pop(victim.request_id, None)
                     i -= 1
                 self._preempt(victim)
                 preempted.append(victim)
                 if victim is req:
                     break
             if req.status != RequestStatus.RUNNING:
+                spec_out.pop(req.request_id, None)
                 break  # the request preempted itself: nothing left to take blocks from
             scheduled.append(req)
             num_sched[req.request_id] = num_new
@@ -128,8 +139,8 @@ class Scheduler:
         prefill_tokens = 0
         for j, req in enumerate(scheduled):
             n = num_sched[req.request_id]
-            if n == 1 and req.num_computed_tokens >= len(req.prompt_token_ids):
-                decodes += 1
+            if req.num_computed_tokens >= len(req.prompt_token_ids):
+                decode_tokens += n  # one token, plus any drafts being verified
             else:
                 prefill_tokens += n
             if j >= num_running_scheduled:
@@ -137,7 +148,7 @@ class Scheduler:
                 if req.times.first_scheduled is None:
                     req.times.first_scheduled = now
         out.num_prefill_tokens = prefill_tokens
-        out.num_decode_tokens = decodes
+        out.num_decode_tokens = decode_tokens
         out.blocks_to_copy = kv.take_copy_ops()
         out.preempted_request_ids = [r.request_id for r in preempted]
         self.num_preemptions_last_step = len(preempted)
@@ -160,12 +171,16 @@ class Scheduler:
                 if not cfg.enable_chunked_prefill:
                     break  # block scheduling: the whole prompt must fit in one step
                 num_new = budget
-            if kv.allocate_slots(req, num_new, computed_blocks, num_computed) is None:
+            if kv.allocate_slots(
+                req, num_new, computed_blocks, num_computed, self.num_lookahead_tokens
+            ) is None:
                 break
             self.waiting.pop()
             self.running.append(req)
             req.status = RequestStatus.RUNNING
             req.num_computed_tokens += num_computed
+            # Prefix-hit blocks hold the draft model's KV too (it runs on every computed token).
+            req.num_draft_computed_tokens = req.num_computed_tokens
             if req.num_cached_tokens < 0:
                 req.num_cached_tokens = num_computed
             out.scheduled_requests.append(req)
@@ -184,6 +199,8 @@ class Scheduler:
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
         req.spec_token_ids = []
+        req.spec_token_probs = None
+        req.num_draft_computed_tokens = 0
         req.num_preemptions += 1
         self.waiting.prepend(req)
 
@@ -198,17 +215,27 @@ class Scheduler:
         """Apply one forward's results. Returns (requests that got tokens, finished ones).
 
         `sampled` holds, for each request whose computed tokens reached its end this step,
-        the accepted token ids (one without speculation). A request mid-prefill gets none.
+        the accepted token ids (one without speculation; accepted drafts + one with it). A
+        request mid-prefill gets none. Rejected drafts roll back: num_computed_tokens counts
+        only the scheduled tokens whose KV matches the confirmed tokens.
         """
         now = time.perf_counter()
         progressed: list[Request] = []
         finished: list[Request] = []
         max_model_len = self.max_model_len
         num_sched = out.num_scheduled_tokens
+        spec = out.scheduled_spec_decode_tokens
         for req in out.scheduled_requests:
             rid = req.request_id
-            req.num_computed_tokens += num_sched[rid]
             new = sampled.get(rid)
+            num_rejected = 0
+            if req.spec_token_ids:
+                req.spec_token_ids = []
+                req.spec_token_probs = None
+                drafts = spec.get(rid)
+                if drafts and new:
+                    num_rejected = len(drafts) + 1 - len(new)
+            req.num_computed_tokens += num_sched[rid] - num_rejected
             if not new:
                 continue
             token_times = req.times.token_times
@@ -257,6 +284,7 @@ class Scheduler:
             child.times.first_scheduled = parent.times.first_scheduled
             self.kv_cache_manager.fork(parent, child)
             child.num_computed_tokens = parent.num_prompt_tokens - 1
+            child.num_draft_computed_tokens = child.num_computed_tokens
             child.num_cached_tokens = parent.num_cached_tokens
             self.requests[child.request_id] = child
             self.waiting.prepend(child)

@@ -14,6 +14,8 @@ class SchedulerOutput:
     scheduled_requests: in batch order (running requests first, then newly admitted ones).
     num_scheduled_tokens: request_id -> new tokens to compute this step (incl. spec tokens).
     block_ids: request_id -> the request's whole block table (block ids in order).
+    scheduled_spec_decode_tokens: request_id -> the draft tokens verified this step (the
+        request's spec_token_ids, trimmed to the budget); only requests with drafts appear.
     blocks_to_copy: copy-on-write operations (src block id, dst block id) to run before the
         forward pass.
     """
@@ -21,6 +23,7 @@ class SchedulerOutput:
     scheduled_requests: list[Request] = field(default_factory=list)
     num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
     block_ids: dict[str, list[int]] = field(default_factory=dict)
+    scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
     blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
     preempted_request_ids: list[str] = field(default_factory=list)
     num_prefill_tokens: int = 0

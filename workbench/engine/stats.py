@@ -21,7 +21,11 @@ COUNTERS = (
     "vllm:prompt_tokens",
     "vllm:generation_tokens",
     "vllm:request_success",
+    "vllm:spec_decode_num_drafts",
+    "vllm:spec_decode_num_draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens",
 )
+PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
 GAUGES = (
     "vllm:num_requests_running",
     "vllm:num_requests_waiting",
@@ -40,6 +44,8 @@ class StepRecord:
     waiting: int
     kv_cache_usage_perc: float
     preemptions: int  # preemptions that happened in this step
+    spec_draft_tokens: int = 0  # draft tokens verified in this step
+    spec_accepted_tokens: int = 0  # of which accepted
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -54,6 +60,20 @@ class EngineStats:
     )
     num_steps: int = 0
     engine_time_s: float = 0.0  # summed step durations
+    # vLLM's per-position acceptance counter: [i] = drafts whose position i was accepted.
+    spec_accepted_per_pos: list[int] = field(default_factory=list)
+
+    def record_spec(self, num_draft_tokens: int, num_accepted: int) -> None:
+        """One request's verification: num_draft_tokens drafts, the first num_accepted kept."""
+        c = self.counters
+        c["vllm:spec_decode_num_drafts"] += 1
+        c["vllm:spec_decode_num_draft_tokens"] += num_draft_tokens
+        c["vllm:spec_decode_num_accepted_tokens"] += num_accepted
+        per_pos = self.spec_accepted_per_pos
+        if len(per_pos) < num_draft_tokens:
+            per_pos.extend([0] * (num_draft_tokens - len(per_pos)))
+        for i in range(num_accepted):
+            per_pos[i] += 1
 
     def record_step(self, record: StepRecord) -> None:
         self.num_steps += 1
@@ -64,12 +84,37 @@ class EngineStats:
         self.gauges["vllm:kv_cache_usage_perc"] = record.kv_cache_usage_perc
         self.step_trace.append(record)
 
-    def snapshot(self) -> dict[str, float]:
-        out: dict[str, float] = {}
+    def snapshot(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
         out.update(self.counters)
         out.update(self.gauges)
         q = self.counters["vllm:prefix_cache_queries"]
         out["prefix_cache_hit_rate"] = self.counters["vllm:prefix_cache_hits"] / q if q else 0.0
         out["num_steps"] = self.num_steps
+        if self.counters["vllm:spec_decode_num_drafts"]:
+            out.update(spec_summary(
+                int(self.counters["vllm:spec_decode_num_drafts"]),
+                int(self.counters["vllm:spec_decode_num_draft_tokens"]),
+                int(self.counters["vllm:spec_decode_num_accepted_tokens"]),
+                self.spec_accepted_per_pos,
+            ))
         out["engine_time_s"] = self.engine_time_s
         return out
+
+
+def spec_summary(
+    num_drafts: int, num_draft_tokens: int, num_accepted: int, per_pos: list[int]
+) -> dict[str, Any]:
+    """Seed 002's read-out of the spec-decode counters: acceptance rate, mean acceptance
+    length (1 + accepted / drafts) and the accepted-length distribution (P(len = i), i = 0..k)
+    reconstructed from the per-position counters."""
+    from workbench.calc import accepted_length_distribution, mean_acceptance_length
+
+    return {
+        PER_POS: list(per_pos),
+        "spec_decode_acceptance_rate": num_accepted / num_draft_tokens if num_draft_tokens else 0.0,
+        "spec_decode_mean_acceptance_length": mean_acceptance_length(num_drafts, num_accepted),
+        "spec_decode_accepted_length_distribution": (
+            accepted_length_distribution(num_drafts, per_pos) if per_pos else [1.0]
+        ),
+    }

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from workbench.engine.request import Request
+from workbench.spec_decode.rejection_sampler import greedy_verify, rejection_sample
 
 
 class Sampler:
@@ -77,11 +78,42 @@ class Sampler:
             logits = logits.masked_fill(drop, float("-inf"))
         return logits.softmax(dim=-1)
 
+    def verify(
+        self, logits: torch.Tensor, requests: list[Request], drafts: list[list[int]]
+    ) -> list[list[int]]:
+        """Speculative verification. Request i owns len(drafts[i]) + 1 consecutive rows of
+        logits (the target at its last confirmed token and at each draft); returns its
+        accepted drafts plus one token (the correction, or the bonus when all are accepted).
+        Greedy requests accept while draft == argmax; sampled ones use the rejection sampler
+        with q = the request's spec_token_probs (draft model) or one-hot (n-gram)."""
+        row_reqs = [r for r, d in zip(requests, drafts, strict=True) for _ in range(len(d) + 1)]
+        offsets = [j for d in drafts for j in range(len(d) + 1)]
+        self._apply_min_tokens(logits, row_reqs, offsets)
+        argmax = logits.argmax(dim=-1).tolist()
+        out: list[list[int]] = []
+        row = 0
+        for req, draft in zip(requests, drafts, strict=True):
+            n = len(draft) + 1
+            if req.sampling_params.greedy:
+                out.append(greedy_verify(draft, argmax[row : row + n]))
+            else:
+                probs = self.sampling_probs(logits[row : row + n], [req] * n)
+                q = req.spec_token_probs
+                out.append(rejection_sample(
+                    draft, probs, None if q is None else q[: len(draft)], self._generator(req)
+                ))
+            row += n
+        return out
+
     @staticmethod
-    def _apply_min_tokens(logits: torch.Tensor, requests: list[Request]) -> None:
+    def _apply_min_tokens(
+        logits: torch.Tensor, requests: list[Request], offsets: list[int] | None = None
+    ) -> None:
+        """Ban EOS/stop ids on rows whose token would come before min_tokens (row i's token
+        would be output number num_output_tokens + offsets[i])."""
         for i, r in enumerate(requests):
             params = r.sampling_params
-            if r.num_output_tokens >= params.min_tokens:
+            if r.num_output_tokens + (offsets[i] if offsets else 0) >= params.min_tokens:
                 continue
             banned = list(params.stop_token_ids)
             if r.eos_token_id is not None:

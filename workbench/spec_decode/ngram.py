@@ -1,0 +1,62 @@
+"""N-gram (prompt lookup) proposer, vLLM's semantics.
+
+For each n from prompt_lookup_max down to prompt_lookup_min, look for an earlier occurrence
+of the context's last n tokens (context = prompt + output so far). The longest n that matches
+wins; among its matches the earliest one is used, and the up-to-k tokens that followed it are
+the draft (fewer when the context ends sooner). k is capped so the request cannot pass
+max_model_len, and (here, to avoid verifying tokens that can never be emitted) so that
+accepted drafts plus the bonus token stay within the request's max_tokens.
+
+    context  [a b c d x y b c d]      n = 3: suffix [b c d] found at 1 -> draft [x y b c d][:k]
+
+n-gram drafts are one-hot: q = 1 at the draft token, so the rejection sampler accepts with
+probability p(draft).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from workbench.config import SpeculativeConfig
+from workbench.engine.request import Request
+
+
+def propose_ngram(
+    tokens: np.ndarray, min_n: int, max_n: int, k: int
+) -> list[int]:
+    """Draft for one context (1-D int array); [] when no n-gram in [min_n, max_n] recurs."""
+    total = tokens.shape[0]
+    if k <= 0 or total < min_n + 1:
+        return []
+    for n in range(min(max_n, total - 1), min_n - 1, -1):
+        suffix = tokens[total - n:]
+        windows = sliding_window_view(tokens[: total - 1], n)  # starts 0 .. total-1-n
+        hits = np.flatnonzero((windows == suffix).all(axis=1))
+        if hits.size:
+            start = int(hits[0]) + n
+            return tokens[start : start + k].tolist()
+    return []
+
+
+class NgramProposer:
+    def __init__(self, config: SpeculativeConfig, max_model_len: int) -> None:
+        assert config.prompt_lookup_min is not None and config.prompt_lookup_max is not None
+        self.min_n = config.prompt_lookup_min
+        self.max_n = config.prompt_lookup_max
+        self.k = config.num_speculative_tokens
+        self.max_model_len = max_model_len
+
+    def max_drafts(self, req: Request) -> int:
+        """k, capped by max_model_len and by what max_tokens still allows."""
+        room_len = self.max_model_len - req.num_tokens
+        room_out = req.max_tokens - req.num_output_tokens - 1
+        return max(0, min(self.k, room_len, room_out))
+
+    def propose(self, requests: list[Request]) -> None:
+        """Set spec_token_ids (and spec_token_probs = None: one-hot) on each request."""
+        for req in requests:
+            k = self.max_drafts(req)
+            tokens = np.asarray(req.all_token_ids, dtype=np.int64)
+            req.spec_token_ids = propose_ngram(tokens, self.min_n, self.max_n, k) if k else []
+            req.spec_token_probs = None
