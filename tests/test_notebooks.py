@@ -50,7 +50,8 @@ def test_every_notebook_is_tested() -> None:
     names = {p.name for p in NOTEBOOKS.glob("*.ipynb")}
     assert names == {"01_quickstart.ipynb", "02_memory_budget.ipynb",
                      "03_chunked_prefill_sweep.ipynb", "04_prefix_caching.ipynb",
-                     "05_saturation.ipynb", "06_compare_runs.ipynb"}
+                     "05_saturation.ipynb", "06_compare_runs.ipynb",
+                     "07_speculative_decoding.ipynb"}
 
 
 def test_01_quickstart_logs_when_given_a_store(tmp_path: Path) -> None:
@@ -124,3 +125,29 @@ def test_06_compare_runs_reads_a_logged_experiment(chunked: dict[str, Any],
     text = text_of(nb)
     assert f"parent run: {parent}" in text and "relative_effect" in text
     assert pngs(figs) == {"compare.png", "ttft_ecdf.png", "itl_ecdf.png"}
+
+
+def test_07_speculative_sweep_over_k_draws_the_curve_from_every_point(tmp_path: Path) -> None:
+    """`workbench sweep -p num_speculative_tokens 0 2` on the bundled model with itself as the
+    draft (every draft accepted): the last point reads both points back from MLflow."""
+    from workbench.analysis import runs_frame
+    from workbench.analysis.spec import sweep_spec_frame
+    from workbench.sweep import sweep
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    rows = sweep(NOTEBOOKS / "07_speculative_decoding.ipynb", "num_speculative_tokens", [0, 2],
+                 fixed={"model": "bundled", "method": "draft_model", "draft_model": "bundled",
+                        "concurrencies": [1], "num_requests": 2, "runs": 1,
+                        "figures_dir": str(tmp_path / "figs")},
+                 experiment="spec-sweep", uri=uri, out_dir=tmp_path, progress=False)
+    assert [r["status"] for r in rows] == ["FINISHED", "FINISHED"]
+    points = runs_frame("spec-sweep", uri)
+    last = points.sort_values("start_time").iloc[-1]["run_id"]
+    curve = sweep_spec_frame(uri, last)
+    assert list(curve["k"]) == [0, 2] and list(curve["concurrency"]) == [1, 1]
+    assert curve.loc[0, "speedup"] == 1.0 and curve.loc[1, "acceptance_rate"] == 1.0
+    first, second = curve.loc[1, "acceptance_by_position"]
+    # every draft accepted; position 1 only lacks the drafts cut to one token by max_tokens
+    assert first == 1.0 and 0.9 < second <= 1.0
+    assert curve.loc[1, "predicted_speedup"] > 1.5
+    assert pngs(tmp_path / "figs") == {"speedup_vs_k.png", "acceptance_by_position.png"}

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from workbench.named_models import resolve_model
+
 SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "LlamaForCausalLM": "llama",
     "Qwen2ForCausalLM": "qwen2",
@@ -33,6 +35,7 @@ class ModelConfig:
     hf_config: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
+        self.model = resolve_model(self.model)
         path = Path(self.model)
         if not path.is_dir():
             raise ValueError(
@@ -234,6 +237,8 @@ class SpeculativeConfig:
                     f"<= prompt_lookup_max ({self.prompt_lookup_max})"
                 )
         else:
+            if self.model is not None:
+                self.model = resolve_model(self.model)
             if self.prompt_lookup_min is not None or self.prompt_lookup_max is not None:
                 raise ValueError(
                     "speculative_config prompt_lookup_min/prompt_lookup_max are only for "

@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 from workbench import LLM, SamplingParams
+from workbench.named_models import resolve_model
 
-BUNDLED = Path(__file__).parent / "assets" / "tiny-llama"
 SYSTEM = (
     "You are a careful serving engineer. Answer with the measured figure, the command that "
     "produced it and what it does not show. "
@@ -30,11 +30,7 @@ TOPICS = [
 
 def bundled_checkpoint() -> Path:
     """The bundled checkpoint; rebuilt deterministically if the folder is missing."""
-    if not (BUNDLED / "config.json").is_file():
-        from workbench.testing import tiny_checkpoint
-
-        tiny_checkpoint(BUNDLED, arch="llama", seed=0)
-    return BUNDLED
+    return Path(resolve_model("bundled"))
 
 
 def make_prompts(n: int, seed: int) -> list[str]:

@@ -96,10 +96,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _model_dir(model: str) -> str | None:
-    if model == "bundled":
-        from workbench.demo import bundled_checkpoint
+    from workbench.named_models import resolve_model
 
-        return str(bundled_checkpoint())
+    model = resolve_model(model)
     return model if Path(model).is_dir() else None
 
 

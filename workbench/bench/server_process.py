@@ -245,12 +245,9 @@ def make_target(target_spec: dict[str, Any], engine_config: dict[str, Any]
     kind = str(target_spec.get("kind", "in-process")).replace("_", "-")
     if kind in ("in-process", "inprocess"):
         from workbench.bench.targets import InProcessTarget
+        from workbench.named_models import resolve_model
 
-        model = str(target_spec.get("model", "bundled"))
-        if model == "bundled":
-            from workbench.demo import bundled_checkpoint
-
-            model = str(bundled_checkpoint())
+        model = resolve_model(str(target_spec.get("model", "bundled")))
         return InProcessTarget(model, engine_kwargs=dict(engine_config)), contextlib.nullcontext()
     if kind not in ("http", "openai"):
         raise ValueError(f"target kind ({kind!r}) must be 'in-process' or 'http'")

@@ -59,12 +59,9 @@ class ExperimentResult:
 
 def resolve_model(target: dict[str, Any]) -> str:
     """The local folder whose tokenizer builds the workload (http targets: `tokenizer`)."""
-    model = str(target.get("tokenizer", target.get("model", "bundled")))
-    if model == "bundled":
-        from workbench.demo import bundled_checkpoint
+    from workbench.named_models import resolve_model as folder_of
 
-        return str(bundled_checkpoint())
-    return model
+    return folder_of(str(target.get("tokenizer", target.get("model", "bundled"))))
 
 
 def build_workload(template: Template, model: str) -> Any:

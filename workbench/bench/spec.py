@@ -1,0 +1,226 @@
+"""`workbench bench spec`: speculative decoding on vs off, measured and predicted (seed 002).
+
+Part 1, n-gram: on the `repetitive` workload (greedy, ignore_eos, each request asks for as
+many tokens as its repeated text), for each concurrency C (engine max_num_seqs = C, all
+requests submitted at once, offline), run the engine without speculation and with
+`{"method": "ngram", "num_speculative_tokens": k}`; per point: median wall time of `--runs`
+timed runs after a warm-up (prefix cache reset before each), output tok/s, the spec-decode
+counters of the last run, acceptance rate, mean acceptance length (1 + accepted / drafts),
+the predicted speed-up from forward-pass counts (`calc.spec_predicted_speedup`: output /
+(output - accepted)) beside the measured one, and whether the output token ids are identical
+to the non-speculative run.
+
+Part 2, draft model: the demo pair (target + draft sharing one tokenizer), concurrency 1,
+k in `--draft-ks`: speed-up vs k and acceptance by position (per-position counter / drafts).
+
+Prints Markdown tables; `--json PATH` writes every point.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+from workbench.calc import spec_predicted_speedup
+
+
+@dataclass
+class SpecPoint:
+    label: str  # "off", "ngram k=5", "draft k=3"
+    concurrency: int
+    run_s: list[float]
+    output_tokens: int
+    num_drafts: int = 0
+    num_draft_tokens: int = 0
+    num_accepted: int = 0
+    accepted_per_pos: list[int] = field(default_factory=list)
+    identical: bool | None = None  # output equal to the "off" point's
+    token_ids: list[list[int]] = field(default_factory=list, repr=False)
+
+    @property
+    def output_tok_s(self) -> float:
+        return self.output_tokens / median(self.run_s)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.num_accepted / self.num_draft_tokens if self.num_draft_tokens else 0.0
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        return 1 + self.num_accepted / self.num_drafts if self.num_drafts else 1.0
+
+    @property
+    def predicted_speedup(self) -> float:
+        if not self.num_drafts:
+            return 1.0
+        return spec_predicted_speedup(self.output_tokens, self.num_drafts, self.num_accepted)
+
+    @property
+    def acceptance_by_position(self) -> list[float]:
+        return [c / self.num_drafts for c in self.accepted_per_pos] if self.num_drafts else []
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("token_ids")
+        d.update(output_tok_s=self.output_tok_s, acceptance_rate=self.acceptance_rate,
+                 mean_acceptance_length=self.mean_acceptance_length,
+                 predicted_speedup=self.predicted_speedup,
+                 acceptance_by_position=self.acceptance_by_position)
+        return d
+
+
+def _spec_counters(stats: dict[str, Any]) -> tuple[int, int, int, list[int]]:
+    return (
+        int(stats.get("vllm:spec_decode_num_drafts", 0)),
+        int(stats.get("vllm:spec_decode_num_draft_tokens", 0)),
+        int(stats.get("vllm:spec_decode_num_accepted_tokens", 0)),
+        list(stats.get("vllm:spec_decode_num_accepted_tokens_per_pos", [])),
+    )
+
+
+def run_point(
+    model: str | Path,
+    prompts: list[list[int]],
+    max_tokens: list[int],
+    concurrency: int,
+    spec: dict[str, Any] | None,
+    runs: int,
+    label: str,
+    engine_kwargs: dict[str, Any] | None = None,
+) -> SpecPoint:
+    """One engine configuration: a warm-up, then `runs` timed runs of the whole prompt list."""
+    from workbench import LLM, SamplingParams
+
+    llm = LLM(model, max_num_seqs=concurrency, speculative_config=spec, **(engine_kwargs or {}))
+    params = [SamplingParams(temperature=0.0, max_tokens=m, ignore_eos=True) for m in max_tokens]
+    warm = min(len(prompts), concurrency)
+    llm.generate(prompts[:warm], params[:warm])
+    times: list[float] = []
+    token_ids: list[list[int]] = []
+    before = after = _spec_counters(llm.stats())
+    for _ in range(runs):
+        llm.reset_prefix_cache()
+        before = _spec_counters(llm.stats())
+        t0 = time.perf_counter()
+        outs = llm.generate(prompts, params)
+        times.append(time.perf_counter() - t0)
+        after = _spec_counters(llm.stats())
+        token_ids = [o.outputs[0].token_ids for o in outs]
+    per_pos = [a - (before[3][i] if i < len(before[3]) else 0) for i, a in enumerate(after[3])]
+    return SpecPoint(
+        label=label, concurrency=concurrency, run_s=times,
+        output_tokens=sum(len(t) for t in token_ids),
+        num_drafts=after[0] - before[0], num_draft_tokens=after[1] - before[1],
+        num_accepted=after[2] - before[2], accepted_per_pos=per_pos, token_ids=token_ids,
+    )
+
+
+def repetitive_requests(model: str | Path, num_requests: int, seed: int
+                        ) -> tuple[list[list[int]], list[int]]:
+    from workbench.bench.workloads import make_workload
+    from workbench.models.tokenizer import load_tokenizer
+    from workbench.named_models import resolve_model
+
+    tok = load_tokenizer(resolve_model(model))
+    wl = make_workload("repetitive", seed, tok, num_requests=num_requests)
+    return [list(r.prompt_token_ids) for r in wl.requests], [r.max_tokens for r in wl.requests]
+
+
+def compare(
+    model: str | Path, prompts: list[list[int]], max_tokens: list[int], concurrency: int,
+    specs: list[tuple[str, dict[str, Any]]], runs: int,
+) -> list[SpecPoint]:
+    """"off" plus each (label, speculative_config) at one concurrency; identical checked."""
+    off = run_point(model, prompts, max_tokens, concurrency, None, runs, "off")
+    points = [off]
+    for label, spec in specs:
+        p = run_point(model, prompts, max_tokens, concurrency, spec, runs, label)
+        p.identical = p.token_ids == off.token_ids
+        points.append(p)
+    return points
+
+
+def table(points: list[SpecPoint]) -> str:
+    rows = ["| concurrency | config | output tok/s | speed-up | predicted | acceptance | "
+            "mean acc. len | drafts | identical |",
+            "|---:|---|---:|---:|---:|---:|---:|---:|---|"]
+    base: dict[int, float] = {p.concurrency: p.output_tok_s for p in points if p.label == "off"}
+    for p in points:
+        speed = p.output_tok_s / base[p.concurrency] if p.concurrency in base else float("nan")
+        ident = "" if p.identical is None else ("yes" if p.identical else "**NO**")
+        rows.append(
+            f"| {p.concurrency} | {p.label} | {p.output_tok_s:.1f} | {speed:.2f}x | "
+            f"{p.predicted_speedup:.2f}x | {p.acceptance_rate:.1%} | "
+            f"{p.mean_acceptance_length:.2f} | {p.num_drafts} | {ident} |"
+        )
+    return "\n".join(rows)
+
+
+def position_table(points: list[SpecPoint]) -> str:
+    k = max((len(p.accepted_per_pos) for p in points), default=0)
+    rows = ["| config | " + " | ".join(f"pos {i}" for i in range(k)) + " |",
+            "|---|" + "---:|" * k]
+    for p in points:
+        if p.num_drafts:
+            acc = p.acceptance_by_position + [float("nan")] * (k - len(p.accepted_per_pos))
+            rows.append(f"| {p.label} | " + " | ".join(f"{a:.1%}" for a in acc) + " |")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> None:
+    from workbench.models.demo import DEMO_DRAFT_DIR, DEMO_TARGET_DIR
+
+    ap = argparse.ArgumentParser(prog="workbench bench spec", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default=str(DEMO_TARGET_DIR), help="target model folder")
+    ap.add_argument("--draft", default=str(DEMO_DRAFT_DIR), help="draft model folder")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
+    ap.add_argument("-k", "--num-speculative-tokens", type=int, default=5)
+    ap.add_argument("--prompt-lookup-min", type=int, default=2)
+    ap.add_argument("--prompt-lookup-max", type=int, default=5)
+    ap.add_argument("--draft-ks", type=int, nargs="*", default=[1, 2, 3, 5])
+    ap.add_argument("--num-requests", type=int, default=None,
+                    help="default: max(8, 2 x concurrency) per concurrency")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--json", type=Path, default=None)
+    args = ap.parse_args(argv)
+
+    k = args.num_speculative_tokens
+    ngram = {"method": "ngram", "num_speculative_tokens": k,
+             "prompt_lookup_min": args.prompt_lookup_min,
+             "prompt_lookup_max": args.prompt_lookup_max}
+    all_points: list[SpecPoint] = []
+    print(f"## n-gram k={k} vs off, repetitive workload, {Path(args.model).name}, "
+          f"medians of {args.runs}\n", flush=True)
+    for c in args.concurrency:
+        n = args.num_requests or max(8, 2 * c)
+        prompts, max_tokens = repetitive_requests(args.model, n, args.seed)
+        all_points += compare(args.model, prompts, max_tokens, c, [(f"ngram k={k}", ngram)],
+                              args.runs)
+        print(table([p for p in all_points if p.concurrency == c]), flush=True)
+    ng = [p for p in all_points if p.label.startswith("ngram")]
+    print("\nn-gram acceptance by position:\n" + position_table(ng))
+    draft_points: list[SpecPoint] = []
+    if args.draft_ks:
+        n = args.num_requests or 8
+        prompts, max_tokens = repetitive_requests(args.model, n, args.seed)
+        specs = [(f"draft k={dk}", {"method": "draft_model", "model": args.draft,
+                                    "num_speculative_tokens": dk}) for dk in args.draft_ks]
+        draft_points = compare(args.model, prompts, max_tokens, 1, specs, args.runs)
+        print(f"\n## draft model {Path(args.draft).name} -> {Path(args.model).name}, "
+              "concurrency 1\n")
+        print(table(draft_points))
+        print("\ndraft-model acceptance by position:\n" + position_table(draft_points[1:]))
+    if args.json:
+        args.json.write_text(json.dumps(
+            {"ngram": [p.to_dict() for p in all_points],
+             "draft_model": [p.to_dict() for p in draft_points]}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

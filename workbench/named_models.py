@@ -1,0 +1,33 @@
+"""Model folders the workbench ships, by name: anywhere a model folder is asked for
+(`LLM(model=...)`, `speculative_config["model"]`, templates' `target.model`, `--model`),
+these names work too.
+
+    bundled      workbench/assets/tiny-llama    random 2-layer Llama, for tests and plumbing
+    demo         workbench/assets/demo-target   trained on Python's stdlib (issue 5's pair)
+    demo-draft   workbench/assets/demo-draft    its smaller draft, same tokenizer
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+ASSETS_DIR = Path(__file__).resolve().parent / "assets"
+NAMED_MODELS: dict[str, Path] = {
+    "bundled": ASSETS_DIR / "tiny-llama",
+    "demo": ASSETS_DIR / "demo-target",
+    "demo-draft": ASSETS_DIR / "demo-draft",
+}
+
+
+def resolve_model(model: str | Path) -> str:
+    """A shipped model's folder for its name (the bundled random checkpoint is rebuilt,
+    deterministically, if its folder is missing); anything else is returned unchanged."""
+    name = str(model)
+    path = NAMED_MODELS.get(name)
+    if path is None:
+        return name
+    if name == "bundled" and not (path / "config.json").is_file():
+        from workbench.testing import tiny_checkpoint
+
+        tiny_checkpoint(path, arch="llama", seed=0)
+    return str(path)
