@@ -144,3 +144,29 @@ def test_spec_decode_counters_pass_through(idle_server: ServerHandle,
 def test_build_1_2_5_buckets() -> None:
     assert build_1_2_5_buckets(100) == [1, 2, 5, 10, 20, 50, 100]
     assert build_1_2_5_buckets(256)[-1] == 200
+
+
+def test_a_speculative_server_exports_real_spec_counters(model_dir: Any) -> None:
+    """A server whose draft is the target itself: every draft accepted, the counters and the
+    per-position series on /metrics say so, and the text equals the non-speculative one."""
+    from tests.server.conftest import ENGINE_KW, start_server, stop_server
+    from workbench.config import EngineConfig
+    from workbench.server.app import build_app
+
+    spec = {"method": "draft_model", "model": str(model_dir), "num_speculative_tokens": 3}
+    config = EngineConfig.from_kwargs(str(model_dir), speculative_config=spec, **ENGINE_KW)
+    handle = start_server(build_app(config, served_model_name=MODEL_NAME))
+    try:
+        out = _complete(handle, [11, 12, 13, 14, 15], max_tokens=9)
+        m = handle.metrics()
+    finally:
+        stop_server(handle)
+    assert len(out["choices"][0]["text"]) > 0
+    drafts = m["vllm:spec_decode_num_drafts_total"]
+    # 9 tokens: 1 from the prefill, then two verifications of 3 drafts + the bonus (4 + 4);
+    # the second is exactly what max_tokens still allows (9 - 5 - 1 = 3 drafts)
+    assert drafts == 2
+    assert m["vllm:spec_decode_num_accepted_tokens_total"] == m[
+        "vllm:spec_decode_num_draft_tokens_total"] == 6
+    assert m["vllm:spec_decode_num_accepted_tokens_per_pos_total{position=0}"] == 2
+    assert m["vllm:generation_tokens_total"] == 9

@@ -56,9 +56,12 @@ def engine_knobs() -> list[tuple[str, Any, Any]]:
 
 
 def _base_type(tp: Any) -> Any:
-    """int | None -> int; dict[str, Any] | None -> dict."""
+    """int | None -> int; dict[str, Any] | None -> dict (also beside a dataclass: a config
+    given as a JSON object on the command line)."""
     if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
         args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if any((typing.get_origin(a) or a) is dict for a in args):
+            return dict
         tp = args[0] if len(args) == 1 else str
     return typing.get_origin(tp) or tp
 
