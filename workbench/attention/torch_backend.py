@@ -2,7 +2,10 @@
 
 Per layer: (1) scatter the new K/V rows into the cache at `slot_mapping`; (2) attend.
 
-    decodes  (query_len == 1): sorted longest context first and cut into chunks of about
+    decodes  (query_len == 1): on CPU, the C++ kernel `kernels.cpu.paged_decode` when it builds
+             (reads K/V in place through the block table, no gather; USE_CPU_DECODE_KERNEL
+             or WORKBENCH_CPU_KERNELS=0 switch it off). Otherwise, and as its reference twin:
+             sorted longest context first and cut into chunks of about
              DECODE_CHUNK_BYTES of K+V; each chunk does one batched gather of its sequences'
              blocks, kv_cache[0].view(num_blocks, -1)[block_tables[d, :nb]] ->
              [n, nb*bs, Hkv, D] with nb its own longest context, then one SDPA with q viewed
@@ -20,13 +23,19 @@ rather than mutating one in place.
 from __future__ import annotations
 
 import itertools
+import os
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
+from kernels.cpu.paged_decode import paged_decode_attention
 from workbench.attention.backends import AttentionBackend
 from workbench.attention.metadata import AttentionMetadata
+
+# CPU decodes use the C++ paged-decode kernel when it builds (else the torch path below, which
+# stays its reference twin). Tests flip this to compare the two.
+USE_CPU_DECODE_KERNEL = os.environ.get("WORKBENCH_CPU_KERNELS", "1") != "0"
 
 # Decode gathers K+V for this many bytes of sequences at a time (about an L2 cache's worth):
 # gather-then-read while hot is ~3x faster on CPU than one batch-wide gather.
@@ -42,6 +51,8 @@ class _DecodePlan:
     nbs: list[int]  # blocks each sequence needs, longest first (chunks gather only these)
     mask: torch.Tensor  # [num_seqs, 1, 1, num_blocks * block_size] bool, True = attend
     order: torch.Tensor | None  # sorted position j holds decode sequence order[j]; None = same
+    kernel_tables: torch.Tensor  # [num_seqs, num_blocks] block ids in batch (row) order
+    kernel_seq_lens: torch.Tensor  # [num_seqs] int64 in batch (row) order
 
 
 @dataclass
@@ -95,12 +106,17 @@ def build_plan(md: AttentionMetadata, block_size: int) -> _Plan:
         perm = sorted(range(len(dec)), key=lambda j: -lens[j])
         identity = perm == list(range(len(dec)))
         nb = blocks_for(lens[perm[0]])
-        if identity and len(dec) == md.num_seqs:
-            tables, seq_lens = md.block_tables[:, :nb], md.seq_lens
+        if len(dec) == md.num_seqs:
+            k_tables, k_seq_lens = md.block_tables[:, :nb], md.seq_lens
         else:
-            idx = torch.tensor([dec[j] for j in perm], dtype=torch.long, device=device)
-            tables = md.block_tables.index_select(0, idx)[:, :nb]
-            seq_lens = md.seq_lens.index_select(0, idx)
+            idx = torch.tensor(dec, dtype=torch.long, device=device)
+            k_tables = md.block_tables.index_select(0, idx)[:, :nb]
+            k_seq_lens = md.seq_lens.index_select(0, idx)
+        if identity:
+            tables, seq_lens = k_tables, k_seq_lens
+        else:
+            idx = torch.tensor(perm, dtype=torch.long, device=device)
+            tables, seq_lens = k_tables.index_select(0, idx), k_seq_lens.index_select(0, idx)
         pos = torch.arange(nb * block_size, device=device)
         decode = _DecodePlan(
             rows=_rows([starts[i] for i in dec], device),
@@ -110,6 +126,8 @@ def build_plan(md: AttentionMetadata, block_size: int) -> _Plan:
             nbs=[-(-lens[j] // block_size) for j in perm],
             mask=(pos[None, :] < seq_lens[:, None]).view(len(dec), 1, 1, -1),
             order=None if identity else torch.tensor(perm, dtype=torch.long, device=device),
+            kernel_tables=k_tables,
+            kernel_seq_lens=k_seq_lens,
         )
     prefills = []
     for i, q_len in enumerate(md.query_lens_cpu):
@@ -185,11 +203,11 @@ class TorchAttentionBackend(AttentionBackend):
 
         dp = plan.decode
         if dp is not None and not plan.prefills and dp.num_seqs == num_tokens:
-            return self._decode(query, k_blocks, v_blocks, dp, num_kv_heads, scale)
+            return self._decode(query, kv_cache, dp, scale)
         fill = torch.empty if plan.num_valid_tokens == num_tokens else torch.zeros
         out = fill(num_tokens, num_heads, head_dim, dtype=query.dtype, device=query.device)
         if dp is not None:
-            out[dp.rows] = self._decode(query[dp.rows], k_blocks, v_blocks, dp, num_kv_heads, scale)
+            out[dp.rows] = self._decode(query[dp.rows], kv_cache, dp, scale)
         for pp in plan.prefills:
             kb = k_blocks.index_select(0, pp.block_ids).view(-1, num_kv_heads, head_dim)
             vb = v_blocks.index_select(0, pp.block_ids).view(-1, num_kv_heads, head_dim)
@@ -223,6 +241,27 @@ class TorchAttentionBackend(AttentionBackend):
         return kbuf[:rows], self._vbuf[:rows]
 
     def _decode(
+        self, query: torch.Tensor, kv_cache: torch.Tensor, dp: _DecodePlan, scale: float
+    ) -> torch.Tensor:
+        """query [n, Hq, D] (one token per sequence) -> [n, Hq, D]: the C++ kernel on CPU when
+        it is switched on, builds and takes these inputs; else the torch path."""
+        if USE_CPU_DECODE_KERNEL and query.device.type == "cpu":
+            out = paged_decode_attention(
+                query, kv_cache[0], kv_cache[1], dp.kernel_tables, dp.kernel_seq_lens, scale
+            )
+            if out is not None:
+                return out
+        num_blocks_total = kv_cache.shape[1]
+        return self._decode_torch(
+            query,
+            kv_cache[0].view(num_blocks_total, -1),
+            kv_cache[1].view(num_blocks_total, -1),
+            dp,
+            kv_cache.shape[3],
+            scale,
+        )
+
+    def _decode_torch(
         self,
         query: torch.Tensor,
         k_blocks: torch.Tensor,
@@ -231,8 +270,9 @@ class TorchAttentionBackend(AttentionBackend):
         num_kv_heads: int,
         scale: float,
     ) -> torch.Tensor:
-        """query [n, Hq, D] (one token per sequence) -> [n, Hq, D], in chunks of sequences whose
-        gathered K+V fit DECODE_CHUNK_BYTES, so each chunk is still in cache when SDPA reads it."""
+        """The reference decode: query [n, Hq, D] (one token per sequence) -> [n, Hq, D], in
+        chunks of sequences whose gathered K+V fit DECODE_CHUNK_BYTES, so each chunk is still
+        in cache when SDPA reads it."""
         n, num_heads, head_dim = query.shape
         block_numel = k_blocks.shape[1]
         block_size = block_numel // (num_kv_heads * head_dim)

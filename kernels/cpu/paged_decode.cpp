@@ -1,0 +1,556 @@
+// CPU paged-attention decode: one query token per sequence attends to its context, reading
+// K/V rows in place through the block table (no gather copy). Built by paged_decode.py with
+// torch.utils.cpp_extension.load_inline; the pure-PyTorch twin is TorchAttentionBackend._decode.
+//
+//   query        [n, Hq, D]                 (any strides, last dim contiguous)
+//   k/v_cache    [num_blocks, bs, Hkv, D]   (any strides, last dim contiguous)
+//   block_tables [n, W] int64               context position p of sequence i lives in block
+//                                           block_tables[i][p / bs], offset p % bs
+//   seq_lens     [n] int64                  positions >= seq_len are never read
+//   out          [n, Hq, D] contiguous, query's dtype (allocated by the caller); q head hq
+//                                           reads kv head hq / (Hq / Hkv)
+//
+// Work items are (sequence, kv head, context split). An item loads its G = Hq / Hkv query
+// heads (pre-scaled, fp32), walks its token range in chunks of kChunk tokens: scores for all
+// G heads (each K row fetched from memory once), then an exact online-softmax update (running
+// max, fp32 sum, rescale of the fp32 accumulator), then P @ V (each V row fetched once).
+// Two implementations of one item: attend_f32<D> (fp32, D = 64 / 128, AVX-512: 16 scores at
+// a time through one shuffle tree, P @ V with accumulators in registers) and the portable
+// attend<D, T> (plain loops the compiler vectorises; bf16 / fp16 rows upcast on load; any D).
+// Contexts are split across items only when (sequence, kv head) pairs alone are too few to
+// keep every thread busy; split partials (max, sum, unnormalised acc) are then merged exactly.
+// Items are handed out longest first from an atomic counter inside one at::parallel_for,
+// so threads come from (and are counted by) torch's own OpenMP pool.
+//
+// Only light headers (not <torch/extension.h>, which alone takes ~30 s to parse): the caller
+// allocates every tensor, the kernel just reads and writes data pointers.
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+#include <torch/csrc/utils/pybind.h>
+
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+
+namespace {
+
+constexpr int64_t kChunk = 128;  // tokens scored between two softmax rescales
+constexpr int64_t kMinSplit = 64;  // never split a context into pieces shorter than this
+
+inline float to_float(float x) { return x; }
+inline float to_float(c10::BFloat16 x) { return static_cast<float>(x); }
+inline float to_float(c10::Half x) { return static_cast<float>(x); }
+
+// ---------------------------------------------------------------------------------- dot
+// q (fp32, pre-scaled) . k row; D > 0 is the compile-time head size, 0 = use d.
+template <int D, typename T>
+inline float dot(const float* __restrict q, const T* __restrict k, int64_t d) {
+  const int64_t n = D > 0 ? D : d;
+  float s = 0.f;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i) s += q[i] * to_float(k[i]);
+  return s;
+}
+
+// ---------------------------------------------------------------------------------- exp
+#ifdef __AVX512F__
+// exp(x) for x <= 0 (Cephes expf polynomial on [-ln2/2, ln2/2], scaled by 2^n): ~1 ulp.
+inline __m512 exp_ps(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500E-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507E-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073E-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894E-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459E-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201E-1f));
+  const __m512 r2 = _mm512_mul_ps(r, r);
+  p = _mm512_fmadd_ps(p, r2, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(p, n);
+}
+#endif
+
+// s[i] = exp(s[i] - m) for i < n; returns the sum (fp32).
+inline float exp_sub_sum(float* __restrict s, int64_t n, float m) {
+  int64_t i = 0;
+  float sum = 0.f;
+#ifdef __AVX512F__
+  const __m512 mv = _mm512_set1_ps(m);
+  __m512 acc = _mm512_setzero_ps();
+  for (; i + 16 <= n; i += 16) {
+    const __m512 e = exp_ps(_mm512_sub_ps(_mm512_loadu_ps(s + i), mv));
+    _mm512_storeu_ps(s + i, e);
+    acc = _mm512_add_ps(acc, e);
+  }
+  if (i < n) {
+    const __mmask16 k = static_cast<__mmask16>((1u << (n - i)) - 1u);
+    const __m512 e = exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + i), mv));
+    _mm512_mask_storeu_ps(s + i, k, e);
+    acc = _mm512_mask_add_ps(acc, k, acc, e);
+    i = n;
+  }
+  sum = _mm512_reduce_add_ps(acc);
+#endif
+  for (; i < n; ++i) {
+    s[i] = std::exp(s[i] - m);
+    sum += s[i];
+  }
+  return sum;
+}
+
+// ---------------------------------------------------------------------------------- params
+struct Params {
+  const void* q;
+  int64_t q_s0, q_s1;  // query strides (elements): sequence, head
+  const void* k;
+  const void* v;
+  int64_t k_sb, k_st, k_sh;  // cache strides: block, token, head
+  int64_t v_sb, v_st, v_sh;
+  const int64_t* tables;
+  int64_t t_s0;  // block table row stride
+  const int64_t* lens;
+  int64_t lens_s0;
+  void* out;  // [n, Hq, D] contiguous
+  int64_t n, hq, hkv, g, d, bs;
+  float scale;
+  // split partials: [n, Hkv, S, G] max / sum, [n, Hkv, S, G, D] unnormalised acc
+  float* part_m;
+  float* part_l;
+  float* part_acc;
+  int64_t max_splits;
+};
+
+struct Item {
+  int64_t seq, head, split, t0, t1;
+};
+
+// Online-softmax step for one chunk of scores sc[g * kChunk + j], j < len: raise the running
+// max m[g] (rescaling the sum l[g] and the accumulator acc[g, :] to it), then turn the scores
+// into exp(s - m) in place and add them to l. Exact: every exponent is max-subtracted.
+inline void softmax_update(float* __restrict sc, int64_t len, int64_t G, int64_t d,
+                           float* __restrict m, float* __restrict l, float* __restrict acc) {
+  for (int64_t g = 0; g < G; ++g) {
+    float* s = sc + g * kChunk;
+    float mx = m[g];
+    int64_t j = 0;
+#ifdef __AVX512F__
+    __m512 vmx = _mm512_set1_ps(mx);
+    for (; j + 16 <= len; j += 16) vmx = _mm512_max_ps(vmx, _mm512_loadu_ps(s + j));
+    mx = _mm512_reduce_max_ps(vmx);
+#endif
+    for (; j < len; ++j) mx = std::max(mx, s[j]);
+    if (mx > m[g]) {
+      const float alpha = std::exp(m[g] - mx);  // 0 on the first chunk (m = -inf)
+      l[g] *= alpha;
+      float* a = acc + g * d;
+#pragma omp simd
+      for (int64_t i = 0; i < d; ++i) a[i] *= alpha;
+      m[g] = mx;
+    }
+    l[g] += exp_sub_sum(s, len, mx);
+  }
+}
+
+#ifdef __AVX512F__
+// v[0..15] -> one vector whose lane j is the horizontal sum of v[j] (transpose-and-add tree:
+// 30 shuffles + 15 adds for 16 rows instead of a full reduction per row).
+inline __m512 sum16(const __m512* v) {
+  __m512 a[8], b[4];
+  for (int i = 0; i < 8; ++i)  // per 128-bit lane: [x0+x2, y0+y2, x1+x3, y1+y3]
+    a[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                         _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  for (int i = 0; i < 4; ++i) {  // per 128-bit lane: that lane's sums of 4 rows
+    const __m512d x = _mm512_castps_pd(a[2 * i]), y = _mm512_castps_pd(a[2 * i + 1]);
+    b[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                         _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+  }
+  constexpr int kEven = _MM_SHUFFLE(2, 0, 2, 0), kOdd = _MM_SHUFFLE(3, 1, 3, 1);
+  const __m512 c0 = _mm512_add_ps(_mm512_shuffle_f32x4(b[0], b[1], kEven),
+                                  _mm512_shuffle_f32x4(b[0], b[1], kOdd));
+  const __m512 c1 = _mm512_add_ps(_mm512_shuffle_f32x4(b[2], b[3], kEven),
+                                  _mm512_shuffle_f32x4(b[2], b[3], kOdd));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(c0, c1, kEven), _mm512_shuffle_f32x4(c0, c1, kOdd));
+}
+
+// Lane j = q . rows[j] for 16 fp32 K rows of D values.
+template <int D>
+inline __m512 qk16(const float* __restrict q, const float* const* rows) {
+  constexpr int C = D / 16;
+  __m512 qv[C], v[16];
+  for (int c = 0; c < C; ++c) qv[c] = _mm512_loadu_ps(q + 16 * c);
+  for (int j = 0; j < 16; ++j) {
+    const float* r = rows[j];
+    __m512 a = _mm512_mul_ps(qv[0], _mm512_loadu_ps(r));
+    __m512 b = _mm512_mul_ps(qv[1], _mm512_loadu_ps(r + 16));
+    for (int c = 2; c < C; c += 2) {
+      a = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(r + 16 * c), a);
+      b = _mm512_fmadd_ps(qv[c + 1], _mm512_loadu_ps(r + 16 * c + 16), b);
+    }
+    v[j] = _mm512_add_ps(a, b);
+  }
+  return sum16(v);
+}
+
+// acc[g, :] += sum_j w[g * kChunk + j] * rows[j] for GT heads held in registers.
+template <int D, int GT>
+inline void pv_tile(float* __restrict acc, const float* __restrict w, const float* const* rows,
+                    int64_t len) {
+  constexpr int C = D / 16;
+  __m512 a[GT][C];
+  for (int g = 0; g < GT; ++g)
+    for (int c = 0; c < C; ++c) a[g][c] = _mm512_loadu_ps(acc + g * D + 16 * c);
+  for (int64_t j = 0; j < len; ++j) {
+    const float* r = rows[j];
+    __m512 v[C];
+    for (int c = 0; c < C; ++c) v[c] = _mm512_loadu_ps(r + 16 * c);
+    for (int g = 0; g < GT; ++g) {
+      const __m512 wg = _mm512_set1_ps(w[g * kChunk + j]);
+      for (int c = 0; c < C; ++c) a[g][c] = _mm512_fmadd_ps(wg, v[c], a[g][c]);
+    }
+  }
+  for (int g = 0; g < GT; ++g)
+    for (int c = 0; c < C; ++c) _mm512_storeu_ps(acc + g * D + 16 * c, a[g][c]);
+}
+
+template <int D>
+inline void pv(float* acc, const float* w, const float* const* rows, int64_t len, int64_t G) {
+  // tiles of heads whose accumulators fit 16 zmm registers: 4 / 2 / 1 (D = 64), 2 / 1 (128)
+  constexpr int kTile = 256 / D;
+  int64_t g = 0;
+  for (; g + kTile <= G; g += kTile) pv_tile<D, kTile>(acc + g * D, w + g * kChunk, rows, len);
+  if constexpr (kTile > 2) {
+    for (; g + 2 <= G; g += 2) pv_tile<D, 2>(acc + g * D, w + g * kChunk, rows, len);
+  }
+  for (; g < G; ++g) pv_tile<D, 1>(acc + g * D, w + g * kChunk, rows, len);
+}
+
+// attend() for fp32 and D in {64, 128}: K/V row pointers for the whole range first, then per
+// chunk 16 scores at a time (one shuffle tree instead of 16 reductions) and P @ V with the
+// accumulators in registers. (Software prefetching of the next rows measured slower: the
+// hardware prefetchers keep up with 256-512 byte rows.)
+// kp / vp: room for (t1 - t0) rounded up to 16, plus 16.
+template <int D>
+void attend_f32(const Params& p, const Item& it, const float* __restrict qs,
+                float* __restrict acc, float* __restrict m, float* __restrict l,
+                float* __restrict sc, const float** kp, const float** vp) {
+  const int64_t G = p.g, bs = p.bs, n = it.t1 - it.t0;
+  const float* kbase = static_cast<const float*>(p.k) + it.head * p.k_sh;
+  const float* vbase = static_cast<const float*>(p.v) + it.head * p.v_sh;
+  const int64_t* bt = p.tables + it.seq * p.t_s0;
+  for (int64_t g = 0; g < G; ++g) {
+    m[g] = -std::numeric_limits<float>::infinity();
+    l[g] = 0.f;
+  }
+  std::fill(acc, acc + G * D, 0.f);
+  if (n <= 0) return;
+  int64_t j = 0;
+  for (int64_t t = it.t0; t < it.t1;) {
+    const int64_t off = t % bs, cnt = std::min(bs - off, it.t1 - t);
+    const float* kr = kbase + bt[t / bs] * p.k_sb + off * p.k_st;
+    const float* vr = vbase + bt[t / bs] * p.v_sb + off * p.v_st;
+    for (int64_t c = 0; c < cnt; ++c, ++j) {
+      kp[j] = kr + c * p.k_st;
+      vp[j] = vr + c * p.v_st;
+    }
+    t += cnt;
+  }
+  for (; j % 16 != 0; ++j) {  // pad the last group of 16 with a real row (its lanes are unused)
+    kp[j] = kp[0];
+    vp[j] = vp[0];
+  }
+  for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
+    const int64_t len = std::min(kChunk, n - c0);
+    for (int64_t g = 0; g < G; ++g) {
+      for (int64_t j0 = 0; j0 < len; j0 += 16) {
+        _mm512_storeu_ps(sc + g * kChunk + j0, qk16<D>(qs + g * D, kp + c0 + j0));
+      }
+    }
+    softmax_update(sc, len, G, D, m, l, acc);
+    pv<D>(acc, sc, vp + c0, len, G);
+  }
+}
+#endif
+
+// Attend query heads [head*G, head*G + G) of sequence `seq` to context positions [t0, t1).
+// Leaves the running max in m, the fp32 sum in l, the unnormalised output in acc [G, D].
+template <int D, typename T>
+void attend(const Params& p, const Item& it, const float* __restrict qs, float* __restrict acc,
+            float* __restrict m, float* __restrict l, float* __restrict sc) {
+  const int64_t d = D > 0 ? D : p.d;
+  const int64_t G = p.g, bs = p.bs;
+  const T* kbase = static_cast<const T*>(p.k) + it.head * p.k_sh;
+  const T* vbase = static_cast<const T*>(p.v) + it.head * p.v_sh;
+  const int64_t* bt = p.tables + it.seq * p.t_s0;
+  for (int64_t g = 0; g < G; ++g) {
+    m[g] = -std::numeric_limits<float>::infinity();
+    l[g] = 0.f;
+  }
+  std::fill(acc, acc + G * d, 0.f);
+
+  for (int64_t c0 = it.t0; c0 < it.t1; c0 += kChunk) {
+    const int64_t c1 = std::min(it.t1, c0 + kChunk), len = c1 - c0;
+    // 1. scores sc[g * kChunk + j] = (q_g * scale) . k_{c0 + j}
+    for (int64_t t = c0; t < c1;) {
+      const int64_t off = t % bs, cnt = std::min(bs - off, c1 - t);
+      const T* kp = kbase + bt[t / bs] * p.k_sb + off * p.k_st;
+      for (int64_t j = t - c0; j < t - c0 + cnt; ++j, kp += p.k_st) {
+        for (int64_t g = 0; g < G; ++g) sc[g * kChunk + j] = dot<D>(qs + g * d, kp, d);
+      }
+      t += cnt;
+    }
+    // 2. online softmax: new max, rescale what came before, exponentiate this chunk
+    softmax_update(sc, len, G, d, m, l, acc);
+    // 3. acc_g += p_g[j] * v_{c0 + j}
+    for (int64_t t = c0; t < c1;) {
+      const int64_t off = t % bs, cnt = std::min(bs - off, c1 - t);
+      const T* vp = vbase + bt[t / bs] * p.v_sb + off * p.v_st;
+      for (int64_t j = t - c0; j < t - c0 + cnt; ++j, vp += p.v_st) {
+        for (int64_t g = 0; g < G; ++g) {
+          const float w = sc[g * kChunk + j];
+          float* __restrict a = acc + g * d;
+#pragma omp simd
+          for (int64_t i = 0; i < d; ++i) a[i] += w * to_float(vp[i]);
+        }
+      }
+      t += cnt;
+    }
+  }
+}
+
+template <int D, typename T>
+void run(const Params& p, const std::vector<Item>& items, const std::vector<int64_t>& nsplit) {
+  const int64_t G = p.g, d = p.d;
+  std::atomic<int64_t> next{0};
+  const int64_t num_items = static_cast<int64_t>(items.size());
+  int64_t total = 0;
+  for (const Item& it : items) total += it.t1 - it.t0;
+  // Tiny batches (one short request) are not worth waking the pool for.
+  const int64_t threads =
+      std::min<int64_t>(at::get_num_threads(), total * d < (1 << 14) ? 1 : num_items);
+
+  int64_t max_len = 0;
+  for (const Item& it : items) max_len = std::max(max_len, it.t1 - it.t0);
+
+  auto worker = [&](int64_t, int64_t) {
+    std::vector<float> buf(G * d * 2 + G * 2 + G * kChunk);
+#ifdef __AVX512F__
+    constexpr bool kFast = std::is_same_v<T, float> && (D == 64 || D == 128);
+    std::vector<const float*> rows(kFast ? 2 * (max_len + 32) : 0);
+#endif
+    float* qs = buf.data();
+    float* acc = qs + G * d;
+    float* m = acc + G * d;
+    float* l = m + G;
+    float* sc = l + G;
+    for (int64_t w; (w = next.fetch_add(1, std::memory_order_relaxed)) < num_items;) {
+      const Item& it = items[w];
+      const T* q = static_cast<const T*>(p.q) + it.seq * p.q_s0 + it.head * G * p.q_s1;
+      for (int64_t g = 0; g < G; ++g)
+        for (int64_t i = 0; i < d; ++i) qs[g * d + i] = to_float(q[g * p.q_s1 + i]) * p.scale;
+#ifdef __AVX512F__
+      if constexpr (kFast)
+        attend_f32<D>(p, it, qs, acc, m, l, sc, rows.data(), rows.data() + max_len + 32);
+      else
+#endif
+        attend<D, T>(p, it, qs, acc, m, l, sc);
+      if (nsplit[it.seq] == 1) {
+        T* o = static_cast<T*>(p.out) + (it.seq * p.hq + it.head * G) * d;
+        for (int64_t g = 0; g < G; ++g) {
+          const float inv = l[g] > 0.f ? 1.f / l[g] : 0.f;
+          for (int64_t i = 0; i < d; ++i) o[g * d + i] = static_cast<T>(acc[g * d + i] * inv);
+        }
+      } else {
+        const int64_t base = (it.seq * p.hkv + it.head) * p.max_splits + it.split;
+        std::copy(m, m + G, p.part_m + base * G);
+        std::copy(l, l + G, p.part_l + base * G);
+        std::copy(acc, acc + G * d, p.part_acc + base * G * d);
+      }
+    }
+  };
+  if (threads <= 1) {
+    worker(0, 1);
+  } else {
+    at::parallel_for(0, threads, 1, worker);
+  }
+
+  if (p.max_splits <= 1) return;
+  // Merge the splits of each (sequence, kv head) exactly: rescale to the global max.
+  at::parallel_for(0, p.n * p.hkv, 4, [&](int64_t b, int64_t e) {
+    std::vector<float> o(d);
+    for (int64_t sh = b; sh < e; ++sh) {
+      const int64_t seq = sh / p.hkv, head = sh % p.hkv, S = nsplit[seq];
+      if (S <= 1) continue;
+      for (int64_t g = 0; g < G; ++g) {
+        float M = -std::numeric_limits<float>::infinity();
+        for (int64_t s = 0; s < S; ++s) M = std::max(M, p.part_m[(sh * p.max_splits + s) * G + g]);
+        float L = 0.f;
+        std::fill(o.begin(), o.end(), 0.f);
+        for (int64_t s = 0; s < S; ++s) {
+          const int64_t idx = (sh * p.max_splits + s) * G + g;
+          if (p.part_l[idx] == 0.f) continue;  // an empty split
+          const float w = std::exp(p.part_m[idx] - M);
+          L += p.part_l[idx] * w;
+          const float* a = p.part_acc + idx * d;
+          for (int64_t i = 0; i < d; ++i) o[i] += w * a[i];
+        }
+        const float inv = L > 0.f ? 1.f / L : 0.f;
+        T* out = static_cast<T*>(p.out) + (seq * p.hq + head * G + g) * d;
+        for (int64_t i = 0; i < d; ++i) out[i] = static_cast<T>(o[i] * inv);
+      }
+    }
+  });
+}
+
+template <typename T>
+void dispatch_d(const Params& p, const std::vector<Item>& items,
+                const std::vector<int64_t>& nsplit) {
+  if (p.d == 64) return run<64, T>(p, items, nsplit);
+  if (p.d == 128) return run<128, T>(p, items, nsplit);
+  return run<0, T>(p, items, nsplit);
+}
+
+}  // namespace
+
+void paged_decode(const at::Tensor& out, const at::Tensor& query, const at::Tensor& k_cache,
+                  const at::Tensor& v_cache, const at::Tensor& block_tables,
+                  const at::Tensor& seq_lens, double scale, int64_t split_tokens) {
+  TORCH_CHECK(query.device().is_cpu() && k_cache.device().is_cpu() && v_cache.device().is_cpu() &&
+                  out.device().is_cpu() && block_tables.device().is_cpu() &&
+                  seq_lens.device().is_cpu(),
+              "paged_decode: CPU tensors only");
+  TORCH_CHECK(query.dim() == 3, "query must be [n, Hq, D]");
+  TORCH_CHECK(k_cache.dim() == 4 && v_cache.dim() == 4, "k/v cache must be [blocks, bs, Hkv, D]");
+  TORCH_CHECK(k_cache.sizes() == v_cache.sizes(), "k and v caches differ in shape");
+  TORCH_CHECK(k_cache.scalar_type() == query.scalar_type() &&
+                  v_cache.scalar_type() == query.scalar_type(),
+              "query and caches must share a dtype");
+  TORCH_CHECK(block_tables.scalar_type() == at::kLong && seq_lens.scalar_type() == at::kLong,
+              "block_tables and seq_lens must be int64");
+  TORCH_CHECK(block_tables.dim() == 2 && seq_lens.dim() == 1, "block_tables [n, W], seq_lens [n]");
+  const int64_t n = query.size(0), hq = query.size(1), d = query.size(2);
+  const int64_t num_blocks = k_cache.size(0), bs = k_cache.size(1), hkv = k_cache.size(2);
+  TORCH_CHECK(k_cache.size(3) == d, "head_dim differs between query and cache");
+  TORCH_CHECK(hkv > 0 && hq % hkv == 0, "Hq must be a multiple of Hkv");
+  TORCH_CHECK(block_tables.size(0) == n && seq_lens.size(0) == n, "one table row per query");
+  TORCH_CHECK(query.stride(2) == 1 && k_cache.stride(3) == 1 && v_cache.stride(3) == 1,
+              "the head_dim axis must be contiguous");
+  TORCH_CHECK(block_tables.size(1) == 0 || block_tables.stride(1) == 1,
+              "block_tables rows must be contiguous");
+  TORCH_CHECK(out.scalar_type() == query.scalar_type() && out.sizes() == query.sizes() &&
+                  out.is_contiguous(),
+              "out must be a contiguous tensor shaped and typed like query");
+  if (n == 0) return;
+  const int64_t W = block_tables.size(1);
+  const int64_t* tables = block_tables.data_ptr<int64_t>();
+  const int64_t* lens = seq_lens.data_ptr<int64_t>();
+  const int64_t t_s0 = block_tables.stride(0), l_s0 = seq_lens.stride(0);
+
+  // Validate every block the kernel will read, and pick the context split size.
+  int64_t max_len = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t len = lens[i * l_s0];
+    TORCH_CHECK(len >= 0 && len <= W * bs, "seq_len ", len, " does not fit ", W, " blocks of ",
+                bs);
+    for (int64_t b = 0; b < (len + bs - 1) / bs; ++b) {
+      const int64_t id = tables[i * t_s0 + b];
+      TORCH_CHECK(id >= 0 && id < num_blocks, "block id ", id, " out of range");
+    }
+    max_len = std::max(max_len, len);
+  }
+  const int64_t threads = at::get_num_threads();
+  int64_t part = std::max<int64_t>(max_len, 1);  // tokens per split
+  if (split_tokens > 0) {
+    part = split_tokens;
+  } else if (split_tokens < 0 && threads > 1 && n * hkv < 4 * threads) {
+    const int64_t splits = (4 * threads + n * hkv - 1) / (n * hkv);
+    part = std::max<int64_t>((max_len + splits - 1) / splits, kMinSplit);
+  }
+  part = std::max<int64_t>((part + bs - 1) / bs * bs, bs);  // whole blocks per split
+
+  std::vector<int64_t> nsplit(n);
+  int64_t max_splits = 1;
+  std::vector<Item> items;
+  items.reserve(n * hkv);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t len = lens[i * l_s0];
+    nsplit[i] = std::max<int64_t>((len + part - 1) / part, 1);
+    max_splits = std::max(max_splits, nsplit[i]);
+    for (int64_t s = 0; s < nsplit[i]; ++s)
+      for (int64_t h = 0; h < hkv; ++h)
+        items.push_back({i, h, s, s * part, std::min(len, (s + 1) * part)});
+  }
+  std::stable_sort(items.begin(), items.end(),
+                   [](const Item& a, const Item& b) { return a.t1 - a.t0 > b.t1 - b.t0; });
+
+  std::vector<float> part_m, part_l, part_acc;
+  Params p{};
+  if (max_splits > 1) {
+    const int64_t rows = n * hkv * max_splits * (hq / hkv);
+    part_m.resize(rows);
+    part_l.resize(rows);
+    part_acc.resize(rows * d);
+    p.part_m = part_m.data();
+    p.part_l = part_l.data();
+    p.part_acc = part_acc.data();
+  }
+  p.q = query.data_ptr();
+  p.q_s0 = query.stride(0);
+  p.q_s1 = query.stride(1);
+  p.k = k_cache.data_ptr();
+  p.v = v_cache.data_ptr();
+  p.k_sb = k_cache.stride(0);
+  p.k_st = k_cache.stride(1);
+  p.k_sh = k_cache.stride(2);
+  p.v_sb = v_cache.stride(0);
+  p.v_st = v_cache.stride(1);
+  p.v_sh = v_cache.stride(2);
+  p.tables = tables;
+  p.t_s0 = t_s0;
+  p.lens = lens;
+  p.lens_s0 = l_s0;
+  p.out = out.data_ptr();  // contiguous: checked above
+  p.n = n;
+  p.hq = hq;
+  p.hkv = hkv;
+  p.g = hq / hkv;
+  p.d = d;
+  p.bs = bs;
+  p.scale = static_cast<float>(scale);
+  p.max_splits = max_splits;
+
+  switch (query.scalar_type()) {
+    case at::kFloat:
+      dispatch_d<float>(p, items, nsplit);
+      break;
+    case at::kBFloat16:
+      dispatch_d<c10::BFloat16>(p, items, nsplit);
+      break;
+    case at::kHalf:
+      dispatch_d<c10::Half>(p, items, nsplit);
+      break;
+    default:
+      TORCH_CHECK(false, "paged_decode: unsupported dtype ", query.scalar_type());
+  }
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("paged_decode", &paged_decode, "CPU paged-attention decode (in-place block reads)",
+        py::arg("out"), py::arg("query"), py::arg("k_cache"), py::arg("v_cache"), py::arg("block_tables"),
+        py::arg("seq_lens"), py::arg("scale"), py::arg("split_tokens") = -1,
+        py::call_guard<py::gil_scoped_release>());
+}
