@@ -302,3 +302,47 @@ def spec_forward_passes(output_tokens: int, num_drafts: int, accepted_tokens: in
 def spec_predicted_speedup(output_tokens: int, num_drafts: int, accepted_tokens: int) -> float:
     """output_tokens / spec_forward_passes: one forward per token without speculation."""
     return output_tokens / spec_forward_passes(output_tokens, num_drafts, accepted_tokens)
+
+
+# ------------------------------------------------------------------ quantized weights
+QUANT_SCALE_BYTES = 4  # float32 scales (and int4 zeros), as workbench.layers.quantization stores
+
+
+def quantized_weight_bytes(
+    num_params: int,
+    num_output_channels: int,
+    quantization: str | None,
+    group_size: int = 128,
+    dtype_bytes: int = 2,
+) -> int:
+    """Bytes of linear-layer weights stored in `quantization`; sum the arguments over layers.
+
+    num_params = sum of out x in, num_output_channels = sum of out (scale rows):
+
+        None   num_params x dtype_bytes
+        int8   num_params x 1 + num_output_channels x 4       int8 + f32 scale per row
+        fp8    num_params x 1 + num_output_channels x 4       e4m3 + f32 scale per row
+        int4   num_params / 2 + num_params / group_size x 8   2 per byte + f32 scale and zero
+                                                              per group (every in % G == 0)
+
+    Against bf16 (2 bytes) int4 at G=128 is 0.5625 / 2 = 28%, against fp32 14%. Embeddings,
+    lm_head, norms and biases are not quantized: count them at dtype_bytes separately.
+    """
+    _need_int("num_params", num_params, 0)
+    _need_int("num_output_channels", num_output_channels, 0)
+    _need_int("dtype_bytes", dtype_bytes, 1)
+    if quantization is None:
+        return num_params * dtype_bytes
+    if quantization in ("int8", "fp8"):
+        return num_params + num_output_channels * QUANT_SCALE_BYTES
+    if quantization == "int4":
+        _need_int("group_size", group_size, 2)
+        if num_params % group_size or group_size % 2:
+            raise ValueError(
+                f"num_params ({num_params}) must be a multiple of group_size ({group_size}), "
+                "an even number: every layer's in_features divides by it"
+            )
+        return num_params // 2 + (num_params // group_size) * 2 * QUANT_SCALE_BYTES
+    raise ValueError(
+        f"quantization ({quantization!r}) must be None or one of 'int8', 'int4', 'fp8'"
+    )

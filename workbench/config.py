@@ -22,6 +22,49 @@ SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "MistralForCausalLM": "mistral",
 }
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
+QUANTIZATION_METHODS = ("int8", "int4", "fp8")
+INT4_GROUP_SIZES = (32, 64, 128)
+DEFAULT_INT4_GROUP_SIZE = 128  # GPTQ's / AWQ's usual group_size
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    """Online weight quantization of the linear layers, applied right after loading.
+
+    "int8" = W8A16 (per-output-channel symmetric), "int4" = W4A16 (asymmetric per group of
+    `group_size` input features, two values per byte), "fp8" = W8A8 e4m3 (per-channel weight
+    scales, dynamic per-token activation scales). The embeddings, lm_head and norms stay in the
+    model dtype, as with vLLM's defaults. Built from ModelConfig's `quantization` and
+    `quantization_group_size` knobs (the names in error messages).
+    """
+
+    method: str | None = None  # None | "int8" | "int4" | "fp8"
+    group_size: int | None = None  # int4 only: 32 | 64 | 128; None -> 128 for int4
+
+    def __post_init__(self) -> None:
+        m, g = self.method, self.group_size
+        if m is not None and m not in QUANTIZATION_METHODS:
+            raise ValueError(
+                f"quantization ({m!r}) must be None or one of "
+                f"{', '.join(repr(q) for q in QUANTIZATION_METHODS)}"
+            )
+        if g is not None and m != "int4":
+            raise ValueError(
+                f"quantization_group_size ({g!r}) only applies to quantization='int4' "
+                f"(got quantization={m!r}); leave it unset"
+            )
+        if m == "int4":
+            if g is None:
+                object.__setattr__(self, "group_size", DEFAULT_INT4_GROUP_SIZE)
+            elif isinstance(g, bool) or g not in INT4_GROUP_SIZES:
+                raise ValueError(
+                    f"quantization_group_size ({g!r}) must be one of "
+                    f"{', '.join(map(str, INT4_GROUP_SIZES))}"
+                )
+
+    def options(self) -> dict[str, Any]:
+        """Keyword options for `quantize_model` (group_size for int4, none otherwise)."""
+        return {"group_size": self.group_size} if self.method == "int4" else {}
 
 
 @dataclass
@@ -32,9 +75,12 @@ class ModelConfig:
     dtype: str = "auto"  # "auto" = float32 on CPU, bfloat16 on CUDA
     max_model_len: int | None = None  # default: max_position_embeddings
     seed: int = 0
+    quantization: str | None = None  # None | "int8" | "int4" | "fp8": quantize at load time
+    quantization_group_size: int | None = None  # int4 only: 32 | 64 | 128 (default 128)
     hf_config: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
+        _ = self.quant_config  # validates quantization / quantization_group_size
         self.model = resolve_model(self.model)
         path = Path(self.model)
         if not path.is_dir():
@@ -65,6 +111,10 @@ class ModelConfig:
                 f"max_model_len ({self.max_model_len}) must be <= the model's "
                 f"max_position_embeddings ({max_pos})"
             )
+
+    @property
+    def quant_config(self) -> QuantConfig:
+        return QuantConfig(self.quantization, self.quantization_group_size)
 
     @property
     def architecture(self) -> str:
@@ -284,20 +334,20 @@ class EngineConfig:
     scheduler_config: SchedulerConfig
     parallel_config: ParallelConfig
     speculative_config: SpeculativeConfig | dict[str, Any] | None = None
-    quantization: str | None = None
     enforce_eager: bool = False
     device: str = "cpu"
 
     def __post_init__(self) -> None:
         if self.speculative_config is not None:
             self.speculative_config = SpeculativeConfig.from_dict(self.speculative_config)
-        if self.quantization is not None:
-            raise ValueError(
-                f"quantization ({self.quantization!r}) must be None for now (quantized paths "
-                "are not implemented yet)"
-            )
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"device ({self.device!r}) must be 'cpu' or 'cuda'")
+
+    @property
+    def quantization(self) -> str | None:
+        """The target's weight quantization; it lives on ModelConfig (as in vLLM), so a draft
+        model (its own ModelConfig) stays unquantized."""
+        return self.model_config.quantization
 
     @property
     def torch_dtype_name(self) -> str:
@@ -315,7 +365,7 @@ class EngineConfig:
             SchedulerConfig: {f.name for f in fields(SchedulerConfig)} - {"max_model_len"},
             ParallelConfig: {f.name for f in fields(ParallelConfig)},
         }
-        top = {"speculative_config", "quantization", "enforce_eager", "device"}
+        top = {"speculative_config", "enforce_eager", "device"}
         allowed = set().union(*known.values()) | top
         unknown = sorted(set(kwargs) - allowed)
         if unknown:
@@ -335,7 +385,6 @@ class EngineConfig:
             ),
             parallel_config=ParallelConfig(**pick[ParallelConfig]),
             speculative_config=kwargs.get("speculative_config"),
-            quantization=kwargs.get("quantization"),
             enforce_eager=bool(kwargs.get("enforce_eager", False)),
             device=device,
         )

@@ -7,13 +7,22 @@ maps e.g. `q_proj` -> (`qkv_proj`, "q"), and the loader passes the shard id.
 
     qkv_proj.weight rows:  [ q: num_heads*head_dim | k: num_kv_heads*head_dim | v: same as k ]
     gate_up_proj rows:     [ gate: intermediate | up: intermediate ]
+
+Quantization is applied after loading (`workbench.layers.quantization.quantize_model`): it
+swaps `weight` for the format's tensors and sets `quant_method`, whose `apply(layer, x, bias)`
+the forward then calls (vLLM's LinearBase.quant_method).
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+if TYPE_CHECKING:
+    from workbench.layers.quantization.base import QuantMethod
 
 
 def _copy_checked(dst: torch.Tensor, src: torch.Tensor) -> None:
@@ -50,6 +59,7 @@ class LinearBase(nn.Module):
             self.bias.weight_loader = self.weight_loader  # type: ignore[attr-defined]
         else:
             self.register_parameter("bias", None)
+        self.quant_method: QuantMethod | None = None  # set by quantize_model after loading
 
     def weight_loader(
         self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: str | int | None = None
@@ -57,10 +67,15 @@ class LinearBase(nn.Module):
         raise NotImplementedError
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.quant_method is not None:
+            return self.quant_method.apply(self, x, self.bias)
         return F.linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
-        return f"in={self.input_size}, out={self.output_size}, bias={self.bias is not None}"
+        quant = f", quant={self.quant_method.name}" if self.quant_method is not None else ""
+        return (
+            f"in={self.input_size}, out={self.output_size}, bias={self.bias is not None}{quant}"
+        )
 
 
 class ReplicatedLinear(LinearBase):
@@ -163,4 +178,6 @@ class RowParallelLinear(LinearBase):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = self.bias if self.tp_rank == 0 else None
+        if self.quant_method is not None:
+            return self.quant_method.apply(self, x, bias)  # + all_reduce when tp_size > 1
         return F.linear(x, self.weight, bias)  # + all_reduce when tp_size > 1

@@ -7,7 +7,8 @@ gate/up tensors go into the fused parameters through the model's `packed_modules
 ("...self_attn.k_proj.weight" -> "...qkv_proj.weight", shard "k"). A tensor with no
 parameter, or a parameter (shard) left unfilled, is a ValueError naming it.
 `rotary_emb.inv_freq` buffers are ignored; with tied embeddings `lm_head.weight` is optional
-(the head shares embed_tokens' parameter).
+(the head shares embed_tokens' parameter). With `model_config.quantization` set, the linear
+layers are quantized online right after loading (`workbench.layers.quantization`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from safetensors import safe_open
 from torch import nn
 
 from workbench.config import ModelConfig
+from workbench.layers.quantization import quantize_model
 from workbench.models.registry import get_model_class
 
 Packed = dict[str, tuple[str, str | int]]
@@ -144,9 +146,14 @@ def load_model(
     device: torch.device,
     attention_backend: str = "torch",
 ) -> nn.Module:
-    """Build the model on `device` in `dtype` and load its weights; returns it in eval mode."""
+    """Build the model on `device` in `dtype`, load its weights and quantize its linear layers
+    if `model_config.quantization` says so; returns it in eval mode."""
     model_cls = get_model_class(model_config.architecture)
     with _default_dtype(dtype), torch.device(device):
         model = model_cls(model_config, attention_backend)  # type: ignore[call-arg]
     load_weights(model, model_config.model)
+    quant = model_config.quant_config
+    if quant.method is not None:
+        with torch.no_grad():
+            quantize_model(model, quant.method, **quant.options())
     return model.eval()
