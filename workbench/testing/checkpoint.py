@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import math
 import sysconfig
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -80,10 +81,19 @@ def _tiny_defaults(arch: str, vocab_size: int) -> dict[str, Any]:
 @functools.lru_cache(maxsize=8)
 def _trained_tokenizer_json(vocab_size: int) -> str:
     """A byte-level BPE tokenizer (as tokenizer.json text) trained on stdlib sources."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     texts = [(stdlib / name).read_text(encoding="utf-8") for name in _TOKENIZER_FILES]
+    return bpe_tokenizer_json(texts, vocab_size)
+
+
+def bpe_tokenizer_json(texts: Sequence[str], vocab_size: int) -> str:
+    """A byte-level BPE tokenizer trained on `texts`, as tokenizer.json text.
+
+    "<s>" = 0 (bos, prepended by the post-processor), "</s>" = 1; if the text supports fewer
+    than vocab_size tokens the rest are special "<extra_i>" tokens (len == vocab_size).
+    """
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -105,10 +115,16 @@ def _trained_tokenizer_json(vocab_size: int) -> str:
 
 
 def _save_tokenizer(folder: Path, vocab_size: int, model_max_length: int) -> None:
+    save_tokenizer(folder, _trained_tokenizer_json(vocab_size), model_max_length)
+
+
+def save_tokenizer(folder: str | Path, tokenizer_json: str, model_max_length: int) -> None:
+    """Write tokenizer.json, tokenizer_config.json and chat_template.jinja into `folder`
+    (bos "<s>", eos "</s>", the test chat template) for a `bpe_tokenizer_json` tokenizer."""
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
-    tok = Tokenizer.from_str(_trained_tokenizer_json(vocab_size))
+    tok = Tokenizer.from_str(tokenizer_json)
     wrapper = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token=BOS_TOKEN,
