@@ -16,9 +16,9 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-# The main job: the chunked-prefill experiment template on the bundled checkpoint.
+# The main job: n-gram speculation on vs off (seed 002) on the trained demo model, with a verdict.
 demo: $(STAMP)
-	$(BIN)/workbench run experiments/chunked_prefill_budget.yaml
+	$(BIN)/workbench run experiments/ngram_speculation.yaml
 
 # Generate from the bundled checkpoint and print an engine report.
 demo-engine: $(STAMP)

@@ -29,11 +29,12 @@ PUBLISH_KW = ("figures_dir=figures_dir, mlflow_uri=mlflow_uri,\n        "
               "mlflow_parent_run_id=mlflow_parent_run_id, mlflow_experiment=mlflow_experiment")
 
 CPU_CAVEAT = (
-    "**What this does not show.** The model is a random 2-layer, 64-wide Llama on a shared "
+    "**What this does not show.** The default model is the 6.8M-parameter demo Llama trained "
+    "on Python's standard library (`bundled` is a random 2-layer one), on a shared "
     "2-core CPU: a step costs a few milliseconds, much of it Python overhead, and other "
     "processes on the same cores add noise (torch's worker threads suffer most when the cores "
     "are busy). Absolute numbers say nothing about a GPU and the generated text is "
-    "meaningless; only the *mechanisms* (which knob moves which metric, in which direction) "
+    "only Python-flavoured; only the *mechanisms* (which knob moves which metric, in which direction) "
     "carry over, and each should be re-measured on real hardware with a real model (the "
     "harness can point at a vLLM or SGLang server for that)."
 )
@@ -46,7 +47,7 @@ QUICKSTART = [
 one measured harness run report (vLLM's benchmark metrics, and how other tools would define
 ITL and TPOT for the very same timestamps)?"""),
     ("params", f'''\
-model = "bundled"               # "bundled": the tiny random Llama in workbench/assets
+model = "demo"                  # "demo": the small Llama trained on Python's stdlib; "bundled": a random tiny one
 num_prompts = 8                 # prompts for LLM.generate
 max_tokens = 32                 # tokens generated per prompt
 workload = "balanced-chat"      # harness fixture: balanced-chat, long-prefill, long-decode, ...
@@ -140,7 +141,7 @@ headroom, and how many tokens, and how many concurrent `max_model_len` requests,
 pool hold as `block_size` and `max_model_len` change? Does the engine's own pool sizing
 agree with the arithmetic in `workbench.calc`?"""),
     ("params", f'''\
-model = "bundled"
+model = "demo"                  # trained demo target; "bundled" = random tiny Llama
 available_mib = 64              # the pretend device budget (the tiny model needs very little)
 activation_mib = 8              # reserved for activations
 headroom_mib = 4                # kept free
@@ -251,7 +252,7 @@ CHUNKED = [
 cost in TTFT? One variable, a baseline, the same seeded traffic for every value, repeats
 interleaved, a verdict against the baseline's noise band, all logged to MLflow."""),
     ("params", f'''\
-model = "bundled"
+model = "demo"                  # trained demo target; "bundled" = random tiny Llama
 baseline_budget = 512           # max_num_batched_tokens of the baseline
 budgets = [64, 2048]            # the values tried against it
 num_requests = 12               # long-prefill requests (prompts ~384 tokens, 8..32 out)
@@ -333,7 +334,7 @@ compared with the same lengths without sharing, and how does the answer depend o
 state the measurement starts from (cold engine / warm model / warm prefix cache)? Caching
 on vs off is the one variable; traffic and cache state are the conditions."""),
     ("params", f'''\
-model = "bundled"
+model = "demo"                  # trained demo target; "bundled" = random tiny Llama
 num_requests = 12
 num_prefix_groups = 2           # shared traffic: request i uses prefix i % groups
 prefix_len = 256                # tokens of the shared prefix (16 full blocks at block_size 16)
@@ -435,7 +436,7 @@ SATURATION = [
 growing, and what happens to TPOT and TTFT past that point? With `max_num_seqs` capping the
 running batch, the knee should sit at `max_num_seqs`: beyond it extra requests only queue."""),
     ("params", f'''\
-model = "bundled"
+model = "demo"                  # trained demo target; "bundled" = random tiny Llama
 workload = "balanced-chat"
 num_requests = 16               # requests per concurrency level
 concurrencies = [1, 2, 4, 8]    # closed-loop levels

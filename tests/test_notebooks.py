@@ -68,7 +68,7 @@ def test_01_quickstart_logs_when_given_a_store(tmp_path: Path) -> None:
 
 
 def test_02_memory_budget(tmp_path: Path) -> None:
-    nb, figs = execute("02_memory_budget.ipynb", tmp_path, block_sizes=[8, 16],
+    nb, figs = execute("02_memory_budget.ipynb", tmp_path, model="bundled", block_sizes=[8, 16],
                        max_model_lens=[256, 1024])
     text = text_of(nb)
     assert "calc.memory_budget" in text and "engine_kv_token_capacity" in text
@@ -80,7 +80,8 @@ def chunked(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """03 run once, logging into a temp store that 06 reads afterwards."""
     tmp = tmp_path_factory.mktemp("chunked")
     uri = f"sqlite:///{tmp / 'mlflow.db'}"
-    nb, figs = execute("03_chunked_prefill_sweep.ipynb", tmp, budgets=[64], num_requests=6,
+    nb, figs = execute("03_chunked_prefill_sweep.ipynb", tmp, model="bundled", budgets=[64],
+                       num_requests=6,
                        repeats=1, mlflow_uri=uri, mlflow_experiment="nb-test")
     return {"nb": nb, "figs": figs, "uri": uri}
 
@@ -93,14 +94,15 @@ def test_03_chunked_prefill_sweep(chunked: dict[str, Any]) -> None:
 
 
 def test_04_prefix_caching(tmp_path: Path) -> None:
-    nb, figs = execute("04_prefix_caching.ipynb", tmp_path, num_requests=8, prefix_len=128,
+    nb, figs = execute("04_prefix_caching.ipynb", tmp_path, model="bundled", num_requests=8,
+                       prefix_len=128,
                        cache_states=["warm-model", "warm-prefix"])
     assert "hit_rate" in text_of(nb)
     assert pngs(figs) == {"median_ttft.png", "hit_rate.png", "ttft_ecdf.png"}
 
 
 def test_05_saturation(tmp_path: Path) -> None:
-    nb, figs = execute("05_saturation.ipynb", tmp_path, num_requests=6,
+    nb, figs = execute("05_saturation.ipynb", tmp_path, model="bundled", num_requests=6,
                        concurrencies=[1, 2, 4], max_num_seqs=2)
     assert "output_throughput" in text_of(nb)
     assert pngs(figs) == {"saturation.png", "step_trace.png"}
