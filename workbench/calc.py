@@ -346,3 +346,56 @@ def quantized_weight_bytes(
     raise ValueError(
         f"quantization ({quantization!r}) must be None or one of 'int8', 'int4', 'fp8'"
     )
+
+
+# ------------------------------------------------------------------ FP8 KV cache
+FP8_E4M3_MAX = 448.0  # largest finite float8_e4m3fn value
+KV_CACHE_DTYPE_BYTES = {"fp8": 1, "fp8_e4m3": 1}  # "auto" = the model dtype's bytes
+
+
+def kv_cache_dtype_bytes(kv_cache_dtype: str, model_dtype_bytes: int) -> int:
+    """Bytes per stored K/V element: the model dtype's for "auto", 1 for "fp8"/"fp8_e4m3".
+
+    So an FP8 KV cache halves bytes per block against bf16/fp16 and quarters it against fp32
+    (the per-layer k_scale/v_scale floats are not per block and are not counted).
+    """
+    _need_int("model_dtype_bytes", model_dtype_bytes, 1)
+    if kv_cache_dtype == "auto":
+        return model_dtype_bytes
+    if kv_cache_dtype in KV_CACHE_DTYPE_BYTES:
+        return KV_CACHE_DTYPE_BYTES[kv_cache_dtype]
+    raise ValueError(
+        f"kv_cache_dtype ({kv_cache_dtype!r}) must be 'auto', 'fp8' or 'fp8_e4m3'"
+    )
+
+
+def fp8_kv_scale(amax: float) -> float:
+    """The calibrated scale of an FP8 KV cache: amax(|x|) / 448, so the largest value seen maps
+    to e4m3's largest finite value (1.0 when amax is 0: nothing to scale). vLLM's
+    calculate_kv_scales divides by K_SCALE_CONSTANT=200 / V_SCALE_CONSTANT=100 instead, leaving
+    headroom for later, larger values; here later values beyond amax saturate at 448 x scale."""
+    _need_num("amax", amax, 0.0)
+    if not math.isfinite(amax):
+        raise ValueError(f"amax must be finite, got {amax!r}")
+    return amax / FP8_E4M3_MAX if amax > 0 else 1.0
+
+
+def budget_num_blocks(
+    budget_bytes: int,
+    weight_bytes: int,
+    activation_bytes: int,
+    reserve_bytes: int,
+    bytes_per_block: int,
+) -> int:
+    """KV blocks (null block included) a whole-process budget leaves:
+    floor((budget - weights - activation peak - reserve) / bytes_per_block), 0 when negative.
+
+    Under a fixed budget, weights + KV + activations + reserve stays within one block of the
+    budget, so every byte quantization takes off the weights (or an FP8 KV cache takes off each
+    block) comes back as KV capacity (seed 001)."""
+    for name, value in (("budget_bytes", budget_bytes), ("weight_bytes", weight_bytes),
+                        ("activation_bytes", activation_bytes),
+                        ("reserve_bytes", reserve_bytes)):
+        _need_int(name, value, 0)
+    _need_int("bytes_per_block", bytes_per_block, 1)
+    return max(0, budget_bytes - weight_bytes - activation_bytes - reserve_bytes) // bytes_per_block

@@ -97,11 +97,15 @@ def _build() -> tuple[ModuleType | None, str | None]:
 
 
 def supports(query: torch.Tensor, k_cache: torch.Tensor) -> bool:
-    """Whether the kernel takes these inputs (CPU, a supported dtype, contiguous head_dim)."""
+    """Whether the kernel takes these inputs (CPU, a supported dtype, contiguous head_dim).
+
+    An FP8 (float8_e4m3fn) cache is declined: the kernel knows no k_scale/v_scale, so the
+    caller's torch path (gather, dequantize, SDPA) serves it."""
     return (
         query.device.type == "cpu"
         and k_cache.device.type == "cpu"
         and query.dtype in SUPPORTED_DTYPES
+        and k_cache.dtype in SUPPORTED_DTYPES  # not fp8
         and k_cache.dtype == query.dtype
         and query.dim() == 3
         and k_cache.dim() == 4

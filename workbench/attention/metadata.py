@@ -13,6 +13,10 @@ There is no prefill/decode flag: a decode is simply query_len == 1.
 
 KV cache layout per layer (one tensor): [2, num_blocks, block_size, num_kv_heads, head_dim]
 (index 0 = K, 1 = V). Block 0 is the null block: block tables are padded with it.
+
+FP8 KV cache: the tensor's dtype is float8_e4m3fn and the layer's scales ride on the tensor
+itself (`attach_kv_scales` / `get_kv_scales`, a `KVCacheScales` with k_scale and v_scale;
+missing = 1.0). Stored = e4m3(clamp(x / scale, -448, 448)), read = float(stored) * scale.
 """
 
 from __future__ import annotations
@@ -41,3 +45,32 @@ class AttentionMetadata:
     @property
     def num_tokens(self) -> int:
         return int(self.slot_mapping.shape[0])
+
+
+FP8_KV_DTYPE = torch.float8_e4m3fn
+
+
+@dataclass
+class KVCacheScales:
+    """One layer's FP8 KV scales (vLLM's k_scale / v_scale, default 1.0).
+
+    calibrate=True: the next forward that writes real tokens sets k_scale / v_scale to
+    amax(|K|) / 448 and amax(|V|) / 448 over those tokens (`calc.fp8_kv_scale`), before
+    quantizing them, then clears the flag; later values beyond amax saturate."""
+
+    k_scale: float = 1.0
+    v_scale: float = 1.0
+    calibrate: bool = False
+
+
+def attach_kv_scales(kv_cache: torch.Tensor, scales: KVCacheScales) -> None:
+    """Bind a layer's scales to its KV cache tensor (the same object the layer holds)."""
+    kv_cache.kv_scales = scales  # type: ignore[attr-defined]
+
+
+def get_kv_scales(kv_cache: torch.Tensor) -> KVCacheScales | None:
+    return getattr(kv_cache, "kv_scales", None)
+
+
+def is_fp8_kv(kv_cache: torch.Tensor) -> bool:
+    return kv_cache.dtype == FP8_KV_DTYPE

@@ -14,6 +14,13 @@ Per layer: (1) scatter the new K/V rows into the cache at `slot_mapping`; (2) at
              with enable_gqa; is_causal when the context is just the query, else an explicit
              bottom-right causal mask (query j sits at seq_len - query_len + j).
 
+FP8 KV cache (kv_cache dtype float8_e4m3fn, scales from `get_kv_scales`, 1.0 when none):
+writes store `quantize_kv(x, scale)` = e4m3(clamp(x / scale, +-448)) through a uint8 view
+(CPU torch has no fp8 index_copy_); reads gather the fp8 blocks and `dequantize_kv` them
+(fp32 multiply by the scale, then the query dtype) before SDPA, so attention equals attention
+on the dequantized cache. The C++ decode kernel declines fp8 caches: decodes take the torch
+path. With `calibrate` set, a layer's first write sets its scales to amax / 448 first.
+
 The plan (index tensors, masks) depends only on the metadata and the block size, so it is
 built from the host-side `*_cpu` lists once per batch and reused by every layer. It is keyed on
 the metadata object (and its host lists): build a new AttentionMetadata for every forward
@@ -31,7 +38,14 @@ import torch.nn.functional as F
 
 from kernels.cpu.paged_decode import paged_decode_attention
 from workbench.attention.backends import AttentionBackend
-from workbench.attention.metadata import AttentionMetadata
+from workbench.attention.metadata import (
+    FP8_KV_DTYPE,
+    AttentionMetadata,
+    KVCacheScales,
+    get_kv_scales,
+    is_fp8_kv,
+)
+from workbench.calc import FP8_E4M3_MAX, fp8_kv_scale
 
 # CPU decodes use the C++ paged-decode kernel when it builds (else the torch path below, which
 # stays its reference twin). Tests flip this to compare the two.
@@ -153,10 +167,50 @@ def build_plan(md: AttentionMetadata, block_size: int) -> _Plan:
     )
 
 
+_UNIT_SCALES = KVCacheScales()
+
+
+def quantize_kv(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """K or V rows -> float8_e4m3fn: e4m3(clamp(float(x) / scale, -448, 448)) (round to
+    nearest even; values past the range saturate instead of becoming NaN)."""
+    return (x.float() / scale).clamp_(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(FP8_KV_DTYPE)
+
+
+def dequantize_kv(x: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
+    """float8_e4m3fn rows -> `dtype`: float32(x) * scale, then cast (exact for fp32)."""
+    return x.float().mul_(scale).to(dtype)
+
+
+def kv_scales_of(kv_cache: torch.Tensor) -> KVCacheScales:
+    return get_kv_scales(kv_cache) or _UNIT_SCALES
+
+
+def calibrate_kv_scales(
+    key: torch.Tensor, value: torch.Tensor, scales: KVCacheScales, plan: _Plan
+) -> None:
+    """scales <- amax(|K|) / 448, amax(|V|) / 448 over the batch's real tokens (padding rows
+    excluded); a batch with no real token leaves the flag set for the next one."""
+    if plan.num_valid_tokens == 0 or not bool(plan.write_valid.any()):
+        return
+    amax = [float(torch.where(plan.write_valid, x.abs(), 0).amax()) for x in (key, value)]
+    scales.k_scale, scales.v_scale = fp8_kv_scale(amax[0]), fp8_kv_scale(amax[1])
+    scales.calibrate = False
+
+
 def write_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, plan: _Plan) -> None:
     """Scatter new K/V rows into the cache; padding rows (slot -1) rewrite slot 0's own value,
     so nothing observable changes (block 0 is the null block, never a real write target)."""
     num_kv_heads, head_dim = kv_cache.shape[-2:]
+    if is_fp8_kv(kv_cache):
+        scales = kv_scales_of(kv_cache)
+        if scales.calibrate:
+            calibrate_kv_scales(key, value, scales, plan)
+        for cache, new, s in ((kv_cache[0], key, scales.k_scale),
+                              (kv_cache[1], value, scales.v_scale)):
+            flat = cache.view(-1, num_kv_heads, head_dim).view(torch.uint8)
+            new = torch.where(plan.write_valid, quantize_kv(new, s).view(torch.uint8), flat[0])
+            flat.index_copy_(0, plan.write_slots, new)
+        return
     for cache, new in ((kv_cache[0], key), (kv_cache[1], value)):
         flat = cache.view(-1, num_kv_heads, head_dim)
         new = torch.where(plan.write_valid, new, flat[0])
@@ -208,11 +262,16 @@ class TorchAttentionBackend(AttentionBackend):
         out = fill(num_tokens, num_heads, head_dim, dtype=query.dtype, device=query.device)
         if dp is not None:
             out[dp.rows] = self._decode(query[dp.rows], kv_cache, dp, scale)
+        scales = kv_scales_of(kv_cache) if is_fp8_kv(kv_cache) else None
         for pp in plan.prefills:
             kb = k_blocks.index_select(0, pp.block_ids).view(-1, num_kv_heads, head_dim)
             vb = v_blocks.index_select(0, pp.block_ids).view(-1, num_kv_heads, head_dim)
-            k = kb[: pp.seq_len].transpose(0, 1).unsqueeze(0)  # [1, Hkv, S, D]
-            v = vb[: pp.seq_len].transpose(0, 1).unsqueeze(0)
+            kb, vb = kb[: pp.seq_len], vb[: pp.seq_len]
+            if scales is not None:
+                kb = dequantize_kv(kb, scales.k_scale, query.dtype)
+                vb = dequantize_kv(vb, scales.v_scale, query.dtype)
+            k = kb.transpose(0, 1).unsqueeze(0)  # [1, Hkv, S, D]
+            v = vb.transpose(0, 1).unsqueeze(0)
             q = query[pp.start : pp.end].transpose(0, 1).unsqueeze(0)  # [1, Hq, Lq, D]
             o = F.scaled_dot_product_attention(
                 q,
@@ -244,8 +303,10 @@ class TorchAttentionBackend(AttentionBackend):
         self, query: torch.Tensor, kv_cache: torch.Tensor, dp: _DecodePlan, scale: float
     ) -> torch.Tensor:
         """query [n, Hq, D] (one token per sequence) -> [n, Hq, D]: the C++ kernel on CPU when
-        it is switched on, builds and takes these inputs; else the torch path."""
-        if USE_CPU_DECODE_KERNEL and query.device.type == "cpu":
+        it is switched on, builds and takes these inputs (never an fp8 cache); else the torch
+        path."""
+        fp8 = is_fp8_kv(kv_cache)
+        if USE_CPU_DECODE_KERNEL and query.device.type == "cpu" and not fp8:
             out = paged_decode_attention(
                 query, kv_cache[0], kv_cache[1], dp.kernel_tables, dp.kernel_seq_lens, scale
             )
@@ -259,6 +320,7 @@ class TorchAttentionBackend(AttentionBackend):
             dp,
             kv_cache.shape[3],
             scale,
+            kv_scales_of(kv_cache) if fp8 else None,
         )
 
     def _decode_torch(
@@ -269,10 +331,11 @@ class TorchAttentionBackend(AttentionBackend):
         dp: _DecodePlan,
         num_kv_heads: int,
         scale: float,
+        kv_scales: KVCacheScales | None = None,
     ) -> torch.Tensor:
         """The reference decode: query [n, Hq, D] (one token per sequence) -> [n, Hq, D], in
         chunks of sequences whose gathered K+V fit DECODE_CHUNK_BYTES, so each chunk is still
-        in cache when SDPA reads it."""
+        in cache when SDPA reads it. kv_scales: the blocks are fp8; dequantize after gathering."""
         n, num_heads, head_dim = query.shape
         block_numel = k_blocks.shape[1]
         block_size = block_numel // (num_kv_heads * head_dim)
@@ -285,12 +348,15 @@ class TorchAttentionBackend(AttentionBackend):
         s = 0
         while s < n:
             nb = dp.nbs[s]  # the longest context of this chunk (sequences are sorted)
-            per_seq = 2 * nb * block_numel * k_blocks.element_size()
+            per_seq = 2 * nb * block_numel * max(k_blocks.element_size(), query.element_size())
             e = n if limit is None else min(n, s + max(1, limit // per_seq))
             kbuf, vbuf = self._scratch((e - s) * nb, k_blocks)
             ids = dp.tables[s:e, :nb].reshape(-1)
             k = torch.index_select(k_blocks, 0, ids, out=kbuf)
             v = torch.index_select(v_blocks, 0, ids, out=vbuf)
+            if kv_scales is not None:
+                k = dequantize_kv(k, kv_scales.k_scale, q.dtype)
+                v = dequantize_kv(v, kv_scales.v_scale, q.dtype)
             ctx = nb * block_size
             out[s:e] = F.scaled_dot_product_attention(
                 q[s:e],

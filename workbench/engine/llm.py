@@ -116,5 +116,5 @@ class LLM:
     def reset_prefix_cache(self) -> bool:
         return self.engine.reset_prefix_cache()
 
-    def memory_readout(self) -> dict[str, float]:
+    def memory_readout(self) -> dict[str, Any]:
         return self.engine.memory_readout()

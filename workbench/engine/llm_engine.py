@@ -2,6 +2,20 @@
 
     add_request() -> validated Request into the scheduler's waiting queue
     step():  schedule() -> execute_model() -> update_from_output() -> stats row
+
+Memory (`_size_kv_pool`, `memory_readout`): the KV pool is num_gpu_blocks_override blocks, or
+kv_cache_memory_bytes of KV, or the rest of a whole-process budget,
+
+    KV = budget - weights - activation peak - reserve         (calc.budget_num_blocks)
+    budget  = cpu_memory_budget_bytes            (CPU)
+            = gpu_memory_utilization x total device memory    (CUDA)
+    activation peak = measured by a profile run (ModelRunner.profile_run: a dummy forward of
+                      max_num_batched_tokens tokens; the draft model's too, the larger counts)
+    reserve = memory_reserve_bytes (+ on CUDA the device memory used outside torch's
+              allocator: CUDA context, other processes)
+
+or else a default (max_num_seqs requests of max_model_len, at most 4 GiB). Under one budget,
+smaller weights (quantization) or smaller blocks (fp8 KV) become KV capacity.
 """
 
 from __future__ import annotations
@@ -13,7 +27,7 @@ from typing import Any
 import torch
 
 from workbench import profiling
-from workbench.calc import cdiv, max_concurrency, num_blocks_for_budget
+from workbench.calc import budget_num_blocks, cdiv, max_concurrency, num_blocks_for_budget
 from workbench.config import EngineConfig
 from workbench.engine.model_runner import ModelRunner
 from workbench.engine.request import Request, RequestStatus
@@ -34,6 +48,12 @@ class LLMEngine:
         self.config = config
         mc, cc, sc = config.model_config, config.cache_config, config.scheduler_config
         self.max_model_len: int = mc.max_model_len  # type: ignore[assignment]
+        # Filled by _size_kv_pool when the pool is sized from a budget (None otherwise).
+        self.budget_bytes: int | None = None
+        self.activation_peak_bytes: int | None = None
+        self.reserve_bytes: int | None = None
+        self.non_torch_bytes: int | None = None
+        self.kv_pool_source = ""
         self.tokenizer = load_tokenizer(mc.model)
         self.runner = ModelRunner(config)
         spec = config.speculative_config
@@ -73,6 +93,10 @@ class LLMEngine:
         elif cc.kv_cache_memory_bytes is not None:
             num_blocks = num_blocks_for_budget(cc.kv_cache_memory_bytes, bpb)
             source = "kv_cache_memory_bytes"
+        elif cc.cpu_memory_budget_bytes is not None or cc.gpu_memory_utilization is not None:
+            num_blocks = self._size_from_budget(bpb)
+            source = ("cpu_memory_budget_bytes" if cc.cpu_memory_budget_bytes is not None
+                      else "gpu_memory_utilization")
         else:
             # Default: what max_num_seqs requests of max_model_len could use, at most 4 GiB
             # (on CUDA also at most 90% of the free device memory).
@@ -90,16 +114,82 @@ class LLMEngine:
                 f"max_model_len ({self.max_model_len}) needs ({needed} blocks); give the pool "
                 "more memory/blocks or lower max_model_len"
             )
+        self.kv_pool_source = source
         return num_blocks
 
-    def memory_readout(self) -> dict[str, float]:
-        bs = self.config.cache_config.block_size
+    def _size_from_budget(self, bpb: int) -> int:
+        """Blocks (null block included) the whole-process budget leaves for KV; sets the budget,
+        activation peak and reserve the readout reports. One ValueError naming the knob and
+        the least budget that fits one max_model_len request when it is too small."""
+        cc, sc = self.config.cache_config, self.config.scheduler_config
+        weights = self.memory_weight_bytes
+        assert sc.max_num_batched_tokens is not None
+        runners = [self.runner] + ([self.drafter.runner] if self.drafter is not None else [])
+        activation = max(r.profile_run(sc.max_num_batched_tokens, sc.max_num_seqs)
+                         for r in runners)
+        reserve = cc.memory_reserve_bytes
+        non_torch = 0
+        if cc.gpu_memory_utilization is not None:
+            dev = self.runner.device
+            free, total = torch.cuda.mem_get_info(dev)
+            # CUDA context, cuBLAS workspaces, other processes: used, but not by torch tensors
+            non_torch = max(0, (total - free) - torch.cuda.memory_reserved(dev))
+            budget = int(cc.gpu_memory_utilization * total)
+            knob, value = "gpu_memory_utilization", cc.gpu_memory_utilization
+        else:
+            assert cc.cpu_memory_budget_bytes is not None
+            budget = cc.cpu_memory_budget_bytes
+            knob, value = "cpu_memory_budget_bytes", budget
+        reserve += non_torch
+        self.budget_bytes, self.activation_peak_bytes = budget, activation
+        self.reserve_bytes, self.non_torch_bytes = reserve, non_torch
+        num_blocks = budget_num_blocks(budget, weights, activation, reserve, bpb)
+        min_blocks = cdiv(self.max_model_len, cc.block_size) + 1  # + the null block
+        if num_blocks < min_blocks:
+            least = weights + activation + reserve + min_blocks * bpb
+            if knob == "gpu_memory_utilization":
+                total = torch.cuda.mem_get_info(self.runner.device)[1]
+                need = f"> {least / total:.4f} (of {total} bytes)"
+            else:
+                need = f">= {least}"
+            raise ValueError(
+                f"{knob} ({value}) must be {need}: the budget {budget} bytes has to hold the "
+                f"weights ({weights}) + the activation peak ({activation}, profile run of "
+                f"max_num_batched_tokens={sc.max_num_batched_tokens}) + the reserve "
+                f"({reserve}) + KV for one max_model_len ({self.max_model_len}) request "
+                f"({min_blocks} blocks of {bpb} bytes, null block included); raise it, "
+                "quantize, lower max_model_len or max_num_batched_tokens"
+            )
+        if knob == "gpu_memory_utilization":
+            free = torch.cuda.mem_get_info(self.runner.device)[0]
+            if num_blocks * bpb > free:
+                raise ValueError(
+                    f"gpu_memory_utilization ({value}) leaves {num_blocks * bpb} bytes of KV "
+                    f"but only {free} bytes are free on the device (other processes?); "
+                    "lower gpu_memory_utilization"
+                )
+        return num_blocks
+
+    @property
+    def memory_weight_bytes(self) -> int:
+        """Weight bytes in device memory: the target's, plus the draft model's."""
+        draft = self.drafter.runner.weight_bytes if self.drafter is not None else 0
+        return self.runner.weight_bytes + draft
+
+    def memory_readout(self) -> dict[str, Any]:
+        """The memory table. budget_bytes / activation_peak_bytes / reserve_bytes /
+        non_torch_bytes are None unless the pool was sized from a budget; then
+        weight_bytes + kv_bytes + activation_peak_bytes + reserve_bytes <= budget_bytes, short
+        of it by less than one block (kv_bytes counts the null block: it is allocated)."""
+        cc = self.config.cache_config
+        bs = cc.block_size
         usable = self.num_blocks - 1
         bpb = self.bytes_per_block
         draft_weights = self.drafter.runner.weight_bytes if self.drafter is not None else 0
         return {
             "weight_bytes": self.runner.weight_bytes + draft_weights,
             "draft_weight_bytes": draft_weights,
+            "kv_cache_dtype": cc.kv_cache_dtype,
             "kv_bytes": self.num_blocks * bpb,
             "bytes_per_block": bpb,
             "kv_bytes_per_token": bpb // bs,
@@ -108,6 +198,11 @@ class LLMEngine:
             "kv_token_capacity": usable * bs,
             "max_model_len": self.max_model_len,
             "max_concurrency": max_concurrency(usable, bs, self.max_model_len),
+            "kv_pool_source": self.kv_pool_source,
+            "budget_bytes": self.budget_bytes,
+            "activation_peak_bytes": self.activation_peak_bytes,
+            "reserve_bytes": self.reserve_bytes,
+            "non_torch_bytes": self.non_torch_bytes,
         }
 
     # ----------------------------------------------------------------- intake

@@ -8,18 +8,33 @@
 
 Only requests whose computed tokens reach their end this step are sampled (a prefill's last
 chunk emits the first output token; a middle chunk emits nothing).
+
+KV cache dtype: the model dtype, or float8_e4m3fn with kv_cache_dtype="fp8" (one
+`KVCacheScales` per layer, bound to its cache tensor; see workbench.attention.metadata).
+`profile_run` measures the activation peak of a dummy forward for the memory budget.
 """
 
 from __future__ import annotations
 
+import weakref
+from typing import Any
+
 import numpy as np
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
-from workbench.attention.metadata import AttentionMetadata
-from workbench.calc import cdiv, kv_bytes_per_block
+from workbench.attention.metadata import (
+    FP8_KV_DTYPE,
+    AttentionMetadata,
+    KVCacheScales,
+    attach_kv_scales,
+)
+from workbench.calc import cdiv, kv_bytes_per_block, kv_cache_dtype_bytes
 from workbench.config import EngineConfig
 from workbench.engine.request import Request
 from workbench.engine.scheduler_output import SchedulerOutput
+from workbench.layers.attention import Attention
 from workbench.layers.sampler import Sampler
 from workbench.models.loader import load_model
 from workbench.profiling import nvtx_range
@@ -40,7 +55,10 @@ class ModelRunner:
         torch.manual_seed(mc.seed)
         self.model = load_model(mc, self.dtype, self.device, attention_backend=attention_backend)
         self.sampler = Sampler(mc.seed, self.device)
+        cc = config.cache_config
+        self.kv_cache_dtype = FP8_KV_DTYPE if cc.is_fp8_kv else self.dtype
         self.kv_caches: list[torch.Tensor] = []
+        self.kv_scales: list[KVCacheScales] = []  # per layer; used by an fp8 cache only
         self.num_blocks = 0
 
     # ----------------------------------------------------------------- memory
@@ -57,19 +75,87 @@ class ModelRunner:
 
     @property
     def bytes_per_block(self) -> int:
+        """KV bytes of one block over all layers (1 byte per element for an fp8 cache)."""
+        dtype_bytes = kv_cache_dtype_bytes(
+            self.config.cache_config.kv_cache_dtype,
+            torch.empty((), dtype=self.dtype).element_size(),
+        )
         return kv_bytes_per_block(
-            self.num_layers, self.num_kv_heads, self.head_dim,
-            torch.empty((), dtype=self.dtype).element_size(), self.block_size,
+            self.num_layers, self.num_kv_heads, self.head_dim, dtype_bytes, self.block_size
         )
 
-    def allocate_kv_cache(self, num_blocks: int) -> None:
+    def allocate_kv_cache(self, num_blocks: int, calibrate: bool | None = None) -> None:
+        """One [2, num_blocks, block_size, Hkv, D] cache per layer, in the KV cache dtype;
+        an fp8 cache gets fresh per-layer scales (1.0; calibrated on the first forward when
+        calculate_kv_scales, or `calibrate`, says so)."""
         shape = (2, num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
+        if calibrate is None:
+            calibrate = self.config.cache_config.calculate_kv_scales
         self.kv_caches = [
-            torch.zeros(shape, dtype=self.dtype, device=self.device)
+            torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device)
             for _ in range(self.num_layers)
         ]
+        self.kv_scales = [KVCacheScales(calibrate=calibrate) for _ in range(self.num_layers)]
+        if self.kv_cache_dtype == FP8_KV_DTYPE:
+            for cache, scales in zip(self.kv_caches, self.kv_scales, strict=True):
+                attach_kv_scales(cache, scales)
         self.num_blocks = num_blocks
         self.model.bind_kv_cache(self.kv_caches)
+
+    def _unbind_kv_cache(self) -> None:
+        self.kv_caches, self.kv_scales, self.num_blocks = [], [], 0
+        for m in self.model.modules():
+            if isinstance(m, Attention):
+                m.kv_cache = torch.tensor([])
+
+    @torch.inference_mode()
+    def profile_run(self, num_tokens: int, max_num_seqs: int) -> int:
+        """Activation peak (bytes) of one dummy forward of `num_tokens` tokens, vLLM-style.
+
+        The batch is min(num_tokens, max_num_seqs x max_model_len) tokens of fresh prefills,
+        max_model_len tokens each (the last one shorter), written into a temporary KV cache
+        (scales not calibrated; allocated before measuring, so not counted), then the logits
+        of min(max_num_seqs, tokens) rows. CUDA: torch.cuda.max_memory_allocated() minus the
+        allocated bytes before the forward. CPU: the peak of the bytes of tensor storages the
+        forward creates while they are alive (`LiveTensorPeak`, a TorchDispatchMode); buffers
+        kernels allocate internally without a tensor are not seen. Must run before
+        allocate_kv_cache (the temporary cache is unbound afterwards).
+        """
+        max_len = self.config.model_config.max_model_len
+        assert max_len is not None
+        tokens = min(num_tokens, max_num_seqs * max_len)
+        seq_len = min(max_len, tokens)
+        lens = [seq_len] * (tokens // seq_len) + ([tokens % seq_len] if tokens % seq_len else [])
+        tables, nxt = [], 1
+        for n in lens:
+            nb = cdiv(n, self.block_size)
+            tables.append(list(range(nxt, nxt + nb)))
+            nxt += nb
+        self.allocate_kv_cache(nxt, calibrate=False)
+        input_ids, positions, meta = self.build_batch([0] * tokens, [0] * len(lens), lens, tables)
+        num_rows = min(max_num_seqs, tokens)
+
+        def forward() -> None:
+            hidden = self.model(input_ids, positions, meta)
+            self.model.compute_logits(hidden[-num_rows:])
+
+        try:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+                torch.cuda.reset_peak_memory_stats(self.device)
+                base = torch.cuda.memory_allocated(self.device)
+                forward()
+                torch.cuda.synchronize(self.device)
+                peak = torch.cuda.max_memory_allocated(self.device) - base
+            else:
+                with LiveTensorPeak(self.device.type) as tracker:
+                    forward()
+                peak = tracker.peak
+        finally:
+            self._unbind_kv_cache()
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+        return int(peak)
 
     # ---------------------------------------------------------------- execute
     @torch.inference_mode()
@@ -99,6 +185,8 @@ class ModelRunner:
         src = torch.tensor([s for s, _ in pairs], device=self.device)
         dst = torch.tensor([d for _, d in pairs], device=self.device)
         for cache in self.kv_caches:
+            if cache.dtype == FP8_KV_DTYPE:  # copy the bytes: no fp8 indexing kernels on CPU
+                cache = cache.view(torch.uint8)
             cache[:, dst] = cache[:, src]
 
     def prepare_inputs(
@@ -183,3 +271,48 @@ class ModelRunner:
             torch.from_numpy(positions).to(dev),
             meta,
         )
+
+
+class LiveTensorPeak(TorchDispatchMode):
+    """Peak bytes of the tensor storages created while active and still alive (CPU profiling).
+
+    Every op's outputs on `device_type` whose storage is new (not one of the op's inputs, so
+    views and in-place / out= writes into existing tensors do not count) are added when they
+    appear and subtracted when their storage is freed (a weakref finalizer on the storage).
+    So `peak` is the most bytes of tensors the traced code held at once, beyond what existed
+    before (weights, the KV cache, inputs)."""
+
+    def __init__(self, device_type: str = "cpu") -> None:
+        super().__init__()
+        self.device_type = device_type
+        self.current = 0
+        self.peak = 0
+        self._live: dict[int, int] = {}
+        self._finalizers: list[weakref.finalize] = []
+
+    def _free(self, key: int) -> None:
+        self.current -= self._live.pop(key, 0)
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        inputs = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0]
+                  if isinstance(t, torch.Tensor)}
+        for t in tree_flatten(out)[0]:
+            if not isinstance(t, torch.Tensor) or t.device.type != self.device_type:
+                continue
+            storage = t.untyped_storage()
+            key, nbytes = id(storage), storage.nbytes()
+            if nbytes == 0 or key in self._live or storage.data_ptr() in inputs:
+                continue
+            self._finalizers.append(weakref.finalize(storage, self._free, key))
+            self._live[key] = nbytes
+            self.current += nbytes
+            self.peak = max(self.peak, self.current)
+        return out
+
+    def __exit__(self, *exc: Any) -> None:
+        for f in self._finalizers:
+            f.detach()
+        self._finalizers.clear()
+        return super().__exit__(*exc)
