@@ -51,7 +51,7 @@ def test_every_notebook_is_tested() -> None:
     assert names == {"01_quickstart.ipynb", "02_memory_budget.ipynb",
                      "03_chunked_prefill_sweep.ipynb", "04_prefix_caching.ipynb",
                      "05_saturation.ipynb", "06_compare_runs.ipynb",
-                     "07_speculative_decoding.ipynb"}
+                     "07_speculative_decoding.ipynb", "08_quantization.ipynb"}
 
 
 def test_01_quickstart_logs_when_given_a_store(tmp_path: Path) -> None:
@@ -153,3 +153,20 @@ def test_07_speculative_sweep_over_k_draws_the_curve_from_every_point(tmp_path: 
     assert first == 1.0 and 0.9 < second <= 1.0
     assert curve.loc[1, "predicted_speedup"] > 1.5
     assert pngs(tmp_path / "figs") == {"speedup_vs_k.png", "acceptance_by_position.png"}
+
+
+def test_08_quantization_side_by_side(tmp_path: Path) -> None:
+    """Every variant (FP8 KV included) runs on the demo model; memory, quality and speed land
+    side by side and the CPU caveat is stated."""
+    nb, figs = execute("08_quantization.ipynb", tmp_path, concurrencies=[1, 4], rounds=1,
+                       input_len=16, output_len=8, quality_prompts=2, quality_max_tokens=8,
+                       ppl_tokens=256)
+    text = text_of(nb)
+    for variant in ("full", "int8", "int4", "fp8", "fp8-kv"):
+        assert variant in text
+    assert "Skipped" not in text  # the engine accepted every variant
+    assert "kv_token_capacity" in text and "ppl_increase_pct" in text and "us at 1 tokens" in text
+    assert "tok_s_c4" in text and "speed_vs_full_c1" in text
+    source = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    assert "Read the speed numbers as a CPU's, not a GPU's" in source
+    assert pngs(figs) == {"memory.png", "throughput.png", "tpot.png"}

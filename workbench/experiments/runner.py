@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from workbench.experiments.quality import agreement, greedy_tokens, quality_failures
+from workbench.experiments.quality import gate_reports
 from workbench.experiments.template import Template
 from workbench.experiments.verdict import VariantVerdict, decide, verdict_table
 from workbench.profiling import torch_trace
@@ -125,7 +125,8 @@ def run_experiment(
                                  label, value, repeat, preflight, checksum, profile))
     # The quality gate replays golden prompts through the in-process engine on the same
     # folder: meaningful for in-process targets and `workbench serve`.
-    quality = _quality(template, model, workload) if template.quality_gate else {}
+    quality, quality_reports = (
+        _quality(template, model, workload) if template.quality_gate else ({}, {}))
     base = [r.metrics for r in runs if r.label == BASELINE and r.error is None]
     var: dict[Any, list[dict[str, float]]] = {}
     invalid: dict[Any, int] = {}
@@ -146,6 +147,13 @@ def run_experiment(
         "verdict.md": f"# {template.name}\n\n{template.question}\n\n{table}\n",
         "verdicts.json": json.dumps([v.as_dict() for v in verdicts], indent=2, default=str),
     })
+    if template.quality_gate:
+        store.log_files(parent, {"quality.json": json.dumps(
+            {"gate": template.quality_gate,
+             "variants": {str(v): {"failures": quality.get(v, []),
+                                   "report": quality_reports.get(v)}
+                          for v in template.variable_values}},
+            indent=2, default=str)})
     _log_sweep_plot(store, parent, template, runs)
     store.set_tags(parent, {"adopted": "none" if adopted is None else str(adopted)})
     store.finish(parent, failed=not base)
@@ -288,21 +296,16 @@ def phase_shares(step_trace: list[dict[str, Any]]) -> dict[str, float]:
             "decode_only_step_share": 1.0 - prefill / total}
 
 
-def _quality(template: Template, model: str, workload: Any) -> dict[Any, list[str]]:
+def _quality(
+    template: Template, model: str, workload: Any
+) -> tuple[dict[Any, list[str]], dict[Any, dict[str, Any]]]:
+    """({value: gate failures}, {value: QualityReport dict}): each variant against the
+    baseline on the workload's first `num_prompts` prompts (workbench.quality)."""
     gate = template.quality_gate or {}
     n = int(gate.get("num_prompts", 4))
-    max_tokens = int(gate.get("max_tokens", 16))
     prompts = [list(r.prompt_token_ids) for r in workload.requests[:n]]
-    ref = greedy_tokens(model, template.baseline, prompts, max_tokens)
-    out = {}
-    for v in template.variable_values:
-        try:
-            cand = greedy_tokens(model, template.variant_config(v), prompts, max_tokens)
-        except Exception as e:  # a variant that cannot run fails its gate, nothing else
-            out[v] = [f"quality check could not run: {type(e).__name__}: {e}"]
-            continue
-        out[v] = quality_failures(agreement(ref, cand), gate)
-    return out
+    variants = {v: template.variant_config(v) for v in template.variable_values}
+    return gate_reports(model, template.baseline, variants, prompts, gate)
 
 
 def promoted_template(template: Template, adopted: Any, parent_run_id: str) -> dict[str, Any]:

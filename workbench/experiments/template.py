@@ -16,6 +16,10 @@ and the baseline engine config, then names exactly ONE variable:
     cache_state: warm-model
     quality_gate: {min_token_agreement: 1.0, num_prompts: 4}   # optional
 
+`quality_gate` (workbench.quality): thresholds `min_token_agreement`, `max_ppl_increase_pct`,
+`max_mean_kl`, `min_top1_agreement` and options `num_prompts`, `max_tokens`, `ppl_tokens`,
+`ppl_context`; a variant that misses a threshold is never adopted.
+
 Instead of `variable`, `variants:` may list full engine configs; each must differ from the
 baseline in the same single key, and anything else is refused naming the keys.
 """
@@ -91,6 +95,14 @@ class Template:
             raise ValueError("workload must name a 'fixture' or a 'jsonl' file")
         if not self.variable_values:
             raise ValueError(f"variable {self.variable_name!r} has no values")
+        if self.quality_gate is not None:
+            if not isinstance(self.quality_gate, dict):
+                raise ValueError(
+                    f"quality_gate ({self.quality_gate!r}) must be a mapping of thresholds"
+                )
+            from workbench.quality import check_gate
+
+            check_gate(self.quality_gate)
 
     def variant_config(self, value: Any) -> dict[str, Any]:
         """The baseline engine config with the one variable set to `value`."""
