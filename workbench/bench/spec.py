@@ -186,7 +186,8 @@ def position_table(points: list[SpecPoint]) -> str:
     for p in points:
         if p.num_drafts:
             acc = p.acceptance_by_position + [float("nan")] * (k - len(p.accepted_per_pos))
-            rows.append(f"| {p.label} | " + " | ".join(f"{a:.1%}" for a in acc) + " |")
+            rows.append(f"| {p.label}, C={p.concurrency} | "
+                        + " | ".join(f"{a:.1%}" for a in acc) + " |")
     return "\n".join(rows)
 
 

@@ -32,6 +32,7 @@ from workbench.attention.metadata import (
 )
 from workbench.calc import cdiv, kv_bytes_per_block, kv_cache_dtype_bytes
 from workbench.config import EngineConfig
+from workbench.engine.cpu_malloc import keep_freed_memory
 from workbench.engine.request import Request
 from workbench.engine.scheduler_output import SchedulerOutput
 from workbench.layers.attention import Attention
@@ -52,6 +53,8 @@ class ModelRunner:
         self.num_layers, self.num_kv_heads, self.head_dim = (
             mc.num_layers, mc.num_kv_heads, mc.head_dim
         )
+        if self.device.type == "cpu":
+            keep_freed_memory()
         torch.manual_seed(mc.seed)
         self.model = load_model(mc, self.dtype, self.device, attention_backend=attention_backend)
         self.sampler = Sampler(mc.seed, self.device)
