@@ -149,3 +149,32 @@ def test_parent_run_has_the_sweep_plot(experiment: tuple[Any, str]) -> None:
     client = MlflowClient(tracking_uri=uri)
     assert [a.path for a in client.list_artifacts(result.parent_run_id, "plots")] == [
         "plots/sweep.png"]
+
+
+def test_a_dict_valued_variable_runs_gates_and_promotes(tmp_path: Path) -> None:
+    """speculative_config on/off (a dict value): runs, quality gate, verdict and promotion."""
+    from workbench.experiments.runner import promote
+
+    spec = {"method": "draft_model", "model": "bundled", "num_speculative_tokens": 2}
+    template = parse_template({
+        "name": "spec-on-off",
+        "question": "Does a self-draft keep greedy output identical?",
+        "objective": {"metric": "output_throughput", "direction": "maximize"},
+        "workload": {"fixture": "repetitive", "seed": 0, "params": {"num_requests": 2}},
+        "arrivals": {"mode": "closed", "concurrency": 1},
+        "target": {"kind": "in-process", "model": "bundled"},
+        "baseline": {"dtype": "float32", "max_model_len": 512, "speculative_config": None},
+        "variable": {"name": "speculative_config", "values": [spec]},
+        "repeats": 1,
+        "warmup_requests": 0,
+        "quality_gate": {"min_token_agreement": 1.0, "num_prompts": 2, "max_tokens": 6},
+    })
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    result = run_experiment(template, uri=uri, progress=False)
+    (verdict,) = result.verdicts
+    assert verdict.value == spec and verdict.quality_failures == []
+    assert verdict.failed_runs == 0
+    if result.adopted is not None:  # throughput may or may not beat the noise band
+        out = promote(template, result, tmp_path / "next.yaml")
+        assert out is not None
+        assert yaml.safe_load(out.read_text())["baseline"]["speculative_config"] == spec

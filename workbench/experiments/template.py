@@ -27,6 +27,7 @@ baseline in the same single key, and anything else is refused naming the keys.
 from __future__ import annotations
 
 import copy
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -140,6 +141,21 @@ def one_variable(baseline: dict[str, Any], variants: list[dict[str, Any]]) -> st
 _MISSING = object()
 
 
+class KnobValue(dict):  # type: ignore[type-arg]
+    """A dict-valued knob value (e.g. a `speculative_config`) that can key the per-value
+    tables of an experiment: hashed by its canonical JSON, equal to the plain dict."""
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(json.dumps(self, sort_keys=True, default=str))
+
+
+yaml.SafeDumper.add_representer(KnobValue, yaml.representer.SafeRepresenter.represent_dict)
+
+
+def _hashable(value: Any) -> Any:
+    return KnobValue(value) if isinstance(value, dict) else value
+
+
 def parse_template(data: dict[str, Any]) -> Template:
     unknown = sorted(set(data) - _TOP_KEYS)
     if unknown:
@@ -163,6 +179,7 @@ def parse_template(data: dict[str, Any]) -> Template:
         values = [v[name] for v in variants]
     else:
         raise ValueError("template must name one 'variable' (or 'variants')")
+    values = [_hashable(v) for v in values]
     if name in baseline and baseline[name] in values:
         raise ValueError(
             f"variable {name} value {baseline[name]!r} equals the baseline; list only the "
