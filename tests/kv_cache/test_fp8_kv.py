@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from kernels.cpu import paged_decode as pd
+from tests.quantization.test_generation import _teacher_forced_logits
 from workbench import LLM, SamplingParams
 from workbench.attention import torch_backend
 from workbench.attention.metadata import (
@@ -33,7 +34,7 @@ from workbench.attention.torch_backend import (
     quantize_kv,
     write_kv,
 )
-from workbench.calc import cdiv, fp8_kv_scale, kv_bytes_per_block
+from workbench.calc import fp8_kv_scale, kv_bytes_per_block
 from workbench.config import EngineConfig
 from workbench.engine.model_runner import ModelRunner
 from workbench.layers.attention import Attention
@@ -278,16 +279,6 @@ def _prompts() -> list[list[int]]:
     rng = random.Random(0)
     return [[rng.randrange(10, 1024) for _ in range(n)]
             for n in (3, 70, 17, 33, 9, 52, 40, 25, 12, 60)]
-
-
-def _teacher_forced_logits(llm: LLM, tokens: list[int]) -> torch.Tensor:
-    """Logits at every position of one prefill through the engine's runner: the prefill writes
-    its K/V into the (fp8) cache and attends reading them back."""
-    runner = llm.engine.runner
-    blocks = list(range(1, 1 + cdiv(len(tokens), runner.block_size)))
-    ids, pos, meta = runner.build_batch(tokens, [0], [len(tokens)], [blocks])
-    with torch.inference_mode():
-        return runner.model.compute_logits(runner.model(ids, pos, meta))
 
 
 @pytest.fixture(scope="module")

@@ -279,7 +279,6 @@ class LLMEngine:
             with profiling.range("scheduler.schedule"):
                 out = sched.schedule()
             sampled = self.runner.execute_model(out)
-            outputs_before = {r.request_id: r.num_output_tokens for r in out.scheduled_requests}
             with profiling.range("scheduler.update"):
                 progressed, finished = sched.update_from_output(out, sampled)
             if self.ngram is not None or self.drafter is not None:
@@ -293,11 +292,8 @@ class LLMEngine:
             spec_drafted += len(drafts)
             spec_accepted += accepted
         c = self.stats.counters
-        for req in progressed:
-            before = outputs_before[req.request_id]
-            c["vllm:generation_tokens"] += req.num_output_tokens - before  # stops truncate
-            if before == 0 and req.parent_id is None:
-                c["vllm:prompt_tokens"] += req.num_prompt_tokens
+        c["vllm:generation_tokens"] += sched.num_generated_last_step
+        c["vllm:prompt_tokens"] += sched.num_prompt_tokens_last_step
         for req in finished:
             self.runner.sampler.forget(req.request_id)
         c["vllm:request_success"] += len(finished)

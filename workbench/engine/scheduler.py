@@ -49,6 +49,11 @@ class Scheduler:
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
         self.num_preemptions_last_step = 0
+        # Set by update_from_output: tokens appended (stops truncate a verification's
+        # tokens) and prompt tokens of requests that got their first token (n > 1 children
+        # excluded), for the vllm:generation_tokens / vllm:prompt_tokens counters.
+        self.num_generated_last_step = 0
+        self.num_prompt_tokens_last_step = 0
 
     # ------------------------------------------------------------------ intake
     def add_request(self, request: Request) -> None:
@@ -225,6 +230,7 @@ class Scheduler:
         max_model_len = self.max_model_len
         num_sched = out.num_scheduled_tokens
         spec = out.scheduled_spec_decode_tokens
+        generated = prompt_tokens = 0
         for req in out.scheduled_requests:
             rid = req.request_id
             new = sampled.get(rid)
@@ -239,12 +245,16 @@ class Scheduler:
             if not new:
                 continue
             token_times = req.times.token_times
+            before = len(req.output_token_ids)
             for tok in new:
                 req.output_token_ids.append(tok)
                 req.all_token_ids.append(tok)
                 token_times.append(now)
                 if check_stop(req, max_model_len):
                     break
+            generated += len(req.output_token_ids) - before
+            if before == 0 and req.parent_id is None:
+                prompt_tokens += req.num_prompt_tokens
             if req.times.first_token is None:
                 req.times.first_token = now
             progressed.append(req)
@@ -255,6 +265,8 @@ class Scheduler:
                 finished.append(req)
             elif req.sampling_params.n > 1 and req.parent_id is None:
                 self._fork_children(req)
+        self.num_generated_last_step = generated
+        self.num_prompt_tokens_last_step = prompt_tokens
         return progressed, finished
 
     def _fork_children(self, parent: Request) -> None:

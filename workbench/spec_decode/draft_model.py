@@ -29,6 +29,7 @@ from workbench.engine.scheduler_output import SchedulerOutput
 from workbench.layers.sampler import Sampler
 from workbench.models.tokenizer import load_tokenizer
 from workbench.profiling import nvtx_range
+from workbench.spec_decode.ngram import max_draft_tokens
 
 
 def check_draft_compatible(target: ModelConfig, draft: ModelConfig) -> None:
@@ -80,18 +81,13 @@ class DraftModelProposer:
     def allocate_kv_cache(self, num_blocks: int) -> None:
         self.runner.allocate_kv_cache(num_blocks)
 
-    def max_drafts(self, req: Request) -> int:
-        room_len = self.max_model_len - req.num_tokens
-        room_out = req.max_tokens - req.num_output_tokens - 1
-        return max(0, min(self.k, room_len, room_out))
-
     @torch.inference_mode()
     def propose(self, out: SchedulerOutput, drafting: list[Request]) -> None:
         """Catch the draft KV up on this step's tokens; set drafts on `drafting` requests."""
         runner = self.runner
         if out.blocks_to_copy:
             runner.copy_blocks(out.blocks_to_copy)
-        want = {r.request_id: self.max_drafts(r) for r in drafting}
+        want = {r.request_id: max_draft_tokens(r, self.k, self.max_model_len) for r in drafting}
         token_ids: list[int] = []
         starts: list[int] = []
         q_lens: list[int] = []

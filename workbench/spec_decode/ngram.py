@@ -22,6 +22,14 @@ from workbench.config import SpeculativeConfig
 from workbench.engine.request import Request
 
 
+def max_draft_tokens(req: Request, k: int, max_model_len: int) -> int:
+    """k, capped so the request cannot pass max_model_len and so that accepted drafts plus
+    the bonus token stay within its max_tokens (shared by both proposers)."""
+    room_len = max_model_len - req.num_tokens
+    room_out = req.max_tokens - req.num_output_tokens - 1
+    return max(0, min(k, room_len, room_out))
+
+
 def propose_ngram(
     tokens: np.ndarray, min_n: int, max_n: int, k: int
 ) -> list[int]:
@@ -47,16 +55,10 @@ class NgramProposer:
         self.k = config.num_speculative_tokens
         self.max_model_len = max_model_len
 
-    def max_drafts(self, req: Request) -> int:
-        """k, capped by max_model_len and by what max_tokens still allows."""
-        room_len = self.max_model_len - req.num_tokens
-        room_out = req.max_tokens - req.num_output_tokens - 1
-        return max(0, min(self.k, room_len, room_out))
-
     def propose(self, requests: list[Request]) -> None:
         """Set spec_token_ids (and spec_token_probs = None: one-hot) on each request."""
         for req in requests:
-            k = self.max_drafts(req)
+            k = max_draft_tokens(req, self.k, self.max_model_len)
             tokens = np.asarray(req.all_token_ids, dtype=np.int64)
             req.spec_token_ids = propose_ngram(tokens, self.min_n, self.max_n, k) if k else []
             req.spec_token_probs = None
