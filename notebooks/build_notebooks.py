@@ -70,9 +70,10 @@ from workbench.bench.peer_metrics import peer_definitions
 from workbench.bench.runner import run, run_sync
 from workbench.bench.targets import InProcessTarget
 from workbench.bench.workloads import make_workload
-from workbench.demo import bundled_checkpoint, make_prompts
+from workbench.demo import make_prompts
+from workbench.named_models import resolve_model
 
-model_path = str(bundled_checkpoint()) if model == "bundled" else model
+model_path = resolve_model(model)  # a folder, or bundled / demo / demo-draft
 engine_kwargs = {"dtype": "float32", "max_model_len": 1024,
                  "max_num_batched_tokens": max_num_batched_tokens}'''),
     ("md", "## 1. Generate with the engine\n\nGreedy decoding; each output carries the "
@@ -158,9 +159,9 @@ from workbench import LLM
 from workbench.analysis import grid_heatmap, memory_split
 from workbench.analysis.notebook import publish
 from workbench.calc import memory_budget
-from workbench.demo import bundled_checkpoint
+from workbench.named_models import resolve_model
 
-model_path = str(bundled_checkpoint()) if model == "bundled" else model
+model_path = resolve_model(model)  # a folder, or bundled / demo / demo-draft
 MiB = 1 << 20'''),
     ("md", "## 1. The model's fixed costs, read from a minimal engine\n\nWeight bytes and KV "
            "bytes per token (2 x layers x KV heads x head dim x dtype bytes)."),
@@ -354,10 +355,10 @@ from workbench.bench.metrics import records_frame
 from workbench.bench.runner import run, run_sync
 from workbench.bench.targets import InProcessTarget
 from workbench.bench.workloads import make_workload
-from workbench.demo import bundled_checkpoint
+from workbench.named_models import resolve_model
 from workbench.models.tokenizer import load_tokenizer
 
-model_path = str(bundled_checkpoint()) if model == "bundled" else model
+model_path = resolve_model(model)  # a folder, or bundled / demo / demo-draft
 engine_kwargs = {"dtype": "float32", "max_model_len": 1024, "block_size": 16,
                  "max_num_batched_tokens": 512}'''),
     ("md", "Two workloads with the same length distributions: `shared` puts the requests in "
@@ -454,10 +455,10 @@ from workbench.bench.arrivals import ArrivalSpec
 from workbench.bench.runner import run, run_sync
 from workbench.bench.targets import InProcessTarget
 from workbench.bench.workloads import make_workload
-from workbench.demo import bundled_checkpoint
+from workbench.named_models import resolve_model
 from workbench.models.tokenizer import load_tokenizer
 
-model_path = str(bundled_checkpoint()) if model == "bundled" else model
+model_path = resolve_model(model)  # a folder, or bundled / demo / demo-draft
 engine_kwargs = {"dtype": "float32", "max_model_len": 1024, "max_num_seqs": max_num_seqs,
                  "max_num_batched_tokens": 512}
 wl = make_workload(workload, seed, load_tokenizer(model_path), num_requests=num_requests)
