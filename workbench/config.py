@@ -297,6 +297,7 @@ class ParallelConfig:
 
 
 SPEC_METHODS = ("ngram", "draft_model")
+ATTENTION_BACKENDS = ("torch", "triton")
 
 
 @dataclass
@@ -399,14 +400,23 @@ class EngineConfig:
     scheduler_config: SchedulerConfig
     parallel_config: ParallelConfig
     speculative_config: SpeculativeConfig | dict[str, Any] | None = None
-    enforce_eager: bool = False
+    enforce_eager: bool = False  # CUDA: True = no CUDA graphs for decode (eager every step)
     device: str = "cpu"
+    # "torch" | "triton"; None = torch on CPU, triton on CUDA (resolved in __post_init__)
+    attention_backend: str | None = None
 
     def __post_init__(self) -> None:
         if self.speculative_config is not None:
             self.speculative_config = SpeculativeConfig.from_dict(self.speculative_config)
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"device ({self.device!r}) must be 'cpu' or 'cuda'")
+        if self.attention_backend is None:
+            self.attention_backend = "triton" if self.device == "cuda" else "torch"
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(
+                f"attention_backend ({self.attention_backend!r}) is unknown; allowed: "
+                f"{', '.join(ATTENTION_BACKENDS)} (default: torch on CPU, triton on CUDA)"
+            )
         cc = self.cache_config
         if self.device == "cuda" and cc.cpu_memory_budget_bytes is not None:
             raise ValueError(
@@ -441,7 +451,7 @@ class EngineConfig:
             SchedulerConfig: {f.name for f in fields(SchedulerConfig)} - {"max_model_len"},
             ParallelConfig: {f.name for f in fields(ParallelConfig)},
         }
-        top = {"speculative_config", "enforce_eager", "device"}
+        top = {"speculative_config", "enforce_eager", "device", "attention_backend"}
         allowed = set().union(*known.values()) | top
         unknown = sorted(set(kwargs) - allowed)
         if unknown:
@@ -463,6 +473,7 @@ class EngineConfig:
             speculative_config=kwargs.get("speculative_config"),
             enforce_eager=bool(kwargs.get("enforce_eager", False)),
             device=device,
+            attention_backend=kwargs.get("attention_backend"),
         )
 
 

@@ -21,8 +21,7 @@ from abc import ABC, abstractmethod
 import torch
 
 from workbench.attention.metadata import AttentionMetadata
-
-ATTENTION_BACKENDS = ("torch",)
+from workbench.config import ATTENTION_BACKENDS  # ("torch", "triton")
 
 
 class AttentionBackend(ABC):
@@ -51,6 +50,10 @@ def get_attention_backend(name: str) -> type[AttentionBackend]:
         from workbench.attention.torch_backend import TorchAttentionBackend
 
         return TorchAttentionBackend
+    if name == "triton":
+        from workbench.attention.triton_backend import TritonAttentionBackend
+
+        return TritonAttentionBackend
     raise ValueError(
         f"attention backend ({name!r}) is unknown; allowed: {', '.join(ATTENTION_BACKENDS)}"
     )

@@ -44,7 +44,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig, attention_backend: str = "torch") -> None:
+    def __init__(self, config: EngineConfig, attention_backend: str | None = None) -> None:
         self.config = config
         self.device = torch.device(config.device)
         self.dtype = _DTYPES[config.torch_dtype_name]
@@ -56,7 +56,10 @@ class ModelRunner:
         if self.device.type == "cpu":
             keep_freed_memory()
         torch.manual_seed(mc.seed)
-        self.model = load_model(mc, self.dtype, self.device, attention_backend=attention_backend)
+        self.attention_backend = attention_backend or config.attention_backend or "torch"
+        self.model = load_model(
+            mc, self.dtype, self.device, attention_backend=self.attention_backend
+        )
         self.sampler = Sampler(mc.seed, self.device)
         cc = config.cache_config
         self.kv_cache_dtype = FP8_KV_DTYPE if cc.is_fp8_kv else self.dtype
