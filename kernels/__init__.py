@@ -1,6 +1,8 @@
 """Triton kernels, each beside the plain-PyTorch twin that defines what it must compute.
 
 The engine's attention backend switch (`workbench.attention.backends`) selects "torch" (the
-reference, default on CPU) or, once the kernels land here, "triton" (default on CUDA).
-The PyTorch twin of paged attention lives in `workbench/attention/torch_backend.py`.
+reference, default on CPU) or "triton" (default on CUDA), which runs `kernels.triton`'s
+reshape_and_cache, paged_decode (split-KV) and paged_prefill kernels; each module holds its
+plain-PyTorch twin (`*_ref`), and `workbench/attention/torch_backend.py` is the engine's own
+PyTorch path.
 """

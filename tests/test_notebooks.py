@@ -51,7 +51,8 @@ def test_every_notebook_is_tested() -> None:
     assert names == {"01_quickstart.ipynb", "02_memory_budget.ipynb",
                      "03_chunked_prefill_sweep.ipynb", "04_prefix_caching.ipynb",
                      "05_saturation.ipynb", "06_compare_runs.ipynb",
-                     "07_speculative_decoding.ipynb", "08_quantization.ipynb"}
+                     "07_speculative_decoding.ipynb", "08_quantization.ipynb",
+                     "10_routing.ipynb"}
 
 
 def test_01_quickstart_logs_when_given_a_store(tmp_path: Path) -> None:
@@ -170,3 +171,22 @@ def test_08_quantization_side_by_side(tmp_path: Path) -> None:
     source = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
     assert "Read the speed numbers as a CPU's, not a GPU's" in source
     assert pngs(figs) == {"memory.png", "throughput.png", "tpot.png"}
+
+
+def test_10_routing_round_robin_vs_prefix_aware(tmp_path: Path) -> None:
+    """One router of 2 bundled replicas per policy (the 1-vs-2 scaling runs are skipped to
+    save two more router starts): round-robin splits every prefix group (no hit),
+    prefix-aware reuses each group's prefix."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    nb, figs = execute("10_routing.ipynb", tmp_path, model="bundled", num_requests=6,
+                       num_prefix_groups=3, prefix_len=128, rate=20.0, port=8191,
+                       scaling_requests=0, mlflow_uri=uri, mlflow_experiment="routing-nb")
+    text = text_of(nb)
+    assert "| value | p95_ttft_ms" in text and "prefix_hit_rate" in text
+    assert pngs(figs) == {"ttft_ecdf.png", "hit_rate.png"}
+    from workbench.analysis import parent_runs
+
+    run = parent_runs("routing-nb", uri).loc[0]
+    assert run["metrics.round_robin_prefix_hit_rate"] == 0.0
+    # 3 of 6 prompts reuse 128 tokens (2 if the load bound sent one elsewhere): >= 0.25
+    assert run["metrics.prefix_aware_prefix_hit_rate"] > 0.2

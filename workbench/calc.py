@@ -226,6 +226,20 @@ def tp_kv_heads_per_rank(num_kv_heads: int, tp_size: int) -> int:
     )
 
 
+def scaling_efficiency(throughput_n: float, throughput_1: float, n: int) -> float:
+    """throughput_n / (n x throughput_1): how much of n independent replicas' ideal linear
+    speed-up a deployment keeps (1.0 = linear; seeds 001 step 08 and 003). Throughputs in the
+    same unit (e.g. output tok/s) measured on the same workload."""
+    _need_num("throughput_n", throughput_n, 0.0)
+    _need_num("throughput_1", throughput_1, 0.0)
+    _need_int("n", n, 1)
+    if throughput_1 == 0:
+        raise ValueError("throughput_1 must be > 0 (the single-replica baseline), got 0")
+    if not math.isfinite(throughput_n) or not math.isfinite(throughput_1):
+        raise ValueError(f"throughputs must be finite, got {throughput_n!r} and {throughput_1!r}")
+    return throughput_n / (n * throughput_1)
+
+
 # ------------------------------------------------------------------ speculative decoding
 def spec_acceptance_prob(p_target: float, q_draft: float) -> float:
     """min(1, p/q); on rejection resample from norm(max(0, p - q)), so the output is lossless."""

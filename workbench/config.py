@@ -284,15 +284,52 @@ class SchedulerConfig:
             )
 
 
+DISTRIBUTED_EXECUTOR_BACKENDS = ("mp", "external_launcher")
+
+
 @dataclass
 class ParallelConfig:
+    """Tensor parallelism (workbench.distributed): one request's weights and compute split over
+    `tensor_parallel_size` processes, one per device (CPU: gloo, CUDA: NCCL).
+
+    distributed_executor_backend: "mp" = the engine process is rank 0 and spawns the other
+    ranks as worker processes (it schedules; they run the same batch); "external_launcher" =
+    every rank was started by torchrun and runs the same deterministic engine (vLLM's names).
+    """
+
     tensor_parallel_size: int = 1
+    distributed_executor_backend: str = "mp"  # "mp" | "external_launcher"
 
     def __post_init__(self) -> None:
-        if self.tensor_parallel_size != 1:
+        tp = self.tensor_parallel_size
+        if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+            raise ValueError(f"tensor_parallel_size ({tp!r}) must be an integer >= 1")
+        if self.distributed_executor_backend not in DISTRIBUTED_EXECUTOR_BACKENDS:
             raise ValueError(
-                f"tensor_parallel_size ({self.tensor_parallel_size}) must be 1 for now "
-                "(tensor parallelism is not implemented yet)"
+                f"distributed_executor_backend ({self.distributed_executor_backend!r}) must be "
+                f"one of {', '.join(repr(b) for b in DISTRIBUTED_EXECUTOR_BACKENDS)}"
+            )
+
+    def verify_with_model_config(self, mc: ModelConfig) -> None:
+        """The model's heads must split evenly: attention heads by tp; KV heads by tp (shard)
+        or tp by KV heads (replicate, tp > kv heads); intermediate_size by tp."""
+        tp = self.tensor_parallel_size
+        if tp == 1:
+            return
+        heads, kv = mc.num_attention_heads, mc.num_kv_heads
+        kv_ok = tp % kv == 0 if tp > kv else kv % tp == 0
+        if heads % tp or not kv_ok:
+            raise ValueError(
+                f"tensor_parallel_size ({tp}) does not fit the model's heads: "
+                f"num_attention_heads ({heads}) must be divisible by it, and "
+                f"num_key_value_heads ({kv}) must be divisible by it (sharded) or divide it "
+                f"(replicated, when tp > num_key_value_heads); pick a tp that does"
+            )
+        inter = int(mc.hf_config.get("intermediate_size", 0))
+        if inter % tp:
+            raise ValueError(
+                f"tensor_parallel_size ({tp}) must divide the model's intermediate_size "
+                f"({inter})"
             )
 
 
@@ -408,6 +445,13 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.speculative_config is not None:
             self.speculative_config = SpeculativeConfig.from_dict(self.speculative_config)
+        self.parallel_config.verify_with_model_config(self.model_config)
+        if self.parallel_config.tensor_parallel_size > 1 and self.speculative_config is not None:
+            raise ValueError(
+                f"speculative_config with tensor_parallel_size "
+                f"({self.parallel_config.tensor_parallel_size}) is not supported yet; use "
+                "tensor_parallel_size=1 or no speculative_config"
+            )
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"device ({self.device!r}) must be 'cpu' or 'cuda'")
         if self.attention_backend is None:

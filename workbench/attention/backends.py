@@ -12,6 +12,10 @@ The model builds one backend instance and shares it across layers, so per-batch 
 the runner must pass a fresh AttentionMetadata object for each forward.
 The cache must hold finite values everywhere (allocate it with torch.zeros, not torch.empty):
 masked positions get zero weight, and 0 * NaN would still poison the output.
+
+Backends: "torch" (`torch_backend`, the plain-PyTorch reference, default on CPU) and "triton"
+(`triton_backend`: the kernels in `kernels.triton`, default on CUDA; its decode path is
+CUDA-graph capturable, see that module's docstring for the contract).
 """
 
 from __future__ import annotations
@@ -29,6 +33,9 @@ class AttentionBackend(ABC):
     except for caches keyed on the identity of the metadata object."""
 
     name: str
+    # True when a decode-only batch (max_query_len == 1) reads nothing but the metadata's
+    # device tensors and their shapes, so a CUDA graph can capture it (workbench.engine.cuda_graph)
+    cudagraph_safe: bool = False
 
     @abstractmethod
     def forward(

@@ -200,6 +200,8 @@ def series_from_text(text: str, model: str | None = None) -> dict[str, float]:
         name = line[:cut]
         if model is not None and "model_name=" in line and f'model_name="{model}"' not in line:
             continue
+        if 'replica="' in line:  # `workbench router`: per-replica copies of its aggregate
+            continue
         rest = line.rsplit("}", 1)[1] if brace == cut else line[cut:]
         try:
             value = float(rest.split()[0])

@@ -118,3 +118,22 @@ class LLM:
 
     def memory_readout(self) -> dict[str, Any]:
         return self.engine.memory_readout()
+
+    def close(self) -> None:
+        """Stop the tensor-parallel worker processes (tensor_parallel_size > 1); idempotent.
+        Also done when the LLM is collected and at interpreter exit."""
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            engine.shutdown()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # interpreter teardown: nothing left to report to
+            pass

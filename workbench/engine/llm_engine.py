@@ -29,6 +29,7 @@ import torch
 from workbench import profiling
 from workbench.calc import budget_num_blocks, cdiv, max_concurrency, num_blocks_for_budget
 from workbench.config import EngineConfig
+from workbench.distributed.tp_runner import create_model_runner
 from workbench.engine.model_runner import ModelRunner
 from workbench.engine.request import Request, RequestStatus
 from workbench.engine.scheduler import Scheduler
@@ -53,9 +54,11 @@ class LLMEngine:
         self.activation_peak_bytes: int | None = None
         self.reserve_bytes: int | None = None
         self.non_torch_bytes: int | None = None
+        self.cudagraph_estimate_bytes: int | None = None
         self.kv_pool_source = ""
         self.tokenizer = load_tokenizer(mc.model)
-        self.runner = ModelRunner(config)
+        # tensor_parallel_size > 1: this is TP rank 0's runner, driving the other ranks
+        self.runner: ModelRunner = create_model_runner(config)
         spec = config.speculative_config
         assert not isinstance(spec, dict)
         self.ngram: NgramProposer | None = None
@@ -66,8 +69,12 @@ class LLMEngine:
         elif spec is not None:
             self.drafter = DraftModelProposer(config)
             lookahead = spec.num_speculative_tokens
-        self.num_blocks = self._size_kv_pool()
-        self.runner.allocate_kv_cache(self.num_blocks)
+        try:
+            self.num_blocks = self._size_kv_pool()
+        except BaseException:
+            self.runner.shutdown()  # TP: stop the worker processes the runner started
+            raise
+        self.runner.initialize_kv_cache(self.num_blocks)
         if self.drafter is not None:
             self.drafter.allocate_kv_cache(self.num_blocks)
         self.scheduler = Scheduler(sc, cc, self.num_blocks, num_lookahead_tokens=lookahead)
@@ -127,7 +134,10 @@ class LLMEngine:
         runners = [self.runner] + ([self.drafter.runner] if self.drafter is not None else [])
         activation = max(r.profile_run(sc.max_num_batched_tokens, sc.max_num_seqs)
                          for r in runners)
-        reserve = cc.memory_reserve_bytes
+        # CUDA graphs: one capture of the largest decode size, measured (0 when graphs are off)
+        graphs = self.runner.profile_cudagraph_memory()
+        self.cudagraph_estimate_bytes = graphs
+        reserve = cc.memory_reserve_bytes + graphs
         non_torch = 0
         if cc.gpu_memory_utilization is not None:
             dev = self.runner.device
@@ -203,6 +213,10 @@ class LLMEngine:
             "activation_peak_bytes": self.activation_peak_bytes,
             "reserve_bytes": self.reserve_bytes,
             "non_torch_bytes": self.non_torch_bytes,
+            "cuda_graphs": self.runner.cudagraph_status,
+            # counted in reserve_bytes when the pool was sized from a budget
+            "cudagraph_estimate_bytes": self.cudagraph_estimate_bytes,
+            "cudagraph_bytes": self.runner.cudagraph_bytes,  # measured after the real capture
         }
 
     # ----------------------------------------------------------------- intake
@@ -321,3 +335,16 @@ class LLMEngine:
 
     def reset_prefix_cache(self) -> bool:
         return self.scheduler.kv_cache_manager.reset_prefix_cache()
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel worker processes (a no-op with one process); idempotent.
+        Also run when the engine is collected and, for the workers, at interpreter exit."""
+        runner = getattr(self, "runner", None)
+        if runner is not None:
+            runner.shutdown()
+
+    def __del__(self) -> None:
+        try:
+            self.shutdown()
+        except Exception:  # interpreter teardown: nothing left to report to
+            pass

@@ -12,6 +12,11 @@ chunk emits the first output token; a middle chunk emits nothing).
 KV cache dtype: the model dtype, or float8_e4m3fn with kv_cache_dtype="fp8" (one
 `KVCacheScales` per layer, bound to its cache tensor; see workbench.attention.metadata).
 `profile_run` measures the activation peak of a dummy forward for the memory budget.
+
+Tensor parallelism (`tensor_parallel_size` > 1): the model is built as this process's TP rank
+(its shard of every layer) and the KV cache holds this rank's KV heads
+(`calc.tp_kv_heads_per_rank`), so `bytes_per_block` is per rank; block ids are the same on
+every rank. The ranks are started by `workbench.distributed.tp_runner.create_model_runner`.
 """
 
 from __future__ import annotations
@@ -30,9 +35,15 @@ from workbench.attention.metadata import (
     KVCacheScales,
     attach_kv_scales,
 )
-from workbench.calc import cdiv, kv_bytes_per_block, kv_cache_dtype_bytes
+from workbench.calc import cdiv, kv_bytes_per_block, kv_cache_dtype_bytes, tp_kv_heads_per_rank
 from workbench.config import EngineConfig
+from workbench.distributed.parallel_state import (
+    get_tp_group,
+    rank_for_tensor_parallel_size,
+    tensor_parallel_scope,
+)
 from workbench.engine.cpu_malloc import keep_freed_memory
+from workbench.engine.cuda_graph import DecodeGraphRunner, GraphFactory, cudagraph_capture_sizes
 from workbench.engine.request import Request
 from workbench.engine.scheduler_output import SchedulerOutput
 from workbench.layers.attention import Attention
@@ -50,22 +61,123 @@ class ModelRunner:
         self.dtype = _DTYPES[config.torch_dtype_name]
         self.block_size = config.cache_config.block_size
         mc = config.model_config
+        # Tensor parallelism: this rank's shard of the model and of every KV block.
+        self.tp_size = config.parallel_config.tensor_parallel_size
+        self.tp_rank = rank_for_tensor_parallel_size(self.tp_size)
+        if self.tp_size > 1 and self.device.type == "cuda":
+            self.device = get_tp_group().device  # cuda:local_rank
         self.num_layers, self.num_kv_heads, self.head_dim = (
-            mc.num_layers, mc.num_kv_heads, mc.head_dim
+            mc.num_layers, tp_kv_heads_per_rank(mc.num_kv_heads, self.tp_size), mc.head_dim
         )
         if self.device.type == "cpu":
             keep_freed_memory()
         torch.manual_seed(mc.seed)
         self.attention_backend = attention_backend or config.attention_backend or "torch"
-        self.model = load_model(
-            mc, self.dtype, self.device, attention_backend=self.attention_backend
-        )
+        with tensor_parallel_scope(self.tp_rank, self.tp_size):
+            self.model = load_model(
+                mc, self.dtype, self.device, attention_backend=self.attention_backend
+            )
         self.sampler = Sampler(mc.seed, self.device)
         cc = config.cache_config
         self.kv_cache_dtype = FP8_KV_DTYPE if cc.is_fp8_kv else self.dtype
         self.kv_caches: list[torch.Tensor] = []
         self.kv_scales: list[KVCacheScales] = []  # per layer; used by an fp8 cache only
         self.num_blocks = 0
+        self.graph_runner: DecodeGraphRunner | None = None
+        self.cudagraph_bytes = 0  # measured after capture_model (CUDA)
+
+    # ------------------------------------------------------------ cuda graphs
+    @property
+    def use_cuda_graphs(self) -> bool:
+        """CUDA, enforce_eager off, and an attention backend whose decode path is capturable."""
+        return (
+            self.device.type == "cuda"
+            and not self.config.enforce_eager
+            and self.model.attn_backend.cudagraph_safe
+        )
+
+    @property
+    def cudagraph_status(self) -> str:
+        if self.graph_runner is not None:
+            sizes = self.graph_runner.capture_sizes
+            return f"on ({len(sizes)} decode sizes {sizes[0]}..{sizes[-1]})"
+        if self.device.type != "cuda":
+            return "off (CPU)"
+        if self.config.enforce_eager:
+            return "off (enforce_eager=True)"
+        if not self.model.attn_backend.cudagraph_safe:
+            return f"off (attention_backend={self.attention_backend!r} plans on the host)"
+        return "off (not captured yet)"
+
+    def capture_model(self, graph_factory: GraphFactory | None = None) -> None:
+        """Capture decode graphs for every capture size on the bound KV cache (vLLM's name).
+        FP8 scale calibration needs host syncs, so it is held off during capture and its flags
+        restored after. `graph_factory` lets CPU tests substitute `EagerReplay`."""
+        if not self.kv_caches:
+            raise RuntimeError("capture_model needs the KV cache: call allocate_kv_cache first")
+        sc = self.config.scheduler_config
+        max_len = self.config.model_config.max_model_len
+        assert max_len is not None
+        runner = DecodeGraphRunner(
+            self.model, cudagraph_capture_sizes(sc.max_num_seqs), max_len, self.block_size,
+            self.device, graph_factory,
+        )
+        calibrating = [s.calibrate for s in self.kv_scales]
+        for s in self.kv_scales:
+            s.calibrate = False
+        cuda = self.device.type == "cuda"
+        before = torch.cuda.memory_reserved(self.device) if cuda else 0
+        try:
+            with torch.inference_mode(), nvtx_range("model_runner.capture_model"):
+                runner.capture()
+        finally:
+            for s, flag in zip(self.kv_scales, calibrating, strict=True):
+                s.calibrate = flag
+        if cuda:
+            torch.cuda.synchronize(self.device)
+            self.cudagraph_bytes = torch.cuda.memory_reserved(self.device) - before
+        self.graph_runner = runner
+
+    @torch.inference_mode()
+    def profile_cudagraph_memory(self) -> int:
+        """Bytes one capture of the largest decode size takes on CUDA (0 when graphs are off),
+        measured on a temporary one-request KV cache before the pool is sized; smaller sizes
+        share its pool, so the budget reserves this for the whole set."""
+        if not self.use_cuda_graphs:
+            return 0
+        max_len = self.config.model_config.max_model_len
+        assert max_len is not None
+        self.allocate_kv_cache(cdiv(max_len, self.block_size) + 1, calibrate=False)
+        torch.cuda.synchronize(self.device)
+        before = torch.cuda.memory_reserved(self.device)
+        try:
+            sizes = cudagraph_capture_sizes(self.config.scheduler_config.max_num_seqs)
+            runner = DecodeGraphRunner(
+                self.model, sizes[-1:], max_len, self.block_size, self.device
+            )
+            runner.capture()
+            torch.cuda.synchronize(self.device)
+            used = torch.cuda.memory_reserved(self.device) - before
+            del runner
+        finally:
+            self._unbind_kv_cache()
+            torch.cuda.empty_cache()
+        return int(used)
+
+    def initialize_kv_cache(self, num_blocks: int) -> None:
+        """Allocate the KV cache, then capture decode graphs when they are on."""
+        self.allocate_kv_cache(num_blocks)
+        if self.use_cuda_graphs:
+            self.capture_model()
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        """The model forward: a graph replay for a decode-only batch that fits one, else eager."""
+        gr = self.graph_runner
+        if gr is not None and gr.can_run(meta, input_ids.shape[0]):
+            return gr.run(input_ids, positions, meta)
+        return self.model(input_ids, positions, meta)
 
     # ----------------------------------------------------------------- memory
     @property
@@ -94,6 +206,7 @@ class ModelRunner:
         """One [2, num_blocks, block_size, Hkv, D] cache per layer, in the KV cache dtype;
         an fp8 cache gets fresh per-layer scales (1.0; calibrated on the first forward when
         calculate_kv_scales, or `calibrate`, says so)."""
+        self.graph_runner = None  # graphs captured on a previous cache would write into it
         shape = (2, num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
         if calibrate is None:
             calibrate = self.config.cache_config.calculate_kv_scales
@@ -110,9 +223,14 @@ class ModelRunner:
 
     def _unbind_kv_cache(self) -> None:
         self.kv_caches, self.kv_scales, self.num_blocks = [], [], 0
+        self.graph_runner = None  # its graphs point at the old cache
         for m in self.model.modules():
             if isinstance(m, Attention):
                 m.kv_cache = torch.tensor([])
+
+    def shutdown(self) -> None:
+        """Release what outlives the model; the tensor-parallel runners stop their ranks
+        (workbench.distributed.tp_runner). Nothing to do for one process."""
 
     @torch.inference_mode()
     def profile_run(self, num_tokens: int, max_num_seqs: int) -> int:
@@ -174,7 +292,7 @@ class ModelRunner:
             input_ids, positions, meta, logits_idx, to_sample = self.prepare_inputs(out)
         with nvtx_range(f"model_runner.forward prefill={out.num_prefill_tokens} "
                         f"decode={out.num_decode_tokens}"):
-            hidden = self.model(input_ids, positions, meta)
+            hidden = self.forward(input_ids, positions, meta)
         if not to_sample:
             return {}
         spec = out.scheduled_spec_decode_tokens

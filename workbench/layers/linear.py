@@ -1,4 +1,14 @@
-"""Linear layers written tensor-parallel style (tp_size = 1, tp_rank = 0 for now).
+"""Linear layers, tensor-parallel (Megatron style; tp rank/size read at construction from
+`workbench.distributed.parallel_state`, 0/1 without TP).
+
+    ColumnParallelLinear  W [out/tp, in]: y_r = x W_r^T          (output features split)
+    RowParallelLinear     W [out, in/tp]: y = all_reduce(x_r W_r^T) (+ bias, added on rank 0)
+    attention:  qkv_proj (column, heads split) -> attn on local heads -> o_proj (row)
+    mlp:        gate_up_proj (column)          -> SiluAndMul          -> down_proj (row)
+
+so each decoder layer all-reduces twice. QKVParallelLinear splits the query heads and the KV
+heads; when tp > num_kv_heads each rank holds one KV head, head r // (tp / num_kv_heads)
+(replicated tp / num_kv_heads times).
 
 Each parameter carries a `weight_loader(param, loaded_weight, shard_id=None)` that copies its
 slice of a checkpoint tensor into place. Fused layers (QKVParallelLinear, MergedColumnParallel-
@@ -20,6 +30,13 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from workbench.calc import tp_kv_heads_per_rank
+from workbench.distributed.communication_op import tensor_model_parallel_all_reduce
+from workbench.distributed.parallel_state import (
+    get_tensor_model_parallel_rank,
+    get_tensor_model_parallel_world_size,
+)
 
 if TYPE_CHECKING:
     from workbench.layers.quantization.base import QuantMethod
@@ -46,8 +63,8 @@ class LinearBase(nn.Module):
 
     def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
         super().__init__()
-        self.tp_rank = 0
-        self.tp_size = 1
+        self.tp_rank = get_tensor_model_parallel_rank()
+        self.tp_size = get_tensor_model_parallel_world_size()
         self.input_size = input_size
         self.output_size = output_size
         self.weight = nn.Parameter(torch.empty(output_size, input_size), requires_grad=False)
@@ -91,7 +108,7 @@ class ColumnParallelLinear(LinearBase):
     """Output features split across ranks (dim 0 of the weight)."""
 
     def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
-        tp_size = 1
+        tp_size = get_tensor_model_parallel_world_size()
         if output_size % tp_size:
             raise ValueError(f"output_size ({output_size}) must divide by tp_size ({tp_size})")
         super().__init__(input_size, output_size // tp_size, bias)
@@ -124,7 +141,8 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
 
 
 class QKVParallelLinear(ColumnParallelLinear):
-    """Fused q/k/v projection; shard_id is "q", "k" or "v"."""
+    """Fused q/k/v projection; shard_id is "q", "k" or "v". Per rank: num_heads query heads
+    and num_kv_heads KV heads (`calc.tp_kv_heads_per_rank`)."""
 
     def __init__(
         self,
@@ -135,12 +153,17 @@ class QKVParallelLinear(ColumnParallelLinear):
         bias: bool = False,
     ) -> None:
         total_num_kv_heads = total_num_kv_heads or total_num_heads
-        tp_size = 1
+        tp_size = get_tensor_model_parallel_world_size()
+        if total_num_heads % tp_size:
+            raise ValueError(
+                f"num_attention_heads ({total_num_heads}) must divide by tp_size ({tp_size})"
+            )
         self.head_size = head_size
         self.num_heads = total_num_heads // tp_size
-        self.num_kv_heads = max(1, total_num_kv_heads // tp_size)
-        output_size = (total_num_heads + 2 * total_num_kv_heads) * head_size
-        super().__init__(hidden_size, output_size, bias)
+        self.num_kv_heads = tp_kv_heads_per_rank(total_num_kv_heads, tp_size)
+        self.num_kv_head_replicas = max(1, tp_size // total_num_kv_heads)
+        output_size = (self.num_heads + 2 * self.num_kv_heads) * head_size  # this rank's
+        LinearBase.__init__(self, hidden_size, output_size, bias)
 
     def weight_loader(
         self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: str | int | None = None
@@ -152,7 +175,9 @@ class QKVParallelLinear(ColumnParallelLinear):
             raise ValueError(f"shard_id ({shard_id!r}) must be one of 'q', 'k', 'v'")
         offset, size = layout[shard_id]  # type: ignore[index]
         dst = param.data.narrow(0, offset, size)
-        _copy_checked(dst, _tp_shard(loaded_weight, 0, size, self.tp_rank, self.tp_size))
+        # query heads: shard tp_rank; KV heads: shard tp_rank // replicas (replicated KV)
+        shard = self.tp_rank if shard_id == "q" else self.tp_rank // self.num_kv_head_replicas
+        _copy_checked(dst, _tp_shard(loaded_weight, 0, size, shard, self.tp_size))
 
 
 class RowParallelLinear(LinearBase):
@@ -162,7 +187,7 @@ class RowParallelLinear(LinearBase):
     """
 
     def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
-        tp_size = 1
+        tp_size = get_tensor_model_parallel_world_size()
         if input_size % tp_size:
             raise ValueError(f"input_size ({input_size}) must divide by tp_size ({tp_size})")
         super().__init__(input_size // tp_size, output_size, bias)
@@ -179,5 +204,7 @@ class RowParallelLinear(LinearBase):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         bias = self.bias if self.tp_rank == 0 else None
         if self.quant_method is not None:
-            return self.quant_method.apply(self, x, bias)  # + all_reduce when tp_size > 1
-        return F.linear(x, self.weight, bias)  # + all_reduce when tp_size > 1
+            y = self.quant_method.apply(self, x, bias)  # this rank's input shard
+        else:
+            y = F.linear(x, self.weight, bias)
+        return tensor_model_parallel_all_reduce(y) if self.tp_size > 1 else y

@@ -106,19 +106,22 @@ class LlamaAttention(nn.Module):
         self, arch: LlamaArch, rotary_emb: RotaryEmbedding, backend: AttentionBackend
     ) -> None:
         super().__init__()
-        self.num_heads, self.num_kv_heads = arch.num_heads, arch.num_kv_heads
-        self.head_dim = arch.head_dim
-        self.q_size = arch.num_heads * arch.head_dim
-        self.kv_size = arch.num_kv_heads * arch.head_dim
         self.qkv_proj = QKVParallelLinear(
             arch.hidden_size, arch.head_dim, arch.num_heads, arch.num_kv_heads, bias=arch.qkv_bias
         )
-        self.o_proj = RowParallelLinear(self.q_size, arch.hidden_size, bias=arch.o_bias)
+        # this TP rank's heads (all of them without TP)
+        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
+        self.head_dim = arch.head_dim
+        self.q_size = self.num_heads * arch.head_dim
+        self.kv_size = self.num_kv_heads * arch.head_dim
+        self.o_proj = RowParallelLinear(
+            arch.num_heads * arch.head_dim, arch.hidden_size, bias=arch.o_bias
+        )
         self.q_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps) if arch.qk_norm else None
         self.k_norm = RMSNorm(arch.head_dim, arch.rms_norm_eps) if arch.qk_norm else None
         self.rotary_emb = [rotary_emb]  # shared by all layers; a list keeps it out of children
         self.attn = Attention(
-            arch.num_heads, arch.head_dim, arch.head_dim**-0.5, arch.num_kv_heads, backend
+            self.num_heads, arch.head_dim, arch.head_dim**-0.5, self.num_kv_heads, backend
         )
 
     def forward(
@@ -209,11 +212,12 @@ class LlamaForCausalLM(nn.Module):
         return [layer.self_attn.attn for layer in self.model.layers]
 
     def bind_kv_cache(self, kv_caches: list[torch.Tensor]) -> None:
-        """Give layer i its cache tensor [2, num_blocks, block_size, num_kv_heads, head_dim]."""
+        """Give layer i its cache tensor [2, num_blocks, block_size, num_kv_heads, head_dim]
+        (num_kv_heads of this TP rank)."""
         layers = self.attention_layers
         if len(kv_caches) != len(layers):
             raise ValueError(f"got {len(kv_caches)} KV cache tensors for {len(layers)} layers")
-        want = (self.arch.num_kv_heads, self.arch.head_dim)
+        want = (layers[0].num_kv_heads, self.arch.head_dim)
         for i, (attn, cache) in enumerate(zip(layers, kv_caches, strict=True)):
             if cache.dim() != 5 or cache.shape[0] != 2 or tuple(cache.shape[3:]) != want:
                 raise ValueError(

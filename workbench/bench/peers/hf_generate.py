@@ -46,13 +46,20 @@ CB_BEST: dict[str, Any] = {"attn_implementation": "sdpa", "page_size": 64,
                            "max_batch_tokens": 512, "max_requests": 16}
 
 
-def load_hf_model(ckpt_dir: str | Path, attn_implementation: str = "sdpa") -> Any:
-    """The checkpoint in fp32, eval mode, with EOS disabled in its generation config."""
+def load_hf_model(
+    ckpt_dir: str | Path,
+    attn_implementation: str = "sdpa",
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+) -> Any:
+    """The checkpoint in `dtype` (fp32 on CPU) on `device`, eval mode, EOS disabled in its
+    generation config."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(
-        str(ckpt_dir), dtype=torch.float32, attn_implementation=attn_implementation
+        str(ckpt_dir), dtype=dtype, attn_implementation=attn_implementation
     )
+    model.to(device)
     model.eval()
     disable_eos(model)
     return model
@@ -96,7 +103,7 @@ def generate_static(
             ids[i, width - n:] = torch.tensor(r.prompt_token_ids, dtype=torch.long)
             mask[i, width - n:] = 1
         steps = max(r.max_tokens for r in batch)
-        out = model.generate(input_ids=ids, attention_mask=mask,
+        out = model.generate(input_ids=ids.to(model.device), attention_mask=mask.to(model.device),
                              generation_config=_greedy_config(model, steps))
         for i, r in enumerate(batch):
             outputs.append(out[i, width:width + r.max_tokens].tolist())

@@ -14,6 +14,10 @@ group that does not straddle 0 loses nothing). Two values per byte, along the in
 
 Storage per layer: out * in / 2 bytes + 8 * out * in / G bytes (scales + zeros).
 The forward dequantizes to the activation dtype and multiplies: y = x @ W'.T (+ bias).
+On CUDA (`use_triton`) `apply` runs the fused Triton kernel
+`kernels.triton.dequant_matmul.w4a16_matmul` instead (nibbles unpacked and group scale/zero
+applied in registers, fp32 accumulate); elsewhere, or with FORCE_TORCH = True, the plain-PyTorch
+`F.linear(x, dequantize(...))`, which is the reference the kernel is tested against.
 """
 
 from __future__ import annotations
@@ -25,6 +29,13 @@ from workbench.layers.linear import LinearBase
 from workbench.layers.quantization.base import QuantMethod, replace_weight
 
 QMAX = 15
+FORCE_TORCH = False  # True: the plain-PyTorch forward even on CUDA (A/B checks, debugging)
+TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # activations the kernel takes
+
+
+def use_triton(x: torch.Tensor) -> bool:
+    """True when `apply` runs the Triton kernel: x on CUDA in TRITON_DTYPES, FORCE_TORCH off."""
+    return x.is_cuda and x.dtype in TRITON_DTYPES and not FORCE_TORCH
 
 
 def _check_group_size_value(group_size: int) -> None:
@@ -115,4 +126,10 @@ class Int4Method(QuantMethod):
     def apply(
         self, layer: LinearBase, x: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
+        if use_triton(x):
+            from kernels.triton.dequant_matmul import w4a16_matmul  # imports triton: lazily
+
+            return w4a16_matmul(
+                x, layer.qweight, layer.scales, layer.zeros, self.group_size, bias
+            )
         return F.linear(x, dequantize(layer.qweight, layer.scales, layer.zeros, x.dtype), bias)

@@ -8,6 +8,11 @@
 Storage per layer: out * in bytes (weight) + 4 * out bytes (weight_scale). Like gpt-fast's
 WeightOnlyInt8Linear, with the scale folded into the weight before the matmul so the forward is
 exactly `x @ dequantize(q, scale).T`.
+
+Forward path (`use_triton`): on CUDA, `apply` runs the fused Triton kernel
+`kernels.triton.dequant_matmul.w8a16_matmul` (dequantizes tiles in registers, fp32 accumulate,
+scale applied to the accumulator); elsewhere, or with FORCE_TORCH = True, the plain-PyTorch
+`F.linear(x, dequantize(...))` above, which is the reference the kernel is tested against.
 """
 
 from __future__ import annotations
@@ -19,6 +24,13 @@ from workbench.layers.linear import LinearBase
 from workbench.layers.quantization.base import QuantMethod, replace_weight
 
 QMAX = 127
+FORCE_TORCH = False  # True: the plain-PyTorch forward even on CUDA (A/B checks, debugging)
+TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)  # activations the kernel takes
+
+
+def use_triton(x: torch.Tensor) -> bool:
+    """True when `apply` runs the Triton kernel: x on CUDA in TRITON_DTYPES, FORCE_TORCH off."""
+    return x.is_cuda and x.dtype in TRITON_DTYPES and not FORCE_TORCH
 
 
 def quantize(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -52,4 +64,8 @@ class Int8Method(QuantMethod):
     def apply(
         self, layer: LinearBase, x: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
+        if use_triton(x):
+            from kernels.triton.dequant_matmul import w8a16_matmul  # imports triton: lazily
+
+            return w8a16_matmul(x, layer.weight, layer.weight_scale, bias)
         return F.linear(x, dequantize(layer.weight, layer.weight_scale, x.dtype), bias)

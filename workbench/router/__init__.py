@@ -1,0 +1,40 @@
+"""Independent replicas behind a prefix-aware router (`workbench router`), with failure retry.
+
+    client ──HTTP──> router (127.0.0.1:8000) ──policy──> replica 0  workbench serve :P0
+                     │  prompts.py  validate, tokenize        replica 1  workbench serve :P1
+                     │  policies.py round_robin | least_outstanding | prefix_aware
+                     │  forward.py  forward; on a broken replica: mark dead, retry elsewhere
+                     │  relay.py    a broken stream resumed: prompt + tokens so far
+                     │  metrics.py  router counters + every replica's /metrics (+ aggregates)
+                     └  pool.py     N processes, each its own process group, 1 thread each
+
+    config.py   RouterConfig (the router's knobs)      app.py   the FastAPI app and lifespan
+    summary.py  per-replica / aggregate run summary    cli.py   `workbench router ...`
+
+Replicas split independent requests: each has its own engine, KV pool and prefix cache, so
+where a request lands decides whether its prefix is already cached (seed 001 step 08, seed
+003). Scaling efficiency = throughput_N / (N x throughput_1) (`workbench.calc`).
+"""
+
+from __future__ import annotations
+
+from workbench.router.config import RouterConfig
+from workbench.router.policies import (
+    POLICIES,
+    Decision,
+    LeastOutstandingPolicy,
+    NoLiveReplicaError,
+    PrefixAwarePolicy,
+    ReplicaLoad,
+    RoundRobinPolicy,
+    RouteRequest,
+    RoutingPolicy,
+    make_policy,
+)
+from workbench.router.summary import replica_summary
+
+__all__ = [
+    "POLICIES", "Decision", "LeastOutstandingPolicy", "NoLiveReplicaError",
+    "PrefixAwarePolicy", "ReplicaLoad", "RoundRobinPolicy", "RouteRequest", "RouterConfig",
+    "RoutingPolicy", "make_policy", "replica_summary",
+]

@@ -1,0 +1,205 @@
+"""The router's FastAPI app: OpenAI routes forwarded to replicas, health, metrics, replicas.
+
+    build_router_app(RouterConfig(...), ReplicaPool(serve_args, n), tokenizer)
+
+Lifespan: start the pool (every replica launched at once; startup ends when all answer
+/health, so the router's own /health is 200 only then), watch the replicas every
+`health_interval_s` (a replica whose process exited, or, for a pool of URLs, whose /health
+refuses the connection, is marked dead), and on shutdown stop every replica's process group.
+
+Routes:
+    POST /v1/completions, /v1/chat/completions   validated and tokenized (`prompts`), routed
+                                                 and forwarded (`forward.Router`)
+    GET  /v1/models                              the first live replica's answer
+    GET  /health                                 200 while at least one replica is alive
+    GET  /metrics                                `metrics.RouterCollector` (scrapes replicas)
+    POST /reset_prefix_cache                     every live replica's; success if all did
+    GET  /router/replicas                        JSON: each replica's url, pid, alive, counts
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from workbench.router.config import RouterConfig
+from workbench.router.forward import Router, forward_headers
+from workbench.router.metrics import RouterCollector
+from workbench.router.pool import Replica, ReplicaPool
+from workbench.router.prompts import routed_request
+from workbench.server.app import DEFAULT_MAX_BODY_BYTES
+from workbench.server.openai_routes import read_json
+from workbench.server.protocol import APIError
+
+logger = logging.getLogger(__name__)
+SCRAPE_TIMEOUT_S = 5.0
+
+
+def build_router_app(config: RouterConfig, pool: ReplicaPool, tokenizer: Any,
+                     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+    """An app whose lifespan starts `pool` and routes to it with `config.policy`."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await asyncio.to_thread(pool.start)
+        router = Router(pool, config.make_policy(), config, tokenizer)
+        app.state.router = router
+        registry = CollectorRegistry()
+        registry.register(RouterCollector(router))
+        app.state.registry = registry
+        watcher = asyncio.create_task(_watch(router, config.health_interval_s))
+        try:
+            yield
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watcher
+            await router.aclose()
+            await asyncio.to_thread(pool.stop)
+
+    app = FastAPI(title="workbench router", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+
+    async def complete(request: Request, kind: str) -> Response:
+        router: Router = request.app.state.router
+        router.client_requests += 1
+        routed = routed_request(kind, await read_json(request, max_body_bytes), tokenizer)
+        headers = forward_headers(request.headers)
+        if routed.stream:
+            return await router.forward_stream(routed, headers)
+        task = asyncio.ensure_future(router.forward_json(routed, headers))
+        watcher = asyncio.create_task(_cancel_on_disconnect(request, task))
+        try:
+            return await task
+        except asyncio.CancelledError:
+            if not watcher.done() or watcher.cancelled():
+                raise  # the router itself is being cancelled
+            return Response(status_code=499)  # the client went away; nobody reads this
+        finally:
+            watcher.cancel()
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await complete(request, "completions")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await complete(request, "chat")
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> Response:
+        router: Router = request.app.state.router
+        for r in router.pool.live():
+            try:
+                resp = await router.client.get(r.base_url + "/v1/models", timeout=30.0,
+                                               headers=forward_headers(request.headers))
+            except httpx.TransportError as e:
+                router.replica_failed(r, f"{type(e).__name__}: {e}")
+                continue
+            return Response(resp.content, resp.status_code,
+                            media_type=resp.headers.get("content-type"))
+        raise APIError("no live replica", 503)
+
+    @app.get("/health")
+    async def health(request: Request) -> Response:
+        router: Router | None = getattr(request.app.state, "router", None)
+        ok = router is not None and bool(router.pool.live())
+        return Response(status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    async def metrics(request: Request) -> Response:
+        router: Router = request.app.state.router
+        await asyncio.gather(*(_scrape(router, r) for r in router.pool.live()))
+        return Response(generate_latest(request.app.state.registry),
+                        media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache(request: Request) -> JSONResponse:
+        router: Router = request.app.state.router
+        done = await asyncio.gather(*(_reset(router, r) for r in router.pool.live()))
+        return JSONResponse({"success": bool(done) and all(done)})
+
+    @app.get("/router/replicas")
+    async def replicas(request: Request) -> JSONResponse:
+        router: Router = request.app.state.router
+        return JSONResponse({"policy": config.policy,
+                             "replicas": [r.describe() for r in router.pool.replicas]})
+
+    _add_error_handlers(app)
+    return app
+
+
+async def _watch(router: Router, interval_s: float) -> None:
+    """Mark dead the replicas whose process exited (or, without a process, whose /health
+    refuses the connection)."""
+    while True:
+        await asyncio.sleep(interval_s)
+        for r in router.pool.live():
+            if r.process is not None:
+                code = router.pool.exited(r)
+                if code is not None:
+                    router.replica_failed(r, f"its process exited with code {code}")
+                continue
+            try:
+                await router.client.get(r.base_url + "/health", timeout=5.0)
+            except httpx.ConnectError as e:
+                router.replica_failed(r, f"/health: {type(e).__name__}: {e}")
+            except httpx.HTTPError:
+                pass  # slow is not dead
+
+
+async def _cancel_on_disconnect(request: Request, task: asyncio.Future[Response]) -> None:
+    """Cancel a JSON request's forwarding when its client disconnects: the replica
+    connection closes and the replica aborts the request (the body is already read)."""
+    while not task.done():
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            task.cancel()
+            return
+        await asyncio.sleep(0.05)
+
+
+async def _scrape(router: Router, replica: Replica) -> None:
+    try:
+        resp = await router.client.get(replica.base_url + "/metrics", timeout=SCRAPE_TIMEOUT_S)
+    except httpx.HTTPError as e:
+        logger.debug("scraping replica %d failed: %s", replica.index, e)
+        return
+    if resp.status_code == 200:
+        replica.last_metrics = resp.text
+
+
+async def _reset(router: Router, replica: Replica) -> bool:
+    try:
+        resp = await router.client.post(replica.base_url + "/reset_prefix_cache", timeout=30.0)
+        return resp.status_code == 200 and bool(resp.json().get("success", True))
+    except (httpx.HTTPError, ValueError, AttributeError) as e:
+        logger.warning("reset_prefix_cache on replica %d failed: %s", replica.index, e)
+        return False
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, exc: APIError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        err = APIError(str(exc.detail), exc.status_code)
+        return JSONResponse(err.body(), status_code=exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+        logger.exception("unhandled error routing %s", request.url.path)
+        err = APIError(f"internal error: {type(exc).__name__}: {exc}", 500)
+        return JSONResponse(err.body(), status_code=500)

@@ -1,0 +1,89 @@
+"""The router as a bench target: templates that start it, and what a run through it recorded.
+
+Place in the flow: an experiment template names `command: [workbench, router, ...]`; the
+runner appends the engine config as flags (`policy: prefix_aware` is the router's, the rest
+reach every replica) and measures the router like any OpenAI server. These helpers serve the
+notebook and scripts:
+
+    local_target(spec, port=, num_replicas=, model=) the template's target run with this
+                                                     interpreter (`python -m workbench.cli`),
+                                                     on another port / replica count / model
+    run_replica_summary(run_id, uri)                 per-replica + aggregate rows of one
+                                                     logged run (its server_delta.json)
+    scaling(spec, config, workload, arrival, n)      output throughput with 1 and n replicas
+                                                     and the scaling efficiency
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from workbench.calc import scaling_efficiency
+from workbench.router.summary import replica_summary
+
+
+def _set_flag(command: list[str], flag: str, value: str) -> list[str]:
+    if flag in command:
+        i = command.index(flag)
+        return [*command[: i + 1], value, *command[i + 2:]]
+    return [*command, flag, value]
+
+
+def local_target(spec: dict[str, Any], port: int | None = None,
+                 num_replicas: int | None = None, model: str | None = None) -> dict[str, Any]:
+    """A copy of a router target spec whose command runs `sys.executable -m workbench.cli`
+    (no `workbench` script needed on PATH), with `port`, `num_replicas` and `model` (a named
+    model or folder, served under that name) set when given."""
+    out = copy.deepcopy(spec)
+    command = [str(c) for c in out["command"]]
+    if command and Path(command[0]).name == "workbench":
+        command = [sys.executable, "-m", "workbench.cli", *command[1:]]
+    if port is not None:
+        command = _set_flag(command, "--port", str(port))
+        out["base_url"] = f"http://127.0.0.1:{port}/v1"
+    if num_replicas is not None:
+        command = _set_flag(command, "--num-replicas", str(num_replicas))
+    if model is not None:
+        command = _set_flag(_set_flag(command, "--model", model), "--served-model-name", model)
+        out["model"] = out["tokenizer"] = model
+    out["command"] = command
+    return out
+
+
+def run_replica_summary(run_id: str, uri: str) -> list[dict[str, Any]]:
+    """`replica_summary` of the /metrics delta an HTTP run logged (server_delta.json)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = client.download_artifacts(run_id, "server_delta.json", tmp)
+        delta = json.loads(Path(path).read_text())["delta"]
+    return replica_summary(delta)
+
+
+def scaling(spec: dict[str, Any], config: dict[str, Any], workload: Any, arrival: Any,
+            num_replicas: int, **run_kw: Any) -> dict[str, Any]:
+    """One run with 1 replica and one with `num_replicas` (same router target, workload and
+    arrivals): output throughputs and scaling_efficiency(throughput_n, throughput_1, n)."""
+    from workbench.bench.server_process import run_variant
+
+    if num_replicas < 2:
+        raise ValueError(f"num_replicas ({num_replicas}) must be >= 2 to compare with 1")
+    out: dict[str, Any] = {"num_replicas": num_replicas}
+    for n, key in ((1, "throughput_1"), (num_replicas, "throughput_n")):
+        result, _ = run_variant(local_target(spec, num_replicas=n), config, workload, arrival,
+                                **run_kw)
+        if result.error:
+            raise RuntimeError(f"the {n}-replica run failed: {result.error}")
+        metrics = result.metrics()
+        out[key] = metrics["output_throughput"]
+        out[f"p95_ttft_ms_{n}"] = metrics["p95_ttft_ms"]
+        out[f"valid_{n}"] = result.validity.valid
+    out["scaling_efficiency"] = scaling_efficiency(out["throughput_n"], out["throughput_1"],
+                                                   num_replicas)
+    return out

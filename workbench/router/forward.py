@@ -1,0 +1,223 @@
+"""The router's request path: pick a replica, forward, and retry on a failed replica.
+
+    client -> Router.forward(routed) -> policy.choose(loads) -> replica i
+        JSON:   POST to i; connection fails or breaks -> i marked dead, same body to the next
+        stream: open i's stream (a failure before its status: same as JSON), then relay its
+                events; if it breaks mid-way -> i marked dead, `StreamRelay.resume()` gives the
+                restart or the continuation, sent to the next live replica, and so on
+
+Every attempt counts in `replica.requests_total` and holds `replica.outstanding` until its
+response is read or fails; a failed attempt that goes on to another replica counts in the
+failed replica's `retries_total`. A request tries each live replica at most once (or
+`max_attempts`); with none left the client gets a 503 (JSON) or an error event (stream).
+HTTP errors from a replica (a 400 for a bad request, ...) are the request's answer, not a
+replica failure: they are returned as they are. Only transport failures (refused or reset
+connections, a stream cut before `[DONE]`) mark a replica dead.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+import httpx
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
+
+from workbench.bench.sse import SSEDecoder
+from workbench.router.config import RouterConfig
+from workbench.router.policies import NoLiveReplicaError, ReplicaLoad, RoutingPolicy
+from workbench.router.pool import Replica, ReplicaPool
+from workbench.router.prompts import RoutedRequest
+from workbench.router.relay import Continuation, StreamRelay
+from workbench.server.protocol import APIError
+
+logger = logging.getLogger(__name__)
+FORWARD_HEADERS = ("authorization", "x-request-id")
+RETURN_HEADERS = ("content-type", "x-request-id")
+
+
+class Router:
+    def __init__(self, pool: ReplicaPool, policy: RoutingPolicy, config: RouterConfig,
+                 tokenizer: Any) -> None:
+        self.pool, self.policy, self.config, self.tokenizer = pool, policy, config, tokenizer
+        self.client = httpx.AsyncClient(
+            timeout=httpx.Timeout(None, connect=10.0), trust_env=False,
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+        self.decisions: Counter[str] = Counter()
+        self.client_requests = 0  # requests received on /v1/*completions
+        self.failed_requests = 0  # requests no live replica could finish
+        self.resumed_streams = 0  # streams continued on another replica mid-way
+        self.restarted_requests = 0  # requests sent again from scratch after a failure
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+    # ---------------------------------------------------------------- choosing
+    def pick(self, routed: RoutedRequest, tried: set[int]) -> Replica:
+        """The policy's choice among live replicas not yet tried; NoLiveReplicaError."""
+        limit = self.config.max_attempts or len(self.pool)
+        if len(tried) >= limit:
+            raise NoLiveReplicaError(f"tried {len(tried)} replica(s), the limit")
+        loads = [ReplicaLoad(r.index, r.outstanding, r.alive and r.index not in tried)
+                 for r in self.pool.replicas]
+        decision = self.policy.choose(loads, routed.route)
+        self.decisions[decision.reason] += 1
+        replica = self.pool.replicas[decision.replica]
+        tried.add(replica.index)
+        replica.requests_total += 1
+        replica.outstanding += 1
+        return replica
+
+    def replica_failed(self, replica: Replica, reason: str) -> None:
+        self.pool.mark_dead(replica, reason)
+
+    @staticmethod
+    def done(replica: Replica) -> None:
+        replica.outstanding -= 1
+
+    # ---------------------------------------------------------------- JSON
+    async def forward_json(self, routed: RoutedRequest, headers: dict[str, str]) -> Response:
+        tried: set[int] = set()
+        failed: Replica | None = None
+        while True:
+            try:
+                replica = self.pick(routed, tried)
+            except NoLiveReplicaError as e:
+                self.failed_requests += 1
+                raise APIError(f"no live replica could serve the request: {e}", 503) from None
+            if failed is not None:
+                failed.retries_total += 1
+                self.restarted_requests += 1
+            try:
+                resp = await self.client.post(replica.base_url + routed.path, json=routed.body,
+                                              headers=headers)
+            except httpx.TransportError as e:
+                self.replica_failed(replica, f"{type(e).__name__}: {e}")
+                failed = replica
+                continue
+            finally:
+                self.done(replica)
+            return Response(resp.content, resp.status_code, headers=_pick(resp.headers))
+
+    # ---------------------------------------------------------------- streams
+    async def forward_stream(self, routed: RoutedRequest, headers: dict[str, str]) -> Response:
+        relay = StreamRelay(routed, self.tokenizer)
+        tried: set[int] = set()
+        opened = await self._open(routed, relay.first_request(), headers, tried, None)
+        if isinstance(opened, Response):
+            return opened
+        body = self._relay(routed, relay, headers, tried, *opened)
+        out_headers = {k: v for k, v in _pick(opened[1].headers).items()
+                       if k != "content-type"}
+        return _RelayResponse(body, media_type="text/event-stream", headers=out_headers)
+
+    async def _open(
+        self, routed: RoutedRequest, req: Continuation, headers: dict[str, str],
+        tried: set[int], failed: Replica | None,
+    ) -> tuple[Replica, httpx.Response] | Response:
+        """A replica's stream with status 200, or the Response to give the client instead
+        (a replica's HTTP error as it is, or 503 when no live replica is left)."""
+        while True:
+            try:
+                replica = self.pick(routed, tried)
+            except NoLiveReplicaError as e:
+                self.failed_requests += 1
+                err = APIError(f"no live replica could serve the request: {e}", 503)
+                return JSONResponse(err.body(), status_code=503)
+            if failed is not None:
+                failed.retries_total += 1
+                if req.restart:
+                    self.restarted_requests += 1
+                else:
+                    self.resumed_streams += 1
+                failed = None
+            request = self.client.build_request("POST", replica.base_url + req.path,
+                                                json=req.body, headers=headers)
+            try:
+                resp = await self.client.send(request, stream=True)
+            except httpx.TransportError as e:
+                self.replica_failed(replica, f"{type(e).__name__}: {e}")
+                self.done(replica)
+                failed = replica
+                continue
+            if resp.status_code != 200:
+                content = await resp.aread()
+                await resp.aclose()
+                self.done(replica)
+                return Response(content, resp.status_code, headers=_pick(resp.headers))
+            return replica, resp
+
+    async def _relay(
+        self, routed: RoutedRequest, relay: StreamRelay, headers: dict[str, str],
+        tried: set[int], replica: Replica, resp: httpx.Response,
+    ) -> AsyncIterator[str]:
+        while True:
+            broken: str | None = None
+            try:
+                async for payload in _payloads(resp):
+                    for event in relay.feed(payload):
+                        yield event
+                    if relay.done:
+                        break
+                else:
+                    broken = "the stream ended before [DONE]"
+            except httpx.TransportError as e:
+                broken = f"the stream broke: {type(e).__name__}: {e}"
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await resp.aclose()
+                if broken is not None and not relay.done:  # counted while still in flight
+                    self.replica_failed(replica, broken)
+                self.done(replica)
+            if broken is None or relay.done:
+                return
+            plan = relay.resume()
+            if isinstance(plan, list):  # finished here (or cannot be resumed)
+                for event in plan:
+                    yield event
+                self.failed_requests += int(relay.failed)
+                return
+            opened = await self._open(routed, plan, headers, tried, replica)
+            if isinstance(opened, Response):
+                self.failed_requests += int(opened.status_code != 503)  # 503: counted
+                message = bytes(opened.body).decode("utf-8", "replace")[:300]
+                for event in relay.error_events(f"the stream could not be completed on "
+                                                f"another replica: {message}"):
+                    yield event
+                return
+            replica, resp = opened
+
+
+async def _payloads(resp: httpx.Response) -> AsyncIterator[str]:
+    dec = SSEDecoder()
+    async for raw in resp.aiter_bytes():
+        for data in dec.feed(raw):
+            yield data
+    for data in dec.flush():
+        yield data
+
+
+def _pick(headers: httpx.Headers) -> dict[str, str]:
+    return {k: headers[k] for k in RETURN_HEADERS if k in headers}
+
+
+def forward_headers(headers: Any) -> dict[str, str]:
+    """The client headers a replica needs (auth, request id)."""
+    return {k: headers[k] for k in FORWARD_HEADERS if k in headers}
+
+
+class _RelayResponse(StreamingResponse):
+    """Closes the relay generator when the client goes away, so the replica stream is
+    closed (and the replica aborts the request) at once, as the server's own SSE does."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            aclose = getattr(self.body_iterator, "aclose", None)
+            if aclose is not None:
+                await aclose()

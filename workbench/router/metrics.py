@@ -1,0 +1,126 @@
+"""The router's `/metrics`: its own counters, every replica's metrics, and their aggregates.
+
+Place in the flow: on each scrape, `app` fetches every live replica's /metrics
+(`Replica.last_metrics` keeps the last good text, so a dead replica's counters stay frozen
+instead of vanishing) and renders `RouterCollector`:
+
+    router_requests_total{replica}          attempts sent to the replica (retries included)
+    router_requests_outstanding{replica}    attempts in flight now
+    router_retries_total{replica}           attempts on it that failed and went elsewhere
+    router_replica_failures_total{replica}  1 once the replica was marked dead
+    router_replica_up{replica}              1 alive, 0 dead
+    router_client_requests_total, router_failed_requests_total (no replica could finish),
+    router_resumed_streams_total, router_restarted_requests_total,
+    router_routing_decisions_total{reason}  the policy's reasons (owner, load_bound, ...)
+    router_info{policy,num_replicas,prefix_blocks,block_size} 1
+
+    vllm:*{..., replica="i"}                each replica's own series, a `replica` label added
+    vllm:*{...}                             the aggregate over replicas: the sum, except usage
+                                            ratios (`*_perc`, `*usage*`: the mean) and `*_info`
+                                            gauges (the max)
+
+So a client that reads vLLM names (the bench's `prom.parse` / `prom.delta`, e.g. the
+prefix-cache hit rate) sees the whole deployment, and `summary.replica_summary` splits it per
+replica. In PromQL, select either the `replica`-labelled series or the unlabelled aggregate,
+never sum both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.parser import text_string_to_metric_families
+
+if TYPE_CHECKING:
+    from workbench.router.forward import Router
+
+REPLICA_LABEL = "replica"
+
+
+class RouterCollector:
+    """prometheus_client collector over a live `Router` (read at scrape time)."""
+
+    def __init__(self, router: Router) -> None:
+        self.router = router
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        yield from router_families(self.router)
+        yield from replica_families({r.index: r.last_metrics for r in self.router.pool.replicas
+                                     if r.last_metrics})
+
+
+def router_families(router: Router) -> Iterator[Metric]:
+    replicas = router.pool.replicas
+    per_replica = (
+        ("router_requests", "Requests sent to each replica (retries included).",
+         CounterMetricFamily, lambda r: r.requests_total),
+        ("router_requests_outstanding", "Requests in flight on each replica.",
+         GaugeMetricFamily, lambda r: r.outstanding),
+        ("router_retries", "Requests that failed on the replica and were retried elsewhere.",
+         CounterMetricFamily, lambda r: r.retries_total),
+        ("router_replica_failures", "Times the replica was marked dead.",
+         CounterMetricFamily, lambda r: r.failures_total),
+        ("router_replica_up", "1 while the replica is routed to, 0 once marked dead.",
+         GaugeMetricFamily, lambda r: int(r.alive)),
+    )
+    for name, doc, family, value in per_replica:
+        m = family(name, doc, labels=[REPLICA_LABEL])
+        for r in replicas:
+            m.add_metric([str(r.index)], float(value(r)))
+        yield m
+    for name, doc, value in (
+        ("router_client_requests", "Completion requests received.", router.client_requests),
+        ("router_failed_requests", "Requests no live replica could complete.",
+         router.failed_requests),
+        ("router_resumed_streams", "Streams continued on another replica after a failure.",
+         router.resumed_streams),
+        ("router_restarted_requests", "Requests sent again from scratch after a failure.",
+         router.restarted_requests),
+    ):
+        yield CounterMetricFamily(name, doc, value=float(value))
+    d = CounterMetricFamily("router_routing_decisions", "Routing decisions by reason.",
+                            labels=["reason"])
+    for reason, count in sorted(router.decisions.items()):
+        d.add_metric([reason], float(count))
+    yield d
+    cfg = router.config
+    info = GaugeMetricFamily("router_info", "The router's configuration.",
+                             labels=["policy", "num_replicas", "prefix_blocks", "block_size"])
+    info.add_metric([cfg.policy, str(len(replicas)), str(cfg.prefix_blocks),
+                     str(cfg.block_size)], 1.0)
+    yield info
+
+
+def _combine(family: str, sample: str, kind: str, values: list[float]) -> float:
+    if kind == "gauge" and (sample.endswith("_perc") or "usage" in sample):
+        return sum(values) / len(values)
+    if family.endswith("_info"):
+        return max(values)
+    return sum(values)
+
+
+def replica_families(texts: dict[int, str]) -> Iterator[Metric]:
+    """Each replica's families with a `replica` label, plus the aggregate samples."""
+    families: dict[str, Metric] = {}
+    agg: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], list[float]]] = {}
+    for index, text in sorted(texts.items()):
+        for fam in text_string_to_metric_families(text):
+            out = families.get(fam.name)
+            if out is None:
+                out = families[fam.name] = Metric(fam.name, fam.documentation, fam.type)
+                agg[fam.name] = {}
+            for s in fam.samples:
+                if REPLICA_LABEL in s.labels:
+                    continue  # not a replica's own series
+                out.add_sample(s.name, {**s.labels, REPLICA_LABEL: str(index)}, s.value)
+                key = (s.name, tuple(sorted(s.labels.items())))
+                agg[fam.name].setdefault(key, []).append(float(s.value))
+    for name, out in families.items():
+        for (sample, labels), values in agg[name].items():
+            out.add_sample(sample, dict(labels), _combine(name, sample, out.type, values))
+        yield out

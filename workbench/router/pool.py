@@ -1,0 +1,154 @@
+"""The replica pool: N independent `workbench serve` processes on 127.0.0.1, and their state.
+
+    ReplicaPool(serve_args=["--model", DIR, ...], num_replicas=2)
+      replica i = [python -m workbench.cli serve *serve_args --host 127.0.0.1 --port P_i]
+                  in its own session / process group (`ServerProcess`), OMP_NUM_THREADS=1
+
+Place in the flow: the router's lifespan starts the pool (all replicas launched at once,
+then each waited for until its /health answers), routes with `replica.outstanding` and
+`replica.alive`, and stops every process group on shutdown. A replica is marked dead once
+(`mark_dead`), when a request's connection to it fails or its stream breaks, or when the
+health check finds its process gone; it is then never routed to again (no restart). The
+pool can also wrap servers it did not start (`urls=`), which it never stops.
+
+Counters kept per replica (exported by `metrics.py`): attempts sent (`requests_total`,
+retries included), attempts that failed and went to another replica (`retries_total`),
+failures (0 or 1, `failures_total`) and the outstanding count.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import socket
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from workbench.bench.server_process import ServerProcess
+
+logger = logging.getLogger(__name__)
+REPLICA_HOST = "127.0.0.1"
+
+
+@dataclass
+class Replica:
+    index: int
+    base_url: str  # http://127.0.0.1:PORT (no /v1)
+    process: ServerProcess | None = None  # None: a server the pool did not start
+    alive: bool = True
+    outstanding: int = 0
+    requests_total: int = 0
+    retries_total: int = 0
+    failures_total: int = 0
+    failure: str | None = None  # why it was marked dead
+    last_metrics: str = field(default="", repr=False)  # last /metrics text scraped
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    def describe(self) -> dict[str, object]:
+        return {"replica": self.index, "url": self.base_url, "pid": self.pid,
+                "alive": self.alive, "outstanding": self.outstanding,
+                "requests_total": self.requests_total, "retries_total": self.retries_total,
+                "failure": self.failure,
+                "log_path": str(self.process.log_path) if self.process is not None else None}
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct free TCP ports on 127.0.0.1 (held open together while chosen)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind((REPLICA_HOST, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+class ReplicaPool:
+    """N replicas started from `serve_args`, or the servers at `urls`."""
+
+    def __init__(
+        self, serve_args: list[str] | None = None, num_replicas: int = 2,
+        threads: int = 1, ready_timeout_s: float = 300.0, log_dir: str | Path | None = None,
+        ports: list[int] | None = None, urls: list[str] | None = None,
+    ) -> None:
+        if urls is not None:
+            if not urls:
+                raise ValueError("urls is empty; give at least one replica URL")
+            self.replicas = [Replica(i, u.rstrip("/").removesuffix("/v1"))
+                             for i, u in enumerate(urls)]
+            return
+        if serve_args is None:
+            raise ValueError("give serve_args (the replicas' `workbench serve` flags) or urls")
+        if num_replicas < 1:
+            raise ValueError(f"num_replicas ({num_replicas}) must be >= 1")
+        if ports is not None and len(ports) != num_replicas:
+            raise ValueError(f"ports ({ports}) must list one port per replica ({num_replicas})")
+        ports = ports or free_ports(num_replicas)
+        env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+        self.replicas = []
+        for i, port in enumerate(ports):
+            url = f"http://{REPLICA_HOST}:{port}"
+            log = Path(log_dir) / f"replica-{i}.log" if log_dir is not None else None
+            cmd = [sys.executable, "-m", "workbench.cli", "serve", *serve_args,
+                   "--host", REPLICA_HOST, "--port", str(port)]
+            proc = ServerProcess(cmd, url, ready_timeout_s=ready_timeout_s, env=env,
+                                 log_path=log, stop_timeout_s=10.0)
+            self.replicas.append(Replica(i, url, proc))
+
+    def __len__(self) -> int:
+        return len(self.replicas)
+
+    # ---------------------------------------------------------------- lifecycle
+    def start(self) -> None:
+        """Launch every replica at once and wait for all; on any failure stop them all and
+        raise RuntimeError naming the replica (with its log tail)."""
+        procs = [r for r in self.replicas if r.process is not None]
+        with concurrent.futures.ThreadPoolExecutor(max(1, len(procs))) as ex:
+            futures = {ex.submit(r.process.start): r for r in procs}  # type: ignore[union-attr]
+            errors = []
+            for fut, r in futures.items():
+                try:
+                    fut.result()
+                except Exception as e:  # noqa: BLE001 - reported together below
+                    errors.append(f"replica {r.index}: {e}")
+        if errors:
+            self.stop()
+            raise RuntimeError("; ".join(errors))
+        for r in procs:
+            logger.info("replica %d ready at %s (pid %s, %.1f s)", r.index, r.base_url, r.pid,
+                        r.process.ready_s or 0.0)  # type: ignore[union-attr]
+
+    def stop(self) -> None:
+        """Stop every replica's process group (idempotent; dead ones too)."""
+        procs = [r.process for r in self.replicas if r.process is not None]
+        with concurrent.futures.ThreadPoolExecutor(max(1, len(procs))) as ex:
+            list(ex.map(lambda p: p.stop(), procs))
+
+    # ---------------------------------------------------------------- state
+    def live(self) -> list[Replica]:
+        return [r for r in self.replicas if r.alive]
+
+    def exited(self, replica: Replica) -> int | None:
+        """The exit code when the pool's process for `replica` has exited, else None."""
+        proc = replica.process.proc if replica.process is not None else None
+        return proc.poll() if proc is not None else None
+
+    def mark_dead(self, replica: Replica, reason: str) -> bool:
+        """Exclude `replica` from routing; True the first time (the failure is recorded)."""
+        if not replica.alive:
+            return False
+        replica.alive = False
+        replica.failure = reason
+        replica.failures_total += 1
+        logger.warning(
+            "replica %d (%s, pid %s) failed: %s; marked dead, its %d in-flight request(s) "
+            "are retried on the %d live replica(s)", replica.index, replica.base_url,
+            replica.pid, reason, replica.outstanding, len(self.live()))
+        return True

@@ -1,0 +1,65 @@
+"""A client request as the router needs it: validated, its prompt ids, how many choices.
+
+Place in the flow: `app` reads the JSON body -> `routed_request()` -> the policy keys on
+`route.prompt_token_ids`, and a broken stream is resumed from `prompt_token_ids` (+ the
+tokens already generated). The body is validated and tokenized with the server's own code
+(`workbench.server.protocol` / `inputs`) and the replicas' tokenizer, so the ids are exactly
+what a replica computes: text prompts with `add_special_tokens`, chat messages through the
+chat template. A bad body is the same `APIError` (400) a replica would answer; the body
+forwarded to the replica is the client's, unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+from workbench.router.policies import RouteRequest
+from workbench.server import inputs
+from workbench.server.protocol import ChatCompletionRequest, CompletionRequest, parse_request
+
+ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+
+
+@dataclass(frozen=True)
+class RoutedRequest:
+    kind: str  # "completions" | "chat"
+    body: dict[str, Any]  # the client's JSON body
+    route: RouteRequest  # what the policy sees (the first prompt's ids, the cache salt)
+    prompt_token_ids: list[int] | None  # the single prompt's ids; None for a batch
+    num_choices: int  # prompts x n
+    max_tokens: int | None  # the client's max_tokens (chat: max_completion_tokens first)
+    stream: bool
+    include_usage: bool
+    continuous_usage: bool
+    return_token_ids: bool
+    stop: list[str]
+    skip_special_tokens: bool
+
+    @property
+    def path(self) -> str:
+        return ENDPOINTS[self.kind]
+
+
+def routed_request(kind: str, body: Any, tokenizer: Any) -> RoutedRequest:
+    """Validate `body` for endpoint `kind` and tokenize its prompt(s); APIError if invalid."""
+    if kind not in ENDPOINTS:
+        raise ValueError(f"kind ({kind!r}) must be one of {list(ENDPOINTS)}")
+    shim: Any = SimpleNamespace(tokenizer=tokenizer)  # inputs only reads `.tokenizer`
+    if kind == "chat":
+        req: Any = parse_request(ChatCompletionRequest, body)
+        prompts = [inputs.chat_prompt(shim, req)]
+        max_tokens = req.max_tokens_param[1]
+    else:
+        req = parse_request(CompletionRequest, body)
+        prompts = inputs.completion_prompts(shim, req)
+        max_tokens = req.max_tokens
+    return RoutedRequest(
+        kind=kind, body=dict(body), route=RouteRequest(prompts[0], req.cache_salt),
+        prompt_token_ids=prompts[0] if len(prompts) == 1 else None,
+        num_choices=len(prompts) * req.n, max_tokens=max_tokens, stream=bool(req.stream),
+        include_usage=req.include_usage, continuous_usage=req.continuous_usage,
+        return_token_ids=bool(req.return_token_ids), stop=req.stop_strings,
+        skip_special_tokens=req.skip_special_tokens,
+    )
