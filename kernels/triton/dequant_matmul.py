@@ -41,7 +41,10 @@ import triton
 import triton.language as tl
 
 from kernels.triton import INTERPRETED
+from kernels.triton.paged_decode import interpret_triton_stdlib
 from workbench.layers.quantization import int4, int8
+
+interpret_triton_stdlib()  # triton may have been imported before TRITON_INTERPRET was set
 
 SUPPORTED_DTYPES = int8.TRITON_DTYPES  # fp16, bf16, fp32 activations
 _BLOCK_K_CHOICES = (64, 32, 16)  # tl.dot needs every tile dim >= 16
