@@ -270,3 +270,31 @@ def test_llm_greedy_matches_torch_backend(llama_path: Path) -> None:
     assert outputs["triton"] == outputs["torch"]
     assert stats["triton"]["vllm:prefix_cache_hits"] >= 16
     print(f"generate: torch {seconds['torch']:.2f} s, triton {seconds['triton']:.2f} s")
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
+def test_decode_graphs_replay_matches_eager(llama_path: Path, kv_cache_dtype: str) -> None:
+    """The CUDA-graph path on CPU: capture every decode size with EagerReplay (re-runs the
+    recorded forward on the static buffers, so anything read from the capture-time metadata
+    would give wrong tokens), then generate 3 requests (padded to the 4-graph) and compare
+    with the eager engine token for token; the fp8 cache calibrates on the first prefill,
+    after capture."""
+    from workbench import LLM, SamplingParams
+    from workbench.engine.cuda_graph import eager_graph_factory
+
+    rng = random.Random(1)
+    prompts = [[rng.randrange(10, 1000) for _ in range(n)] for n in (5, 19, 11)]
+    params = SamplingParams(temperature=0.0, max_tokens=5)
+    outputs = {}
+    for graphs in (False, True):
+        llm = LLM(str(llama_path), dtype="float32", attention_backend="triton", block_size=16,
+                  max_model_len=48, max_num_seqs=4, kv_cache_dtype=kv_cache_dtype,
+                  calculate_kv_scales=kv_cache_dtype == "fp8")
+        runner = llm.engine.runner
+        if graphs:
+            runner.capture_model(graph_factory=eager_graph_factory)
+            assert sorted(runner.graph_runner.graphs) == [1, 2, 4]
+        outputs[graphs] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+        if graphs:
+            assert runner.graph_runner.num_replays >= 4  # 3 sequences -> the 4-graph
+    assert outputs[True] == outputs[False]
