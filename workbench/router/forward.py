@@ -24,8 +24,7 @@ from typing import Any
 
 import anyio
 import httpx
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.types import Receive, Scope, Send
+from fastapi.responses import JSONResponse, Response
 
 from workbench.bench.sse import SSEDecoder
 from workbench.router.config import RouterConfig
@@ -34,6 +33,7 @@ from workbench.router.pool import Replica, ReplicaPool
 from workbench.router.prompts import RoutedRequest
 from workbench.router.relay import Continuation, StreamRelay
 from workbench.server.protocol import APIError
+from workbench.server.streaming import ClosingStreamingResponse
 
 logger = logging.getLogger(__name__)
 FORWARD_HEADERS = ("authorization", "x-request-id")
@@ -113,7 +113,7 @@ class Router:
         body = self._relay(routed, relay, headers, tried, *opened)
         out_headers = {k: v for k, v in _pick(opened[1].headers).items()
                        if k != "content-type"}
-        return _RelayResponse(body, media_type="text/event-stream", headers=out_headers)
+        return ClosingStreamingResponse(body, media_type="text/event-stream", headers=out_headers)
 
     async def _open(
         self, routed: RoutedRequest, req: Continuation, headers: dict[str, str],
@@ -208,16 +208,3 @@ def _pick(headers: httpx.Headers) -> dict[str, str]:
 def forward_headers(headers: Any) -> dict[str, str]:
     """The client headers a replica needs (auth, request id)."""
     return {k: headers[k] for k in FORWARD_HEADERS if k in headers}
-
-
-class _RelayResponse(StreamingResponse):
-    """Closes the relay generator when the client goes away, so the replica stream is
-    closed (and the replica aborts the request) at once, as the server's own SSE does."""
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            aclose = getattr(self.body_iterator, "aclose", None)
-            if aclose is not None:
-                await aclose()

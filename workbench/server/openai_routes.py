@@ -25,8 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.types import Receive, Scope, Send
+from fastapi.responses import JSONResponse, Response
 
 from workbench.engine.async_engine import AsyncEngine, AsyncEngineError
 from workbench.engine.llm_engine import LLMEngine
@@ -41,6 +40,7 @@ from workbench.server.protocol import (
     CompletionRequest,
     parse_request,
 )
+from workbench.server.streaming import ClosingStreamingResponse
 
 router = APIRouter()
 
@@ -229,19 +229,13 @@ async def _abort_on_disconnect(request: Request, gen: Generation) -> None:
         await asyncio.sleep(0.05)
 
 
-class _SSEResponse(StreamingResponse):
-    """A StreamingResponse that always closes its generator and aborts what is unfinished, so
-    a client that goes away (even before the first byte) frees its blocks at once."""
+class _SSEResponse(ClosingStreamingResponse):
+    """Closes its generator and aborts what is unfinished, so a client that goes away (even
+    before the first byte) frees its blocks at once."""
 
     def __init__(self, content: AsyncIterator[str], gen: Generation, **kw: Any) -> None:
         super().__init__(content, **kw)
         self.gen = gen
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            aclose = getattr(self.body_iterator, "aclose", None)
-            if aclose is not None:
-                await aclose()
-            self.gen.abort()
+    def on_close(self) -> None:
+        self.gen.abort()
