@@ -119,6 +119,21 @@ def attention_dot(a, b, DOT_FP32: tl.constexpr, DOT_DTYPE: tl.constexpr):
 
 
 @triton.jit
+def online_softmax_update(s, v, m, denom, acc, DOT_FP32: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """One KV tile of FlashAttention's online softmax. s [R, TILE] scaled scores with hidden
+    positions at -inf, v [TILE, D]; (m, denom, acc) = running max, sum of exp(s - m) and sum of
+    exp(s - m) * v per row. A row with nothing visible yet keeps m = -inf and subtracts 0
+    instead (exp(-inf) = 0), so it adds nothing and never produces NaN."""
+    m_new = tl.maximum(m, tl.max(s, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp(m - m_safe)  # rescales what was summed under the old max
+    p = tl.exp(s - m_safe[:, None])
+    denom = denom * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + attention_dot(p, v, DOT_FP32, DOT_DTYPE)
+    return m_new, denom, acc
+
+
+@triton.jit
 def _paged_decode_split_kernel(
     q_ptr,  # [num_seqs, Hq, D]
     k_cache_ptr,  # [num_blocks, block_size, Hkv, D]
@@ -184,12 +199,9 @@ def _paged_decode_split_kernel(
         )  # fmt: skip
         s = attention_dot(q, tl.trans(k), DOT_FP32, q_ptr.dtype.element_ty) * scale
         s = tl.where(valid[None, :], s, float("-inf"))  # [GROUP_PAD, TILE_N]
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        alpha = tl.exp(m - m_new)  # rescales what was summed under the old max
-        p = tl.exp(s - m_new[:, None])
-        denom = denom * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + attention_dot(p, v, DOT_FP32, q_ptr.dtype.element_ty)
-        m = m_new
+        m, denom, acc = online_softmax_update(
+            s, v, m, denom, acc, DOT_FP32, q_ptr.dtype.element_ty
+        )
 
     nonempty = denom > 0
     lse = tl.where(nonempty, m + tl.log(tl.where(nonempty, denom, 1.0)), float("-inf"))

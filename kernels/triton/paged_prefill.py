@@ -44,6 +44,7 @@ from kernels.triton.paged_decode import (
     dot_in_fp32,
     gather_context_ref,
     load_paged_kv_tile,
+    online_softmax_update,
 )
 
 BLOCK_M = 64  # (query row, group head) pairs per program
@@ -127,14 +128,9 @@ def _paged_prefill_kernel(
         s = attention_dot(q, tl.trans(k), DOT_FP32, q_ptr.dtype.element_ty) * scale
         causal = valid[None, :] & (pos[None, :] <= q_pos[:, None])
         s = tl.where(causal, s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        # a row with nothing visible yet keeps m = -inf: subtract 0 instead (exp(-inf) = 0)
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp(m - m_safe)
-        p = tl.exp(s - m_safe[:, None])
-        denom = denom * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + attention_dot(p, v, DOT_FP32, q_ptr.dtype.element_ty)
-        m = m_new
+        m, denom, acc = online_softmax_update(
+            s, v, m, denom, acc, DOT_FP32, q_ptr.dtype.element_ty
+        )
 
     out = acc / tl.where(denom > 0, denom, 1.0)[:, None]
     tl.store(
