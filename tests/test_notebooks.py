@@ -52,7 +52,7 @@ def test_every_notebook_is_tested() -> None:
                      "03_chunked_prefill_sweep.ipynb", "04_prefix_caching.ipynb",
                      "05_saturation.ipynb", "06_compare_runs.ipynb",
                      "07_speculative_decoding.ipynb", "08_quantization.ipynb",
-                     "10_routing.ipynb"}
+                     "09_tp_vs_replicas.ipynb", "10_routing.ipynb"}
 
 
 def test_01_quickstart_logs_when_given_a_store(tmp_path: Path) -> None:
@@ -171,6 +171,33 @@ def test_08_quantization_side_by_side(tmp_path: Path) -> None:
     source = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
     assert "Read the speed numbers as a CPU's, not a GPU's" in source
     assert pngs(figs) == {"memory.png", "throughput.png", "tpot.png"}
+
+
+def test_09_tp_vs_replicas(tmp_path: Path) -> None:
+    """2 workers as 2 replicas and as one TP=2 replica (the router's /metrics sees 2 and 1
+    replicas), one-worker reference, the all-reduce timing; the concurrency-1 pair is skipped
+    to save two router starts."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    nb, figs = execute("09_tp_vs_replicas.ipynb", tmp_path, model="bundled", num_requests=6,
+                       concurrency=2, latency_requests=0, allreduce_iters=10, port=8193,
+                       mlflow_uri=uri, mlflow_experiment="tp-nb")
+    text = text_of(nb)
+    assert "| value | output_throughput" in text and "floor_ms_per_step" in text
+    assert pngs(figs) == {"throughput.png", "tpot_ecdf.png"}
+    from workbench.analysis import parent_runs, run_artifact_frame
+
+    run = parent_runs("tp-nb", uri).loc[0]
+    layouts = run_artifact_frame(run["run_id"], "09_tp_vs_replicas/layouts.csv", uri)
+    assert list(layouts["layout"]) == ["1 worker", "2 replicas (TP=1)", "1 replica, TP=2"]
+    assert list(layouts["completed"]) == [6, 6, 6]
+    assert list(layouts["replicas_seen"].fillna(-1)) == [-1, 2, 1]
+    assert layouts.loc[0, "scaling_efficiency"] == 1.0
+    tput = layouts.set_index("layout")["output_throughput"]
+    assert run["metrics.replicas_scaling_efficiency"] == pytest.approx(
+        tput["2 replicas (TP=1)"] / (2 * tput["1 worker"]))
+    assert run["metrics.tp2_scaling_efficiency"] == pytest.approx(
+        tput["1 replica, TP=2"] / (2 * tput["1 worker"]))
+    assert run["metrics.allreduce_median_us_1_token"] > 0
 
 
 def test_10_routing_round_robin_vs_prefix_aware(tmp_path: Path) -> None:

@@ -68,3 +68,75 @@ def test_template_target_runs_with_this_interpreter_on_another_port() -> None:
 def test_router_knobs_name_every_router_only_flag() -> None:
     dests = {a.dest for a in build_parser()._actions} - {"help", "host", "port", "log_level"}
     assert dests <= set(ROUTER_KNOBS)
+
+
+def test_num_workers_fixes_the_worker_count_while_tp_varies(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    model = str(bundled_checkpoint())  # 4 heads, 2 KV heads: TP 2 fits
+    _, config, serve, _ = parse_args(["--model", model, "--num-workers", "2",
+                                      "--tensor-parallel-size", "2"])
+    assert (config.num_replicas, config.tensor_parallel_size, config.num_workers) == (1, 2, 2)
+    assert serve[serve.index("--tensor-parallel-size") + 1] == "2"  # the replica's engine knob
+    _, config, _, _ = parse_args(["--model", model, "--num-workers", "2"])
+    assert (config.num_replicas, config.tensor_parallel_size, config.num_workers) == (2, 1, 2)
+    _, config, _, _ = parse_args(["--model", model, "--num-workers", "4", "--num-replicas", "2",
+                                  "--tensor-parallel-size", "2"])
+    assert config.num_replicas == 2
+    for argv, message in (
+            (["--num-workers", "3", "--tensor-parallel-size", "2"],
+             "num_workers (3) must be a multiple of tensor_parallel_size (2)"),
+            (["--num-workers", "2", "--num-replicas", "2", "--tensor-parallel-size", "2"],
+             "num_replicas (2) contradicts num_workers (2) / tensor_parallel_size (2) = 1"),
+            (["--num-workers", "0"], "num_workers (0) must be an integer >= 1")):
+        with pytest.raises(SystemExit) as e:
+            parse_args(["--model", model, *argv])
+        assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_tp_rank_takes_omp_num_threads_as_a_replica_does(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    from workbench.distributed.executor import threads_per_rank
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    assert threads_per_rank(2) == 1 and threads_per_rank(1) == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert threads_per_rank(2) == 3
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    assert (threads_per_rank(1), threads_per_rank(2), threads_per_rank(32)) == (16, 8, 1)
+    monkeypatch.setenv("OMP_NUM_THREADS", "zero")  # not a count: the equal share
+    assert threads_per_rank(4) == 4
+
+
+def test_tp_vs_replicas_template_changes_tp_at_a_fixed_worker_count() -> None:
+    from workbench.bench.server_process import server_command_for
+    from workbench.experiments.template import load_template
+    from workbench.router.experiment import local_target
+
+    t = load_template(Path(__file__).parents[2] / "experiments" / "tp_vs_replicas.yaml")
+    assert t.variable_name == "tensor_parallel_size" and t.variable_values == [2]
+    spec = local_target(t.target, port=8198)
+    layouts = []
+    for cfg in (t.baseline, t.variant_config(2)):
+        _, config, serve, _ = parse_args(server_command_for(spec, cfg)[4:])
+        layouts.append((config.num_workers, config.num_replicas, config.tensor_parallel_size,
+                        config.replica_threads, config.policy))
+        assert "--num-workers" not in serve  # the router's, not the replicas'
+    assert layouts == [(2, 2, 1, 1, "least_outstanding"), (2, 1, 2, 1, "least_outstanding")]
+
+
+def test_layout_row_takes_the_tails_and_the_efficiency_against_one_worker() -> None:
+    from workbench.router.experiment import LAYOUT_METRICS, layout_row
+
+    metrics = {k: float(i) for i, k in enumerate(LAYOUT_METRICS, start=1)}
+    metrics["output_throughput"] = 300.0
+    row = layout_row("2 replicas", metrics, True, 2, throughput_1=200.0)
+    assert row["scaling_efficiency"] == 0.75 and row["valid"] is True
+    assert (row["layout"], row["num_workers"], row["p99_tpot_ms"]) == ("2 replicas", 2, 7.0)
+    import math
+
+    assert math.isnan(layout_row("x", metrics, False, 2)["scaling_efficiency"])
+    with pytest.raises(ValueError, match="metrics lack p99_ttft_ms"):
+        layout_row("x", {k: v for k, v in metrics.items() if k != "p99_ttft_ms"}, True, 2)

@@ -194,13 +194,13 @@ def run_artifact_frame(run_id: str, path: str = "requests.csv", uri: str | None 
                        ) -> pd.DataFrame:
     """A CSV artifact of one run (e.g. the per-request table) as a DataFrame."""
     client = _client(uri)
-    with tempfile.TemporaryDirectory() as tmp, _no_progress_bar():
+    with tempfile.TemporaryDirectory() as tmp, no_progress_bar():
         local = client.download_artifacts(run_id, path, dst_path=tmp)
         return pd.read_csv(Path(local))
 
 
 @contextmanager
-def _no_progress_bar() -> Iterator[None]:
+def no_progress_bar() -> Iterator[None]:
     """Silence MLflow's per-download progress bar (noise in a notebook's output)."""
     key = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
     old = os.environ.get(key)

@@ -27,7 +27,9 @@ collected or at interpreter exit. NCCL does not notice a dead peer: there a work
 leave rank 0 waiting until the collective timeout (parallel_state.DIST_TIMEOUT_S).
 
 CPU threads: with N ranks on one machine each rank uses max(1, os.cpu_count() // N) intra-op
-threads (torch.set_num_threads); rank 0's previous setting is restored at shutdown.
+threads (torch.set_num_threads), or OMP_NUM_THREADS when that is set (the usual meaning:
+threads per process, so `workbench router --replica-threads 1` gives every TP rank one
+thread, like every replica); rank 0's previous setting is restored at shutdown.
 
 Spawn, not fork (a forked torch process with threads or CUDA is unsafe): like any spawning
 program, a script that builds a TP engine needs the `if __name__ == "__main__":` guard, since
@@ -69,6 +71,11 @@ def get_open_port() -> int:
 
 
 def threads_per_rank(world_size: int) -> int:
+    """Intra-op threads of each of `world_size` ranks on this machine: OMP_NUM_THREADS when it
+    is a positive integer, else an equal share of the cores (at least 1)."""
+    env = os.environ.get("OMP_NUM_THREADS", "").strip()
+    if env.isdigit() and int(env) >= 1:
+        return int(env)
     return max(1, (os.cpu_count() or 1) // world_size)
 
 

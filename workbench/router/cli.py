@@ -3,14 +3,15 @@
     workbench router --num-replicas 2 --policy prefix_aware --port 8000 \\
         --model DIR --dtype float32 --max-model-len 1024 [every `workbench serve` flag]
 
-Router flags (`RouterConfig`): --num-replicas, --policy (alias --routing-policy:
+Router flags (`RouterConfig`): --num-replicas, or --num-workers W (W / --tensor-parallel-size
+replicas: the worker count held fixed while TP varies), --policy (alias --routing-policy:
 round_robin | least_outstanding | prefix_aware), --prefix-blocks K, --prefix-block-size B
 (default: the replicas' --block-size), --load-bound-min, --load-bound-frac,
---replica-threads (OMP_NUM_THREADS per replica, default 1), --replica-ready-timeout-s,
---replica-log-dir, --replica-log-level (default warning), --max-attempts, --host (default
-127.0.0.1), --port (default 8000), --log-level. `--replica-url URL` (repeatable) routes to
-servers already running instead of starting replicas (`--model` still names the folder whose
-tokenizer keys the requests).
+--replica-threads (OMP_NUM_THREADS per replica process and per TP rank, default 1),
+--replica-ready-timeout-s, --replica-log-dir, --replica-log-level (default warning),
+--max-attempts, --host (default 127.0.0.1), --port (default 8000), --log-level.
+`--replica-url URL` (repeatable) routes to servers already running instead of starting
+replicas (`--model` still names the folder whose tokenizer keys the requests).
 
 Every other flag goes to each replica's `workbench serve` and is checked by its parser first
 (a bad engine flag is one error line, exit status 2). The engine's scheduling `--policy`
@@ -30,7 +31,7 @@ from workbench.router.policies import POLICIES
 
 # Config keys a template may give that are the router's, not an engine's (flags of this
 # command): what a check of a router template's engine config must leave out.
-ROUTER_KNOBS = ("num_replicas", "policy", "routing_policy", "prefix_blocks",
+ROUTER_KNOBS = ("num_replicas", "num_workers", "policy", "routing_policy", "prefix_blocks",
                 "prefix_block_size", "load_bound_min", "load_bound_frac", "replica_threads",
                 "replica_ready_timeout_s", "replica_log_dir", "replica_log_level",
                 "replica_url", "scheduling_policy", "max_attempts", "health_interval_s")
@@ -42,7 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
         description="Route OpenAI requests over independent `workbench serve` replicas.",
         epilog="Other flags go to every replica's `workbench serve` (--model, engine knobs).")
     d = RouterConfig()
-    ap.add_argument("--num-replicas", type=int, default=d.num_replicas)
+    ap.add_argument("--num-replicas", type=int, default=None,
+                    help=f"independent replicas (default {d.num_replicas})")
+    ap.add_argument("--num-workers", type=int, default=None,
+                    help="worker processes in all: num_workers / --tensor-parallel-size "
+                         "replicas (instead of --num-replicas)")
     ap.add_argument("--policy", "--routing-policy", dest="policy", choices=POLICIES,
                     default=d.policy)
     ap.add_argument("--prefix-blocks", type=int, default=d.prefix_blocks,
@@ -70,6 +75,21 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _num_replicas(args: argparse.Namespace, tensor_parallel_size: int) -> int:
+    """--replica-url count, else --num-workers / TP (checked against --num-replicas when both
+    are given), else --num-replicas, else the default."""
+    if args.replica_url:
+        return len(args.replica_url)
+    if args.num_workers is None:
+        return RouterConfig.num_replicas if args.num_replicas is None else args.num_replicas
+    num = RouterConfig.replicas_for_workers(args.num_workers, tensor_parallel_size)
+    if args.num_replicas is not None and args.num_replicas != num:
+        raise ValueError(
+            f"num_replicas ({args.num_replicas}) contradicts num_workers ({args.num_workers}) "
+            f"/ tensor_parallel_size ({tensor_parallel_size}) = {num}; give one of them")
+    return num
+
+
 def parse_args(argv: list[str]) -> tuple[argparse.Namespace, RouterConfig, list[str], str]:
     """(router args, RouterConfig, the replicas' `workbench serve` flags, the model folder)."""
     from workbench.server.serve import parse_args as serve_parse_args
@@ -80,14 +100,16 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, RouterConfig, list[
         serve_args += ["--policy", args.scheduling_policy]
     serve_args += ["--log-level", args.replica_log_level]
     _, engine = serve_parse_args([*serve_args, "--port", "0"])  # exits 2 on a bad flag
-    num = len(args.replica_url) if args.replica_url else args.num_replicas
+    tp = engine.parallel_config.tensor_parallel_size
     try:
+        num = _num_replicas(args, tp)
         config = RouterConfig(
             num_replicas=num, policy=args.policy, prefix_blocks=args.prefix_blocks,
             block_size=args.prefix_block_size or engine.cache_config.block_size,
             load_bound_min=args.load_bound_min, load_bound_frac=args.load_bound_frac,
             replica_threads=args.replica_threads, ready_timeout_s=args.replica_ready_timeout_s,
-            health_interval_s=args.health_interval_s, max_attempts=args.max_attempts)
+            health_interval_s=args.health_interval_s, max_attempts=args.max_attempts,
+            tensor_parallel_size=tp)
     except ValueError as e:
         ap.error(str(e))
     return args, config, serve_args, engine.model_config.model

@@ -2,6 +2,11 @@
 
     workbench router --num-replicas 2 --policy prefix_aware --prefix-blocks 4 --port 8000 \\
         --model DIR [every `workbench serve` engine flag, passed to each replica]
+    workbench router --num-workers 2 --tensor-parallel-size 2 ...   # 1 replica of TP=2
+
+`--num-workers W` fixes the worker processes instead of the replicas: W / tensor_parallel_size
+replicas, so "2 workers as 2 replicas or as one TP=2 engine" changes one knob
+(tensor_parallel_size) at a fixed W, as experiments/tp_vs_replicas.yaml does.
 
 Each field is a flag of `workbench router` (`--num-replicas`, `--policy`, ...). `block_size`
 defaults to the replicas' engine block size so the prefix key is the engine's block hash.
@@ -26,10 +31,12 @@ class RouterConfig:
     ready_timeout_s: float = 300.0  # per replica, from launch to a healthy /health
     health_interval_s: float = 1.0  # liveness check of every replica
     max_attempts: int | None = None  # tries per request; None: every live replica once
+    tensor_parallel_size: int = 1  # of each replica's engine (its ranks are workers too)
 
     def __post_init__(self) -> None:
         ints = {"num_replicas": self.num_replicas, "prefix_blocks": self.prefix_blocks,
-                "block_size": self.block_size, "replica_threads": self.replica_threads}
+                "block_size": self.block_size, "replica_threads": self.replica_threads,
+                "tensor_parallel_size": self.tensor_parallel_size}
         for name, value in ints.items():
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} ({value!r}) must be an integer >= 1")
@@ -45,6 +52,22 @@ class RouterConfig:
                 raise ValueError(f"{name} ({num!r}) must be > 0 seconds")
         if self.max_attempts is not None and self.max_attempts < 1:
             raise ValueError(f"max_attempts ({self.max_attempts!r}) must be >= 1 or None")
+
+    @property
+    def num_workers(self) -> int:
+        """Worker processes: replicas x tensor-parallel ranks each."""
+        return self.num_replicas * self.tensor_parallel_size
+
+    @staticmethod
+    def replicas_for_workers(num_workers: int, tensor_parallel_size: int) -> int:
+        """num_workers / tensor_parallel_size, or a ValueError naming both."""
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
+            raise ValueError(f"num_workers ({num_workers!r}) must be an integer >= 1")
+        if num_workers % tensor_parallel_size:
+            raise ValueError(
+                f"num_workers ({num_workers}) must be a multiple of tensor_parallel_size "
+                f"({tensor_parallel_size}): each replica runs tensor_parallel_size workers")
+        return num_workers // tensor_parallel_size
 
     def make_policy(self) -> RoutingPolicy:
         return make_policy(self.policy, self.block_size, self.prefix_blocks,

@@ -12,6 +12,10 @@ notebook and scripts:
                                                      logged run (its server_delta.json)
     scaling(spec, config, workload, arrival, n)      output throughput with 1 and n replicas
                                                      and the scaling efficiency
+    run_layout(spec, config, wl, arrival, w, tp)     one run on w worker processes as w / tp
+                                                     replicas of tensor_parallel_size tp
+    layout_row(name, metrics, valid, w, tput_1)      a run's throughput, TTFT/TPOT tails and
+                                                     scaling efficiency against one worker
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import copy
 import json
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -59,27 +64,68 @@ def run_replica_summary(run_id: str, uri: str) -> list[dict[str, Any]]:
     """`replica_summary` of the /metrics delta an HTTP run logged (server_delta.json)."""
     from mlflow.tracking import MlflowClient
 
+    from workbench.analysis.frames import no_progress_bar
+
     client = MlflowClient(tracking_uri=uri)
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, no_progress_bar():
         path = client.download_artifacts(run_id, "server_delta.json", tmp)
         delta = json.loads(Path(path).read_text())["delta"]
     return replica_summary(delta)
+
+
+LAYOUT_METRICS = ("output_throughput", "median_ttft_ms", "p95_ttft_ms", "p99_ttft_ms",
+                  "median_tpot_ms", "p95_tpot_ms", "p99_tpot_ms", "completed")
+
+
+def _measured(spec: dict[str, Any], config: dict[str, Any], workload: Any, arrival: Any,
+              what: str, **run_kw: Any) -> Any:
+    from workbench.bench.server_process import run_variant
+
+    result, _ = run_variant(spec, config, workload, arrival, **run_kw)
+    if result.error:
+        raise RuntimeError(f"the {what} run failed: {result.error}")
+    return result
+
+
+def run_layout(spec: dict[str, Any], config: dict[str, Any], workload: Any, arrival: Any,
+               num_workers: int, tensor_parallel_size: int, **run_kw: Any) -> Any:
+    """One measured run (RunResult) of the router target on `num_workers` worker processes
+    arranged as num_workers / tensor_parallel_size replicas of `tensor_parallel_size` ranks
+    (the `num_workers` router knob); the rest of `config` is every replica's engine."""
+    cfg = {k: v for k, v in config.items() if k != "num_replicas"}
+    cfg.update(num_workers=num_workers, tensor_parallel_size=tensor_parallel_size)
+    return _measured(local_target(spec), cfg, workload, arrival,
+                     f"{num_workers}-worker tensor_parallel_size={tensor_parallel_size}",
+                     **run_kw)
+
+
+def layout_row(layout: str, metrics: Mapping[str, float], valid: bool, num_workers: int,
+               throughput_1: float | None = None) -> dict[str, Any]:
+    """A table row: LAYOUT_METRICS of one run's metrics (`RunResult.metrics()`, or a logged
+    experiment run's), its validity, and scaling_efficiency against `throughput_1` (one
+    worker's output throughput on the same traffic; NaN when not given)."""
+    missing = [k for k in LAYOUT_METRICS if k not in metrics]
+    if missing:
+        raise ValueError(f"metrics lack {', '.join(missing)}; measure percentiles 50, 95, 99")
+    row: dict[str, Any] = {"layout": layout, "num_workers": num_workers}
+    row.update({k: float(metrics[k]) for k in LAYOUT_METRICS})
+    row["valid"] = bool(valid)
+    row["scaling_efficiency"] = (
+        scaling_efficiency(row["output_throughput"], throughput_1, num_workers)
+        if throughput_1 else float("nan"))
+    return row
 
 
 def scaling(spec: dict[str, Any], config: dict[str, Any], workload: Any, arrival: Any,
             num_replicas: int, **run_kw: Any) -> dict[str, Any]:
     """One run with 1 replica and one with `num_replicas` (same router target, workload and
     arrivals): output throughputs and scaling_efficiency(throughput_n, throughput_1, n)."""
-    from workbench.bench.server_process import run_variant
-
     if num_replicas < 2:
         raise ValueError(f"num_replicas ({num_replicas}) must be >= 2 to compare with 1")
     out: dict[str, Any] = {"num_replicas": num_replicas}
     for n, key in ((1, "throughput_1"), (num_replicas, "throughput_n")):
-        result, _ = run_variant(local_target(spec, num_replicas=n), config, workload, arrival,
-                                **run_kw)
-        if result.error:
-            raise RuntimeError(f"the {n}-replica run failed: {result.error}")
+        result = _measured(local_target(spec, num_replicas=n), config, workload, arrival,
+                           f"{n}-replica", **run_kw)
         metrics = result.metrics()
         out[key] = metrics["output_throughput"]
         out[f"p95_ttft_ms_{n}"] = metrics["p95_ttft_ms"]
