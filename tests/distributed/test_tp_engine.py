@@ -27,6 +27,7 @@ import torch
 
 from workbench import LLM, SamplingParams
 from workbench.calc import kv_bytes_per_token, tp_kv_heads_per_rank
+from workbench.layers.cpu_gemm import pack_linear_weights
 from workbench.layers.linear import LinearBase, RowParallelLinear
 from workbench.layers.quantization.int8 import dequantize, quantize
 from workbench.testing import tiny_checkpoint
@@ -107,6 +108,7 @@ def case(request: pytest.FixtureRequest, checkpoints: dict[str, Path]) -> Iterat
     if quant:
         notes["row_layers"], notes["max_shard_scale_diff"] = shard_quantized_int8(
             ref_llm.engine.runner.model, 2)
+        pack_linear_weights(ref_llm.engine.runner.model)  # weights changed in place: repack
         tp1_int8 = LLM(path, **ENGINE, **quant).generate(prompts, GREEDY)
         notes["tp1_int8"] = [o.outputs[0].token_ids for o in tp1_int8]
     reference = [o.outputs[0].token_ids for o in ref_llm.generate(prompts, GREEDY)]

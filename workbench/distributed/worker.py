@@ -45,6 +45,7 @@ def rank_memory_info(runner: ModelRunner) -> dict[str, Any]:
     return {
         "tp_rank": runner.tp_rank,
         "weight_bytes": runner.weight_bytes,
+        "packed_weight_bytes": runner.packed_weight_bytes,
         "kv_shapes": [tuple(c.shape) for c in runner.kv_caches],
         "kv_bytes": sum(c.numel() * c.element_size() for c in runner.kv_caches),
         "num_blocks": runner.num_blocks,

@@ -12,7 +12,8 @@ kv_cache_memory_bytes of KV, or the rest of a whole-process budget,
     activation peak = measured by a profile run (ModelRunner.profile_run: a dummy forward of
                       max_num_batched_tokens tokens; the draft model's too, the larger counts)
     reserve = memory_reserve_bytes (+ on CUDA the device memory used outside torch's
-              allocator: CUDA context, other processes)
+              allocator: CUDA context, other processes, and one CUDA-graph capture; + on CPU
+              in fp32 the MKL-packed weight copies, `packed_weight_bytes`)
 
 or else a default (max_num_seqs requests of max_model_len, at most 4 GiB). Under one budget,
 smaller weights (quantization) or smaller blocks (fp8 KV) become KV capacity.
@@ -137,7 +138,7 @@ class LLMEngine:
         # CUDA graphs: one capture of the largest decode size, measured (0 when graphs are off)
         graphs = self.runner.profile_cudagraph_memory()
         self.cudagraph_estimate_bytes = graphs
-        reserve = cc.memory_reserve_bytes + graphs
+        reserve = cc.memory_reserve_bytes + graphs + self.packed_weight_bytes
         non_torch = 0
         if cc.gpu_memory_utilization is not None:
             dev = self.runner.device
@@ -181,6 +182,12 @@ class LLMEngine:
         return num_blocks
 
     @property
+    def packed_weight_bytes(self) -> int:
+        """MKL-packed weight copies (CPU fp32, `workbench.layers.cpu_gemm`), target + draft."""
+        draft = self.drafter.runner.packed_weight_bytes if self.drafter is not None else 0
+        return self.runner.packed_weight_bytes + draft
+
+    @property
     def memory_weight_bytes(self) -> int:
         """Weight bytes in device memory: the target's, plus the draft model's."""
         draft = self.drafter.runner.weight_bytes if self.drafter is not None else 0
@@ -217,6 +224,8 @@ class LLMEngine:
             # counted in reserve_bytes when the pool was sized from a budget
             "cudagraph_estimate_bytes": self.cudagraph_estimate_bytes,
             "cudagraph_bytes": self.runner.cudagraph_bytes,  # measured after the real capture
+            # CPU fp32 packed GEMM weights; counted in reserve_bytes when sized from a budget
+            "packed_weight_bytes": self.packed_weight_bytes,
         }
 
     # ----------------------------------------------------------------- intake

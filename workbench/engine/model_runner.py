@@ -47,6 +47,7 @@ from workbench.engine.cuda_graph import DecodeGraphRunner, GraphFactory, cudagra
 from workbench.engine.request import Request
 from workbench.engine.scheduler_output import SchedulerOutput
 from workbench.layers.attention import Attention
+from workbench.layers.cpu_gemm import pack_linear_weights
 from workbench.layers.sampler import Sampler
 from workbench.models.loader import load_model
 from workbench.profiling import nvtx_range
@@ -77,6 +78,8 @@ class ModelRunner:
             self.model = load_model(
                 mc, self.dtype, self.device, attention_backend=self.attention_backend
             )
+        # CPU fp32: MKL-packed copies of the linear weights for decode-sized batches
+        self.packed_weight_bytes = pack_linear_weights(self.model)
         self.sampler = Sampler(mc.seed, self.device)
         cc = config.cache_config
         self.kv_cache_dtype = FP8_KV_DTYPE if cc.is_fp8_kv else self.dtype
@@ -421,7 +424,7 @@ class LiveTensorPeak(TorchDispatchMode):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         inputs = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0]
-                  if isinstance(t, torch.Tensor)}
+                  if isinstance(t, torch.Tensor) and not t.is_mkldnn}  # packed: opaque
         for t in tree_flatten(out)[0]:
             if not isinstance(t, torch.Tensor) or t.device.type != self.device_type:
                 continue

@@ -25,6 +25,7 @@ from workbench.distributed.parallel_state import (
     get_tensor_model_parallel_rank,
     get_tensor_model_parallel_world_size,
 )
+from workbench.layers import cpu_gemm
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -70,8 +71,11 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     """Projects hidden states to vocabulary logits (no bias)."""
 
+    packed_weight: torch.Tensor | None = None  # MKL-packed copy (cpu_gemm.pack_linear_weights)
+
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        logits = F.linear(hidden_states, self.weight)  # [n, V'/tp]: this rank's vocab shard
+        # [n, V'/tp]: this rank's vocab shard
+        logits = cpu_gemm.linear(hidden_states, self.weight, None, self.packed_weight)
         if self.tp_size == 1:
             return logits
         return tensor_model_parallel_all_gather(logits, dim=-1)[..., : self.num_embeddings]

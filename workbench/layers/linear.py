@@ -18,6 +18,9 @@ maps e.g. `q_proj` -> (`qkv_proj`, "q"), and the loader passes the shard id.
     qkv_proj.weight rows:  [ q: num_heads*head_dim | k: num_kv_heads*head_dim | v: same as k ]
     gate_up_proj rows:     [ gate: intermediate | up: intermediate ]
 
+On CPU in fp32 the engine also packs each unquantized weight for MKL after loading
+(`workbench.layers.cpu_gemm`, vLLM's CPU prepacking): decode-sized batches use the packed copy.
+
 Quantization is applied after loading (`workbench.layers.quantization.quantize_model`): it
 swaps `weight` for the format's tensors and sets `quant_method`, whose `apply(layer, x, bias)`
 the forward then calls (vLLM's LinearBase.quant_method).
@@ -28,7 +31,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from workbench.calc import tp_kv_heads_per_rank
@@ -37,6 +39,7 @@ from workbench.distributed.parallel_state import (
     get_tensor_model_parallel_rank,
     get_tensor_model_parallel_world_size,
 )
+from workbench.layers import cpu_gemm
 
 if TYPE_CHECKING:
     from workbench.layers.quantization.base import QuantMethod
@@ -77,6 +80,8 @@ class LinearBase(nn.Module):
         else:
             self.register_parameter("bias", None)
         self.quant_method: QuantMethod | None = None  # set by quantize_model after loading
+        # MKL-packed copy of `weight` (CPU fp32; set by cpu_gemm.pack_linear_weights)
+        self.packed_weight: torch.Tensor | None = None
 
     def weight_loader(
         self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: str | int | None = None
@@ -86,7 +91,7 @@ class LinearBase(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.quant_method is not None:
             return self.quant_method.apply(self, x, self.bias)
-        return F.linear(x, self.weight, self.bias)
+        return cpu_gemm.linear(x, self.weight, self.bias, self.packed_weight)
 
     def extra_repr(self) -> str:
         quant = f", quant={self.quant_method.name}" if self.quant_method is not None else ""
@@ -206,5 +211,5 @@ class RowParallelLinear(LinearBase):
         if self.quant_method is not None:
             y = self.quant_method.apply(self, x, bias)  # this rank's input shard
         else:
-            y = F.linear(x, self.weight, bias)
+            y = cpu_gemm.linear(x, self.weight, bias, self.packed_weight)
         return tensor_model_parallel_all_reduce(y) if self.tp_size > 1 else y
