@@ -149,7 +149,7 @@ def test_unsupported_inputs_fall_back() -> None:
 
 
 def test_disabled_by_env(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.setattr(pd, "_state", {})
+    monkeypatch.setattr(pd.EXTENSION, "_state", {})
     monkeypatch.setenv("WORKBENCH_CPU_KERNELS", "0")
     assert pd.load() is None
     assert "WORKBENCH_CPU_KERNELS=0" in (pd.unavailable_reason() or "")

@@ -4,7 +4,8 @@
 transformers >= 5 layout (`"rope_parameters": {"rope_theta", "rope_type", ...}`) or the old one
 (`"rope_theta"` top-level plus `"rope_scaling": {"rope_type" | "type", ...}`).
 Supported rope types: "default" and "llama3". The cos/sin table for every position up to
-`max_position` is precomputed in float32 and gathered by position at run time.
+`max_position` is precomputed in float32 and gathered by position at run time. On CPU in fp32
+the C++ kernel `kernels.cpu.rotary` applies it in place, bitwise equal to the torch ops.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from kernels.cpu.rotary import rotary_neox_
 
 SUPPORTED_ROPE_TYPES = ("default", "llama3")
 
@@ -92,6 +95,18 @@ class RotaryEmbedding(nn.Module):
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotated (q, k). On CPU in fp32 the C++ kernel rotates q and k in place (they are
+        views of the fresh QKV projection output); its results equal these ops' bitwise."""
+        if not q.requires_grad and rotary_neox_(
+            positions, q, k, self.cos_cache, self.sin_cache, self.head_size
+        ):
+            return q, k
+        return self.forward_native(positions, q, k)
+
+    def forward_native(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The torch ops (HF's q * cos + rotate_half(q) * sin); new tensors, inputs untouched."""
         num_tokens = positions.shape[0]
         cos = self.cos_cache.index_select(0, positions).to(q.dtype).unsqueeze(1)
         sin = self.sin_cache.index_select(0, positions).to(q.dtype).unsqueeze(1)

@@ -1,0 +1,99 @@
+"""Build-on-first-use for the C++ CPU kernels beside this file (one extension per concept).
+
+    ext = CpuExtension("rotary", [Path("rotary.cpp")], extra_cflags=["-ffp-contract=off"])
+    ext.load()                 # the compiled module, or None (reason: ext.unavailable_reason())
+
+Each extension is compiled with g++ -O3 -march=native -fopenmp through
+torch.utils.cpp_extension.load_inline (cached under ~/.cache/torch_extensions, or
+$TORCH_EXTENSIONS_DIR, keyed on the source and on this CPU's flags) the first time a process
+asks for it; `load()` returns None when it cannot be built (WORKBENCH_CPU_KERNELS=0, not
+Linux, no C++ compiler, a failed build), logs the reason once, and remembers the answer, so
+every caller falls back to its torch twin.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import threading
+import time
+from pathlib import Path
+from types import ModuleType
+
+log = logging.getLogger(__name__)
+
+CFLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-DNDEBUG"]
+LDFLAGS = ["-fopenmp"]  # resolves to the libgomp.so.1 torch has already loaded
+
+
+def cpu_tag() -> str:
+    """-march=native output only runs on this kind of CPU: key the build on it."""
+    info = platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("model name", "flags")):
+                info += line
+            if line.startswith("flags"):
+                break
+    except OSError:
+        pass
+    return hashlib.sha1(info.encode()).hexdigest()[:8]
+
+
+class CpuExtension:
+    """One C++ extension built from `sources` on first `load()`."""
+
+    def __init__(self, name: str, sources: list[Path], extra_cflags: list[str] | None = None
+                 ) -> None:
+        self.name = name
+        self.sources = sources
+        self.cflags = CFLAGS + list(extra_cflags or [])
+        self._lock = threading.Lock()
+        self._state: dict[str, object] = {}  # "module": ModuleType | None; "reason": str
+        self.build_seconds: float | None = None  # this process's load (compile or cache hit)
+
+    def unavailable_reason(self) -> str | None:
+        """Why load() returns None (None while it has not been tried or succeeded)."""
+        return self._state.get("reason")  # type: ignore[return-value]
+
+    def load(self) -> ModuleType | None:
+        if "module" in self._state:
+            return self._state["module"]  # type: ignore[return-value]
+        with self._lock:
+            if "module" not in self._state:
+                module, reason = self._build()
+                if module is None:
+                    log.warning("CPU %s kernel unavailable, using torch: %s", self.name, reason)
+                self._state["reason"] = reason
+                self._state["module"] = module
+        return self._state["module"]  # type: ignore[return-value]
+
+    def _build(self) -> tuple[ModuleType | None, str | None]:
+        if os.environ.get("WORKBENCH_CPU_KERNELS", "1") == "0":
+            return None, "disabled by WORKBENCH_CPU_KERNELS=0"
+        if platform.system() != "Linux":
+            return None, f"only built on Linux (this is {platform.system()})"
+        cxx = os.environ.get("CXX", "c++")
+        if shutil.which(cxx) is None:
+            return None, f"no C++ compiler ({cxx!r} not on PATH)"
+        try:
+            from torch.utils.cpp_extension import load_inline
+
+            t0 = time.perf_counter()
+            module = load_inline(
+                name=f"workbench_{self.name}_{cpu_tag()}",
+                cpp_sources=[p.read_text() for p in self.sources],
+                no_implicit_headers=True,  # <torch/extension.h> alone is ~30 s of parsing
+                extra_cflags=self.cflags,
+                extra_ldflags=LDFLAGS,
+                verbose=os.environ.get("WORKBENCH_CPU_KERNELS_VERBOSE") == "1",
+            )
+            self.build_seconds = time.perf_counter() - t0
+            log.info("CPU %s kernel loaded in %.1f s", self.name, self.build_seconds)
+            return module, None
+        except Exception as e:  # noqa: BLE001 - any build failure means "fall back"
+            msg = str(e).strip().splitlines()
+            return None, f"build failed: {type(e).__name__}: {msg[-1] if msg else ''}"
