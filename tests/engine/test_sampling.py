@@ -108,3 +108,15 @@ def test_stop_token_ids_and_finish_reasons(llm: LLM, references: dict[str, Any])
     assert m is not None and len(m.token_times) == 3
     assert m.arrival_time <= m.first_scheduled_time <= m.first_token_time <= m.finished_time
     assert math.isclose(m.first_token_time, m.token_times[0])
+
+
+def test_greedy_ids_take_the_first_maximum_like_argmax() -> None:
+    import torch
+
+    from workbench.layers.sampler import greedy_ids
+
+    x = torch.tensor([[1.0, 3.0, 3.0, 0.0], [5.0, 5.0, 5.0, 5.0],
+                      [float("-inf"), 2.0, float("-inf"), 2.0], [0.0, 0.0, 0.0, 7.0]])
+    assert greedy_ids(x) == [1, 0, 1, 3] == x.argmax(dim=-1).tolist()
+    big = torch.randn(64, 8192, generator=torch.Generator().manual_seed(0))
+    assert greedy_ids(big) == big.argmax(dim=-1).tolist()

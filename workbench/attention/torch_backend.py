@@ -86,6 +86,7 @@ class _Plan:
     num_valid_tokens: int  # tokens owned by sequences; the rest of the batch is padding
     write_slots: torch.Tensor  # slot_mapping with -1 redirected to slot 0 (null block)
     write_valid: torch.Tensor  # [num_tokens, 1, 1] bool, slot_mapping >= 0
+    all_valid: bool  # no padding row: writes need no masking
     decode: _DecodePlan | None
     prefills: list[_PrefillPlan]
 
@@ -162,6 +163,7 @@ def build_plan(md: AttentionMetadata, block_size: int) -> _Plan:
         num_valid_tokens=starts[-1],
         write_slots=torch.where(valid, md.slot_mapping, 0),
         write_valid=valid.view(-1, 1, 1),
+        all_valid=bool(valid.all()),
         decode=decode,
         prefills=prefills,
     )
@@ -213,7 +215,8 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, pla
         return
     for cache, new in ((kv_cache[0], key), (kv_cache[1], value)):
         flat = cache.view(-1, num_kv_heads, head_dim)
-        new = torch.where(plan.write_valid, new, flat[0])
+        if not plan.all_valid:
+            new = torch.where(plan.write_valid, new, flat[0])
         flat.index_copy_(0, plan.write_slots, new.to(flat.dtype))
 
 
