@@ -62,3 +62,17 @@ def test_non_special_token_range(tmp_path: Path) -> None:
     (tmp_path / "tokenizer.json").write_text(
         json.dumps({"added_tokens": added, "model": {"vocab": vocab}}))
     assert non_special_token_range(tmp_path) == (16, 290)
+
+
+def test_mismatch_details_and_unstable_calls_are_reported() -> None:
+    from workbench.bench.offline import RunPolicy, mismatch_details, timed
+
+    ref = [[1, 2, 3], [4, 5], [6, 7, 8]]
+    got = [[1, 2, 3], [4, 9], [6, 7]]
+    assert mismatch_details(got, ref) == [
+        {"request": 1, "position": 1, "got": 9, "want": 5},
+        {"request": 2, "position": 2, "got": None, "want": 8}]
+    assert mismatch_details(ref, ref) == []
+    outputs = iter([[[1]], [[1]], [[2]], [[1]]])  # warm-up, then 3 timed calls: one differs
+    times, out, _, unstable = timed(lambda: next(outputs), RunPolicy(runs=3, max_others=1.0))
+    assert len(times) == 3 and out == [[1]] and unstable == 1

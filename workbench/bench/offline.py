@@ -4,7 +4,8 @@ Flow: measure fp32 GFLOP/s -> build (or reuse) the bench checkpoint -> the fixed
 workload -> each system: load, one warm-up, `--runs` timed runs of the whole workload (median
 reported) and the same for a single request (prompt 128, 64 output tokens) -> check every
 system's greedy token ids against the engine's (or, without the engine, the first system's)
--> a Markdown table, and JSON with `--json PATH`.
+-> a Markdown table, and JSON with `--json PATH` (every system's token ids, where they differ
+from the engine's, and how many of its calls returned other tokens than its warm-up).
 
 Systems: `engine` (workbench.LLM), `hf-generate` (static left-padded batches of 16),
 `hf-generate_batch` (transformers continuous batching), `vllm-best` / `vllm-default`
@@ -62,6 +63,9 @@ class SystemResult:
     load_s: float = 0.0
     others_cpu: float = float("nan")  # share of all CPUs other processes used in the runs
     mismatches: int | None = None  # requests whose tokens differ from the reference
+    # where they differ: {request, position (first differing token), got, want}
+    mismatch_details: list[dict[str, int | None]] = field(default_factory=list)
+    unstable_runs: int = 0  # calls (warm-up included) whose tokens differ from the warm-up's
     notes: str = ""
     token_ids: list[list[int]] = field(default_factory=list, repr=False)
 
@@ -93,10 +97,13 @@ class RunPolicy:
 
 def timed(
     fn: Callable[[], list[list[int]]], policy: RunPolicy
-) -> tuple[list[float], list[list[int]], float]:
-    """One warm-up call, then the timed calls: the times, the last output and the largest
-    share of the CPUs that other processes used during a kept run."""
-    out = fn()
+) -> tuple[list[float], list[list[int]], float, int]:
+    """One warm-up call, then the timed calls: the times, the last output, the largest
+    share of the CPUs that other processes used during a kept run, and how many calls
+    (redone ones included) returned other tokens than the warm-up (greedy decoding must be
+    deterministic: anything but 0 is a bug to chase)."""
+    out = first = fn()
+    unstable = 0
     times: list[float] = []
     worst, retries = 0.0, policy.retries
     while len(times) < policy.runs:
@@ -104,22 +111,24 @@ def timed(
             t0 = time.perf_counter()
             out = fn()
             elapsed = time.perf_counter() - t0
+        unstable += out != first
         if watch.others > policy.max_others and retries > 0:
             retries -= 1
             print(f"  (run redone: other processes used {100 * watch.others:.0f}% of the CPUs)")
             continue
         times.append(elapsed)
         worst = max(worst, watch.others)
-    return times, out, worst
+    return times, out, worst, unstable
 
 
 def _result(name: str, reqs: Sequence[OfflineRequest], single: OfflineRequest,
             run_s: list[float], single_s: list[float], ids: list[list[int]], load_s: float,
-            notes: str = "", others: float = float("nan")) -> SystemResult:
+            notes: str = "", others: float = float("nan"), unstable: int = 0) -> SystemResult:
     prompt, output = workload_tokens(list(reqs))
     return SystemResult(name=name, run_s=run_s, single_run_s=single_s, output_tokens=output,
                         total_tokens=prompt + output, single_tokens=single.max_tokens,
-                        load_s=load_s, others_cpu=others, notes=notes, token_ids=ids)
+                        load_s=load_s, others_cpu=others, notes=notes, token_ids=ids,
+                        unstable_runs=unstable)
 
 
 def run_engine(ckpt: Path, reqs: list[OfflineRequest], single: OfflineRequest,
@@ -141,10 +150,11 @@ def run_engine(ckpt: Path, reqs: list[OfflineRequest], single: OfflineRequest,
             return [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
         return call
 
-    run_s, ids, others = timed(gen(reqs), policy)
-    single_s, _, _ = timed(gen([single]), policy)
+    run_s, ids, others, unstable = timed(gen(reqs), policy)
+    single_s, _, _, _ = timed(gen([single]), policy)
     notes = f"stats: {llm.stats()}" if hasattr(llm, "stats") else ""
-    return _result("engine", reqs, single, run_s, single_s, ids, load_s, notes, others)
+    return _result("engine", reqs, single, run_s, single_s, ids, load_s, notes, others,
+                   unstable)
 
 
 def run_hf(ckpt: Path, reqs: list[OfflineRequest], single: OfflineRequest,
@@ -155,12 +165,13 @@ def run_hf(ckpt: Path, reqs: list[OfflineRequest], single: OfflineRequest,
     t0 = time.perf_counter()
     model = hf.load_hf_model(ckpt)
     load_s = time.perf_counter() - t0
-    run_s, ids, others = timed(lambda: hf.generate_static(model, reqs, batch_size), policy)
-    single_s, _, _ = timed(lambda: hf.generate_static(model, [single], 1), policy)
+    run_s, ids, others, unstable = timed(lambda: hf.generate_static(model, reqs, batch_size),
+                                         policy)
+    single_s, _, _, _ = timed(lambda: hf.generate_static(model, [single], 1), policy)
     results.append(_result(
         "hf-generate", reqs, single, run_s, single_s, ids, load_s,
         f"static batches of {batch_size}, left-padded; each batch runs to its longest request",
-        others))
+        others, unstable))
     del model
     gc.collect()
 
@@ -173,14 +184,15 @@ def run_hf(ckpt: Path, reqs: list[OfflineRequest], single: OfflineRequest,
     runner.start()
     load_s = time.perf_counter() - t0
     try:
-        run_s, ids, others = timed(lambda: runner.run(reqs), policy)
-        single_s, _, _ = timed(lambda: runner.run([single]), policy)
+        run_s, ids, others, unstable = timed(lambda: runner.run(reqs), policy)
+        single_s, _, _, _ = timed(lambda: runner.run([single]), policy)
     finally:
         runner.stop()
     results.append(_result(
         "hf-generate_batch", reqs, single, run_s, single_s, ids, load_s,
         "manager API, per-request max_new_tokens, " + ", ".join(f"{k}={v}" for k, v in
-                                                                best.items()), others))
+                                                                best.items()), others,
+        unstable))
     return results
 
 
@@ -212,7 +224,23 @@ def mark_mismatches(results: list[SystemResult]) -> None:
         return
     ref = results[0].token_ids
     for r in results:
-        r.mismatches = sum(a != b for a, b in zip(r.token_ids, ref, strict=True))
+        r.mismatch_details = mismatch_details(r.token_ids, ref)
+        r.mismatches = len(r.mismatch_details)
+
+
+def mismatch_details(ids: list[list[int]], ref: list[list[int]]) -> list[dict[str, int | None]]:
+    """One row per request whose tokens differ from `ref`'s: its index, the first differing
+    position, and the two tokens there (None past the end of the shorter output)."""
+    rows: list[dict[str, int | None]] = []
+    for i, (a, b) in enumerate(zip(ids, ref, strict=True)):
+        if a == b:
+            continue
+        pairs = enumerate(zip(a, b, strict=False))  # outputs may differ in length
+        pos = next((j for j, (x, y) in pairs if x != y), min(len(a), len(b)))
+        rows.append({"request": i, "position": pos,
+                     "got": a[pos] if pos < len(a) else None,
+                     "want": b[pos] if pos < len(b) else None})
+    return rows
 
 
 def table(results: list[SystemResult], roofline_tok_s: float) -> str:
@@ -307,15 +335,24 @@ def main(argv: Sequence[str] | None = None) -> int:
                "workload_sha256": checksum(reqs), "runs": args.runs, "gflops": gflops,
                "roofline_output_tok_s": roof.output_tok_s,
                "roofline_gflop": roof.total_flops / 1e9,
-               "results": [{**{k: v for k, v in asdict(r).items() if k != "token_ids"},
-                            "output_tok_s": r.output_tok_s, "total_tok_s": r.total_tok_s,
+               "results": [{**asdict(r), "output_tok_s": r.output_tok_s,
+                            "total_tok_s": r.total_tok_s,
                             "single_ms_per_token": r.single_ms_per_token} for r in results]}
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(doc, indent=1))
     bad = [r.name for r in results if r.mismatches]
     if bad:
         print(f"WARNING: greedy tokens differ from {results[0].name}'s in: {', '.join(bad)}")
-    return 2 if bad and args.strict else 0
+        for r in results:
+            if r.mismatches:
+                print(f"  {r.name}: first differences (request, position, got, want): "
+                      + ", ".join(f"({d['request']}, {d['position']}, {d['got']}, "
+                                  f"{d['want']})" for d in r.mismatch_details[:8]))
+    unstable = [f"{r.name} ({r.unstable_runs})" for r in results if r.unstable_runs]
+    if unstable:
+        print("WARNING: greedy tokens changed between calls of the same system (calls that "
+              f"differ from the warm-up): {', '.join(unstable)}")
+    return 2 if (bad or unstable) and args.strict else 0
 
 
 if __name__ == "__main__":
