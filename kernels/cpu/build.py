@@ -5,10 +5,17 @@
 
 Each extension is compiled with g++ -O3 -march=native -fopenmp through
 torch.utils.cpp_extension.load_inline (cached under ~/.cache/torch_extensions, or
-$TORCH_EXTENSIONS_DIR, keyed on the source and on this CPU's flags) the first time a process
-asks for it; `load()` returns None when it cannot be built (WORKBENCH_CPU_KERNELS=0, not
-Linux, no C++ compiler, a failed build), logs the reason once, and remembers the answer, so
-every caller falls back to its torch twin.
+$TORCH_EXTENSIONS_DIR) the first time a process asks for it. The module name carries a
+`build_key`: this CPU's flags, and a digest of the sources, the compiler flags, the torch
+version and the torch install the headers come from. torch's own cache is keyed on the name
+alone and rebuilds a changed build in place under the same .so path, so without the digest a
+process of another checkout or venv (a clean-clone CI run, an older commit's tests) would
+overwrite the .so between another process's build and its import, and that process would
+run the other sources' kernel.
+
+`load()` returns None when it cannot be built (WORKBENCH_CPU_KERNELS=0, not Linux, no C++
+compiler, a failed build), logs the reason once, and remembers the answer, so every caller
+falls back to its torch twin.
 """
 
 from __future__ import annotations
@@ -43,6 +50,19 @@ def cpu_tag() -> str:
     return hashlib.sha1(info.encode()).hexdigest()[:8]
 
 
+def build_key(sources: list[str], cflags: list[str], ldflags: list[str]) -> str:
+    """`<cpu tag>_<digest>`: equal only for the same CPU flags, sources, compiler flags and
+    torch build (version and install path, whose headers the build includes)."""
+    import torch
+
+    h = hashlib.sha1()
+    for part in (*sources, *cflags, "--", *ldflags, torch.__version__,
+                 str(Path(torch.__file__).resolve().parent)):
+        h.update(part.encode())
+        h.update(b"\0")
+    return f"{cpu_tag()}_{h.hexdigest()[:10]}"
+
+
 class CpuExtension:
     """One C++ extension built from `sources` on first `load()`."""
 
@@ -54,10 +74,20 @@ class CpuExtension:
         self._lock = threading.Lock()
         self._state: dict[str, object] = {}  # "module": ModuleType | None; "reason": str
         self.build_seconds: float | None = None  # this process's load (compile or cache hit)
+        self.module_name: str | None = None  # set when a build is tried: names the exact build
 
     def unavailable_reason(self) -> str | None:
         """Why load() returns None (None while it has not been tried or succeeded)."""
         return self._state.get("reason")  # type: ignore[return-value]
+
+    def status(self) -> str:
+        """What this process runs: the loaded module's name (it names the exact build), the
+        reason for the torch fallback, or "not loaded" before the first call."""
+        if "module" not in self._state:
+            return "not loaded"
+        if self._state["module"] is None:
+            return f"torch fallback ({self._state['reason']})"
+        return str(self.module_name)
 
     def load(self) -> ModuleType | None:
         if "module" in self._state:
@@ -83,12 +113,14 @@ class CpuExtension:
             from torch.utils.cpp_extension import load_inline
 
             t0 = time.perf_counter()
+            sources = [p.read_text() for p in self.sources]
+            self.module_name = f"workbench_{self.name}_{build_key(sources, self.cflags, LDFLAGS)}"
             module = load_inline(
-                name=f"workbench_{self.name}_{cpu_tag()}",
-                cpp_sources=[p.read_text() for p in self.sources],
+                name=self.module_name,
+                cpp_sources=sources,
                 no_implicit_headers=True,  # <torch/extension.h> alone is ~30 s of parsing
-                extra_cflags=self.cflags,
-                extra_ldflags=LDFLAGS,
+                extra_cflags=list(self.cflags),  # copies: load_inline appends to its
+                extra_ldflags=list(LDFLAGS),  # arguments (torch's -L/-l flags) in place
                 verbose=os.environ.get("WORKBENCH_CPU_KERNELS_VERBOSE") == "1",
             )
             self.build_seconds = time.perf_counter() - t0

@@ -76,3 +76,13 @@ def test_mismatch_details_and_unstable_calls_are_reported() -> None:
     outputs = iter([[[1]], [[1]], [[2]], [[1]]])  # warm-up, then 3 timed calls: one differs
     times, out, _, unstable = timed(lambda: next(outputs), RunPolicy(runs=3, max_others=1.0))
     assert len(times) == 3 and out == [[1]] and unstable == 1
+
+
+def test_cpu_paths_names_packing_and_every_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    from workbench.bench.offline import cpu_paths
+
+    monkeypatch.setenv("WORKBENCH_CPU_PACKED_GEMM", "0")
+    line = cpu_paths()
+    assert line.startswith("packed GEMM off (disabled by WORKBENCH_CPU_PACKED_GEMM=0); ")
+    assert [part.split("=")[0] for part in line.split("; ")[1].split(", ")] == [
+        "paged_decode", "rotary", "rms_norm"]

@@ -153,8 +153,22 @@ def run_engine(ckpt: Path, reqs: list[OfflineRequest], single: OfflineRequest,
     run_s, ids, others, unstable = timed(gen(reqs), policy)
     single_s, _, _, _ = timed(gen([single]), policy)
     notes = f"stats: {llm.stats()}" if hasattr(llm, "stats") else ""
+    notes += f"; CPU paths: {cpu_paths()}"
     return _result("engine", reqs, single, run_s, single_s, ids, load_s, notes, others,
                    unstable)
+
+
+def cpu_paths() -> str:
+    """Which CPU fast paths this process ran: the packed GEMM (or why not) and each C++
+    kernel's build (its module name is keyed on its sources) or torch fallback."""
+    import torch
+
+    from kernels.cpu import kernel_status
+    from workbench.layers.cpu_gemm import unavailable_reason
+
+    packed = unavailable_reason(torch.float32, "cpu")
+    kernels = ", ".join(f"{k}={v}" for k, v in kernel_status().items())
+    return f"packed GEMM {'on' if packed is None else f'off ({packed})'}; {kernels}"
 
 
 def run_hf(ckpt: Path, reqs: list[OfflineRequest], single: OfflineRequest,

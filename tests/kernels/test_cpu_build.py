@@ -1,0 +1,51 @@
+"""The C++ CPU kernels' build identity: one build per (CPU, sources, flags, torch install)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from kernels.cpu import build, kernel_status
+
+
+def test_build_key_changes_with_every_input() -> None:
+    key = build.build_key(["int f() { return 1; }"], ["-O3"], ["-fopenmp"])
+    assert re.fullmatch(r"[0-9a-f]{8}_[0-9a-f]{10}", key)
+    assert key.startswith(build.cpu_tag() + "_")
+    assert build.build_key(["int f() { return 1; }"], ["-O3"], ["-fopenmp"]) == key
+    others = {
+        build.build_key(["int f() { return 2; }"], ["-O3"], ["-fopenmp"]),  # one source byte
+        build.build_key(["int f() { return 1; }"], ["-O2"], ["-fopenmp"]),  # a compiler flag
+        build.build_key(["int f() { return 1; }"], ["-O3"], []),  # a linker flag
+        build.build_key(["int f() { return 1; }", ""], ["-O3"], ["-fopenmp"]),  # a source file
+        build.build_key(["int f() { return 1; }"], [], ["-O3", "-fopenmp"]),  # flag moved
+    }
+    assert key not in others and len(others) == 5
+
+
+def test_status_names_the_build_or_the_fallback(monkeypatch: pytest.MonkeyPatch,
+                                                tmp_path: Path) -> None:
+    src = tmp_path / "k.cpp"
+    src.write_text("// nothing\n")
+    ext = build.CpuExtension("probe", [src])
+    assert ext.status() == "not loaded"
+    monkeypatch.setenv("WORKBENCH_CPU_KERNELS", "0")
+    assert ext.load() is None
+    assert ext.status() == "torch fallback (disabled by WORKBENCH_CPU_KERNELS=0)"
+    assert set(kernel_status()) == {"paged_decode", "rotary", "rms_norm"}
+
+
+def test_loaded_kernel_is_named_by_its_sources() -> None:
+    from kernels.cpu import rotary
+
+    if rotary.EXTENSION.load() is None:
+        pytest.skip(f"CPU rotary kernel unavailable: {rotary.EXTENSION.unavailable_reason()}")
+    src = Path(rotary.__file__).with_name("rotary.cpp").read_text()
+    key = build.build_key([src], build.CFLAGS + ["-ffp-contract=off"], build.LDFLAGS)
+    assert rotary.EXTENSION.status() == f"workbench_rotary_{key}"
+    assert kernel_status()["rotary"] == f"workbench_rotary_{key}"
+    # torch's load_inline extends the flag lists it is given: ours must stay as written
+    assert build.LDFLAGS == ["-fopenmp"]
+    assert rotary.EXTENSION.cflags == build.CFLAGS + ["-ffp-contract=off"]
