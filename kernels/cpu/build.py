@@ -9,9 +9,9 @@ $TORCH_EXTENSIONS_DIR) the first time a process asks for it. The module name car
 `build_key`: this CPU's flags, and a digest of the sources, the compiler flags, the torch
 version and the torch install the headers come from. torch's own cache is keyed on the name
 alone and rebuilds a changed build in place under the same .so path, so without the digest a
-process of another checkout or venv (a clean-clone CI run, an older commit's tests) would
+process of another checkout or venv (a clean-clone CI run, an older commit's tests) could
 overwrite the .so between another process's build and its import, and that process would
-run the other sources' kernel.
+then run the other sources' kernel.
 
 `load()` returns None when it cannot be built (WORKBENCH_CPU_KERNELS=0, not Linux, no C++
 compiler, a failed build), logs the reason once, and remembers the answer, so every caller
