@@ -12,16 +12,14 @@ import pytest
 import torch
 
 from kernels.cpu import paged_decode as pd
+from tests.kernels.cpu_kernels import load_or_skip
 from workbench.attention import torch_backend
 from workbench.attention.metadata import AttentionMetadata
 
 
 @pytest.fixture(scope="module", autouse=True)
 def kernel() -> object:
-    module = pd.load()
-    if module is None:
-        pytest.skip(f"CPU paged-decode kernel unavailable: {pd.unavailable_reason()}")
-    return module
+    return load_or_skip(pd.EXTENSION)
 
 
 def make_case(

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from kernels.cpu import build, kernel_status
+from tests.kernels.cpu_kernels import load_or_skip
 
 
 def test_build_key_changes_with_every_input() -> None:
@@ -40,8 +41,7 @@ def test_status_names_the_build_or_the_fallback(monkeypatch: pytest.MonkeyPatch,
 def test_loaded_kernel_is_named_by_its_sources() -> None:
     from kernels.cpu import rotary
 
-    if rotary.EXTENSION.load() is None:
-        pytest.skip(f"CPU rotary kernel unavailable: {rotary.EXTENSION.unavailable_reason()}")
+    load_or_skip(rotary.EXTENSION)
     src = Path(rotary.__file__).with_name("rotary.cpp").read_text()
     key = build.build_key([src], build.CFLAGS + ["-ffp-contract=off"], build.LDFLAGS)
     assert rotary.EXTENSION.status() == f"workbench_rotary_{key}"

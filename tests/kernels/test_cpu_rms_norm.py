@@ -6,15 +6,13 @@ import pytest
 import torch
 
 from kernels.cpu import rms_norm as kn
+from tests.kernels.cpu_kernels import load_or_skip
 from workbench.layers.norm import RMSNorm
 
 
 @pytest.fixture(scope="module", autouse=True)
 def kernel() -> object:
-    module = kn.EXTENSION.load()
-    if module is None:
-        pytest.skip(f"CPU RMSNorm kernel unavailable: {kn.EXTENSION.unavailable_reason()}")
-    return module
+    return load_or_skip(kn.EXTENSION)
 
 
 def _norm(d: int, seed: int) -> RMSNorm:

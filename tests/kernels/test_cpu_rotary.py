@@ -6,15 +6,13 @@ import pytest
 import torch
 
 from kernels.cpu import rotary as kr
+from tests.kernels.cpu_kernels import load_or_skip
 from workbench.layers.rotary import RotaryEmbedding
 
 
 @pytest.fixture(scope="module", autouse=True)
 def kernel() -> object:
-    module = kr.EXTENSION.load()
-    if module is None:
-        pytest.skip(f"CPU rotary kernel unavailable: {kr.EXTENSION.unavailable_reason()}")
-    return module
+    return load_or_skip(kr.EXTENSION)
 
 
 def _qkv(tokens: int, hq: int, hk: int, d: int, seed: int) -> tuple[torch.Tensor, ...]:
