@@ -6,6 +6,8 @@ applies them; the scheduler reads `max_tokens`, `min_tokens`, `stop_token_ids`, 
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
 
 _EPS = 1e-5
@@ -39,27 +41,45 @@ class SamplingParams:
     skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
-        if not isinstance(self.n, int) or self.n < 1:
-            raise ValueError(f"n ({self.n}) must be an integer >= 1")
+        _check_int("n", self.n, low=1)
+        _check_float("temperature", self.temperature, "a finite number >= 0 (0 = greedy)")
         if self.temperature < 0.0:
             raise ValueError(
                 f"temperature ({self.temperature}) must be >= 0; use 0 for greedy decoding"
             )
+        _check_float("top_p", self.top_p, "a number in (0, 1]")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p ({self.top_p}) must be in (0, 1]")
-        if not isinstance(self.top_k, int) or self.top_k < -1:
-            raise ValueError(f"top_k ({self.top_k}) must be -1, 0 (disabled) or a positive int")
-        if self.max_tokens is not None and (
-            not isinstance(self.max_tokens, int) or self.max_tokens < 1
-        ):
-            raise ValueError(f"max_tokens ({self.max_tokens}) must be an integer >= 1")
-        if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
-            raise ValueError(f"min_tokens ({self.min_tokens}) must be an integer >= 0")
+        if not _is_int(self.top_k) or self.top_k < -1:
+            raise ValueError(f"top_k ({self.top_k!r}) must be -1, 0 (disabled) or a positive int")
+        if self.max_tokens is not None:
+            _check_int("max_tokens", self.max_tokens, low=1)
+        _check_int("min_tokens", self.min_tokens, low=0)
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(
                 f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})"
             )
+        if not isinstance(self.stop_token_ids, list | tuple):
+            raise ValueError(
+                f"stop_token_ids ({self.stop_token_ids!r}) must be a list of token ids (ints)"
+            )
+        for i, t in enumerate(self.stop_token_ids):
+            if not _is_int(t) or t < 0:
+                raise ValueError(
+                    f"stop_token_ids[{i}] ({t!r}) must be a token id: an integer >= 0"
+                )
         self.stop_token_ids = [int(t) for t in self.stop_token_ids]
+        for name in ("ignore_eos", "skip_special_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} ({getattr(self, name)!r}) must be true or false")
+        if self.seed is not None:
+            # n > 1 children draw with seed + index: every one must be a valid torch seed
+            _check_int("seed", self.seed, low=-(2**63), high=2**64 - self.n)
+        # numpy integers and floats pass the checks above: store plain Python numbers
+        self.n, self.top_k, self.min_tokens = int(self.n), int(self.top_k), int(self.min_tokens)
+        self.max_tokens = None if self.max_tokens is None else int(self.max_tokens)
+        self.seed = None if self.seed is None else int(self.seed)
+        self.temperature, self.top_p = float(self.temperature), float(self.top_p)
         if self.temperature < _EPS:
             # Greedy: the filters are meaningless, normalise them so the sampler's fast
             # path is taken.
@@ -67,6 +87,34 @@ class SamplingParams:
             self.top_p = 1.0
             self.top_k = 0
 
+    def check_token_ids(self, vocab_size: int) -> None:
+        """Every token id this request names must exist in the model's vocabulary
+        (checked at admission, so a bad id is refused before it reaches the engine step)."""
+        for i, t in enumerate(self.stop_token_ids):
+            if t >= vocab_size:
+                raise ValueError(
+                    f"stop_token_ids[{i}] ({t}) is out of range; allowed 0..{vocab_size - 1} "
+                    "(the model's vocabulary)"
+                )
+
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+def _is_int(value: object) -> bool:
+    """An int that is not a bool (JSON true would otherwise pass as 1)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _check_int(name: str, value: object, low: int, high: int | None = None) -> None:
+    bad = not _is_int(value) or value < low  # type: ignore[operator]
+    if bad or (high is not None and value > high):  # type: ignore[operator]
+        allowed = f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]"
+        raise ValueError(f"{name} ({value!r}) must be {allowed}")
+
+
+def _check_float(name: str, value: object, allowed: str) -> None:
+    """Reals only (ints are fine, bools are not), and finite: inf and NaN are refused."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{name} ({value!r}) must be {allowed}")

@@ -126,7 +126,7 @@ def test_abort_frees_blocks(ckpt: Path) -> None:
         assert ae.num_in_flight() == 0
 
 
-def test_step_failure_fails_streams_and_loop_survives(
+def test_forward_failure_fails_its_requests_and_loop_survives(
     ckpt: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     prompts = _prompts(3, seed=2)
@@ -135,11 +135,11 @@ def test_step_failure_fails_streams_and_loop_survives(
     real = engine.runner.execute_model
     calls = {"n": 0}
 
-    def flaky(out: Any) -> dict[str, list[int]]:
+    def flaky(*args: Any) -> dict[str, list[int]]:
         calls["n"] += 1
         if calls["n"] == 1:
             raise RuntimeError("injected step failure")
-        return real(out)
+        return real(*args)
 
     monkeypatch.setattr(engine.runner, "execute_model", flaky)
     ae = AsyncEngine(engine)
@@ -148,10 +148,47 @@ def test_step_failure_fails_streams_and_loop_survives(
     s2 = ae.add_request(engine.make_request(prompts[1], _params(5), "f2"))
     with ae:
         for s in (s1, s2):
-            with pytest.raises(AsyncEngineError, match="injected step failure"):
+            (last,) = list(s)  # one event: finished with "error", no tokens
+            assert last.finished and last.finish_reason == "error"
+            assert last.token_ids == () and last.num_output_tokens == 0
+            assert last.error == "engine step failed: RuntimeError: injected step failure"
+        assert ae.errors == []  # nothing escaped the engine's step
+        (record,) = engine.errors
+        assert record["scope"] == "step" and record["request_ids"] == ["f1", "f2"]
+        assert ae.stats()["request_success_by_reason"]["error"] == 2
+        events = list(ae.add_request(engine.make_request(prompts[2], _params(7), "ok")))
+        _check_stream(events, expect)
+        free = ae.submit(lambda e: e.scheduler.kv_cache_manager.num_free_blocks).result(5)
+        assert free == engine.num_blocks - 1
+
+
+def test_scheduler_bug_fails_streams_and_loop_survives(
+    ckpt: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An exception escaping step() itself (not a request's, not the forward's) ends every
+    in-flight stream with AsyncEngineError; the loop serves the next request."""
+    prompts = _prompts(3, seed=2)
+    expect = _reference(ckpt, prompts[2:], [7])[0]
+    engine = _engine(ckpt)
+    real = engine.scheduler.schedule
+    calls = {"n": 0}
+
+    def flaky() -> Any:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("injected scheduler bug")
+        return real()
+
+    monkeypatch.setattr(engine.scheduler, "schedule", flaky)
+    ae = AsyncEngine(engine)
+    s1 = ae.add_request(engine.make_request(prompts[0], _params(5), "f1"))
+    s2 = ae.add_request(engine.make_request(prompts[1], _params(5), "f2"))
+    with ae:
+        for s in (s1, s2):
+            with pytest.raises(AsyncEngineError, match="injected scheduler bug"):
                 list(s)
             assert s.error is not None
-        assert len(ae.errors) == 1 and "injected step failure" in ae.errors[0]
+        assert len(ae.errors) == 1 and "injected scheduler bug" in ae.errors[0]
         assert ae.stats()["num_step_errors"] == 1
         events = list(ae.add_request(engine.make_request(prompts[2], _params(7), "ok")))
         _check_stream(events, expect)

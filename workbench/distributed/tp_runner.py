@@ -89,11 +89,13 @@ class MultiprocModelRunner(ModelRunner):
         """Rank 0's pool size, allocated by every rank."""
         self.collective_rpc("initialize_kv_cache", (num_blocks,))
 
-    def execute_model(self, out: SchedulerOutput) -> dict[str, list[int]]:
+    def execute_model(
+        self, out: SchedulerOutput, failed: dict[str, str] | None = None
+    ) -> dict[str, list[int]]:
         if not out.is_empty:
             self.executor.send_step(self.encoder.encode(out))
         try:
-            return super().execute_model(out)
+            return super().execute_model(out, failed)
         except BaseException as e:
             self.executor.fail(e)
 

@@ -56,7 +56,9 @@ def rank_memory_info(runner: ModelRunner) -> dict[str, Any]:
 class DiscardingSampler:
     """A worker's sampler: rank 0 samples, so this returns placeholders (never read)."""
 
-    def __call__(self, logits: torch.Tensor, requests: list[Request]) -> list[int]:
+    def __call__(
+        self, logits: torch.Tensor, requests: list[Request], failed: Any = None
+    ) -> list[int]:
         return [0] * len(requests)
 
     def verify(self, *args: Any, **kwargs: Any) -> list[list[int]]:

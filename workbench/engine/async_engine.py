@@ -7,10 +7,14 @@
 
 Events reach an asyncio consumer through `loop.call_soon_threadsafe` (the loop running where
 `add_request` was called) and a plain consumer through a thread-safe queue. The loop thread
-sleeps on a condition variable while there is nothing to do. An exception inside a step is
-recorded, ends every in-flight stream with `AsyncEngineError`, and the loop goes on serving
-later requests (the failed step's requests are aborted and the prefix cache reset, since their
-cached blocks may hold KV that was never written).
+sleeps on a condition variable while there is nothing to do.
+
+Failures: the engine's step already keeps a request's failure to that request (its stream
+ends with a finished event, finish_reason "error" and `error` set; the other streams go on)
+and a failed forward to that step's requests. Only an exception escaping `step()` itself (a
+bug in the scheduler) is handled here: it is recorded, ends every in-flight stream with
+`AsyncEngineError`, and the loop goes on serving later requests (the requests are aborted
+and the prefix cache reset, since their cached blocks may hold KV that was never written).
 """
 
 from __future__ import annotations
@@ -51,9 +55,10 @@ class StreamEvent:
     token_times: tuple[float, ...]
     num_output_tokens: int
     finished: bool = False
-    finish_reason: str | None = None  # "stop" | "length" | "abort" when finished
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error" when finished
     times: RequestTimes | None = None
     num_cached_tokens: int = -1
+    error: str | None = None  # why the engine failed this sequence (finish_reason "error")
 
 
 _END = object()  # stream sentinel after the last event
@@ -274,6 +279,7 @@ class AsyncEngine:
             finish_reason=req.status.finish_reason if done else None,
             times=_copy_times(req.times) if done else None,
             num_cached_tokens=req.num_cached_tokens,
+            error=req.error if done else None,
         )
         self._sent[sid] = req.num_output_tokens
         if done:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from os import PathLike
 from typing import Any
@@ -11,6 +12,8 @@ from workbench.engine.llm_engine import LLMEngine, PromptType
 from workbench.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from workbench.engine.request import Request
 from workbench.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
 
 
 class LLM:
@@ -75,13 +78,26 @@ class LLM:
         # n is read now: the scheduler sets a parent's n to 1 once it has forked its children.
         remaining = sum(r.sampling_params.n for r in requests)
         done: dict[str, list[Request]] = {r.request_id: [] for r in requests}
-        while remaining:
-            for req in engine.step():
-                if req.is_finished():
-                    root = req.parent_id or req.request_id
-                    if root in done:
-                        done[root].append(req)
-                        remaining -= 1
+        try:
+            while remaining:
+                for req in engine.step():
+                    if req.is_finished():
+                        root = req.parent_id or req.request_id
+                        if root in done:
+                            done[root].append(req)
+                            remaining -= 1
+        except BaseException:
+            # A bug escaping the step (or Ctrl-C): take this call's requests out of the
+            # engine so the next generate() starts clean, then re-raise.
+            ids = [r.request_id for r in requests]
+            ids += [rid for rid, r in engine.scheduler.requests.items() if r.parent_id in done]
+            engine.abort_request(ids)
+            raise
+        failed = [s for seqs in done.values() for s in seqs if s.error is not None]
+        if failed:
+            logger.warning("%d of %d sequences failed in the engine (finish_reason 'error'); "
+                           "first: %s: %s", len(failed), sum(map(len, done.values())),
+                           failed[0].request_id, failed[0].error)
         return [
             self._to_output(req, text, sorted(done[req.request_id], key=lambda r: r.index))
             for req, text in zip(requests, prompt_texts, strict=True)
@@ -101,6 +117,7 @@ class LLM:
                 finish_reason=s.status.finish_reason,
                 stop_reason=s.stop_reason,
                 metrics=RequestMetrics.from_request(s),
+                error=s.error,
             ))
         return RequestOutput(
             request_id=req.request_id, prompt=prompt, prompt_token_ids=req.prompt_token_ids,

@@ -22,7 +22,11 @@ smaller weights (quantization) or smaller blocks (fp8 KV) become KV capacity.
 from __future__ import annotations
 
 import itertools
+import logging
+import math
+import numbers
 import time
+from collections import deque
 from typing import Any
 
 import torch
@@ -42,6 +46,8 @@ from workbench.spec_decode.draft_model import DraftModelProposer
 from workbench.spec_decode.ngram import NgramProposer
 
 PromptType = str | list[int] | dict[str, Any]
+MAX_ERROR_RECORDS = 100
+logger = logging.getLogger(__name__)
 DEFAULT_CPU_KV_BYTES = 4 << 30  # like vLLM-CPU's VLLM_CPU_KVCACHE_SPACE default (4 GiB)
 
 
@@ -84,6 +90,9 @@ class LLMEngine:
         eos = self.tokenizer.eos_token_id
         self.eos_token_id: int | None = eos if eos is not None else (mc.eos_token_ids or [None])[0]
         self._ids = itertools.count()
+        # Failures kept for inspection (newest MAX_ERROR_RECORDS): step, scope ("request":
+        # one request's sampling/update, "step": the forward, "propose"), ids, message.
+        self.errors: deque[dict[str, Any]] = deque(maxlen=MAX_ERROR_RECORDS)
 
     # ----------------------------------------------------------------- memory
     @property
@@ -234,14 +243,14 @@ class LLMEngine:
             return prompt, list(self.tokenizer(prompt)["input_ids"])
         if isinstance(prompt, dict):
             if "prompt_token_ids" in prompt:
-                return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+                return prompt.get("prompt"), _token_ids(prompt["prompt_token_ids"])
             if "prompt" in prompt:
                 return self.tokenize(prompt["prompt"])
             raise ValueError(
                 f"prompt dict keys ({sorted(prompt)}) must include 'prompt' or 'prompt_token_ids'"
             )
         if isinstance(prompt, list | tuple):
-            return None, [int(t) for t in prompt]
+            return None, _token_ids(prompt)
         raise ValueError(
             f"prompt of type {type(prompt).__name__} is not allowed; pass a str, a list of "
             "token ids or {'prompt_token_ids': [...]}"
@@ -267,12 +276,30 @@ class LLMEngine:
                 f"prompt (length {len(ids)}) is longer than max_model_len ({self.max_model_len})"
                 "; shorten it or raise max_model_len"
             )
-        bad = [t for t in ids if not 0 <= t < self.vocab_size]
-        if bad:
+        for i, t in enumerate(ids):
+            if not 0 <= t < self.vocab_size:
+                raise ValueError(
+                    f"prompt_token_ids[{i}] ({t}) is out of range; allowed "
+                    f"0..{self.vocab_size - 1} (the model's vocabulary)"
+                )
+        params.check_token_ids(self.vocab_size)
+        max_seqs = self.config.scheduler_config.max_num_seqs
+        if params.n > max_seqs:
             raise ValueError(
-                f"prompt token id {bad[0]} is out of range; allowed 0..{self.vocab_size - 1}"
+                f"n ({params.n}) must be <= max_num_seqs ({max_seqs}): every sequence of a "
+                "request runs as one scheduled sequence"
             )
+        if not _is_int(priority):
+            raise ValueError(f"priority ({priority!r}) must be an integer")
+        if cache_salt is not None and not isinstance(cache_salt, str):
+            raise ValueError(f"cache_salt ({cache_salt!r}) must be a string or None")
+        if arrival_time is not None and not (
+            isinstance(arrival_time, int | float) and math.isfinite(arrival_time)
+        ):
+            raise ValueError(f"arrival_time ({arrival_time!r}) must be a finite number")
         rid = request_id if request_id is not None else str(next(self._ids))
+        if not isinstance(rid, str) or not rid:
+            raise ValueError(f"request_id ({rid!r}) must be a non-empty string")
         return Request(
             request_id=rid, prompt_token_ids=ids, sampling_params=params,
             eos_token_id=self.eos_token_id, arrival_time=arrival_time, priority=priority,
@@ -288,6 +315,7 @@ class LLMEngine:
         done = self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
         for r in done:
             self.runner.sampler.forget(r.request_id)
+            self.stats.record_finished("abort")
         return done
 
     def has_unfinished_requests(self) -> bool:
@@ -295,31 +323,60 @@ class LLMEngine:
 
     # ------------------------------------------------------------------- step
     def step(self) -> list[Request]:
-        """One iteration. Returns the requests that received tokens (finished ones too)."""
+        """One iteration. Returns the requests that received tokens (finished ones too).
+
+        Failures stay with the requests they belong to (vLLM stops the whole engine on an
+        engine-core error; this engine does not):
+        - a request whose own sampling or update raises finishes alone with
+          FINISHED_ERROR (finish_reason "error", `request.error` says why, blocks freed);
+          every other request of the step gets its tokens as if it were not there;
+        - when the batched forward raises, nobody can be blamed: every request scheduled in
+          this step finishes with FINISHED_ERROR, the prefix-cache keys of blocks this step
+          may have left half-written are dropped, and the engine serves the next step;
+        - a failing speculative proposer costs only this step's drafts (lossless).
+        Failed requests are returned like finished ones; `errors` keeps the newest records.
+        """
         t0 = time.perf_counter()
         sched = self.scheduler
+        failed: dict[str, str] = {}
+        progressed: list[Request] = []
+        finished: list[Request] = []
         with profiling.range("engine.step"):
             with profiling.range("scheduler.schedule"):
                 out = sched.schedule()
-            sampled = self.runner.execute_model(out)
-            with profiling.range("scheduler.update"):
-                progressed, finished = sched.update_from_output(out, sampled)
-            if self.ngram is not None or self.drafter is not None:
-                with profiling.range("spec_decode.propose"):
-                    self._propose(out, progressed)
+            try:
+                sampled: dict[str, list[int]] | None = self.runner.execute_model(out, failed)
+            except Exception as e:  # noqa: BLE001 - fails this step's requests, not the engine
+                sampled = None
+                progressed = self._fail_step(out, e)
+            if sampled is not None:
+                with profiling.range("scheduler.update"):
+                    progressed, finished = sched.update_from_output(out, sampled, failed)
+                if failed:
+                    errored = self._fail_requests(failed, "request")
+                    progressed.extend(errored)
+                if self.ngram is not None or self.drafter is not None:
+                    with profiling.range("spec_decode.propose"):
+                        self._propose(out, progressed)
         stats = self.stats
         spec_drafted = spec_accepted = 0
         for rid, drafts in out.scheduled_spec_decode_tokens.items():
-            accepted = len(sampled[rid]) - 1
+            tokens = sampled.get(rid) if sampled is not None else None
+            if not tokens:  # its request failed
+                continue
+            accepted = len(tokens) - 1
             stats.record_spec(len(drafts), accepted)
             spec_drafted += len(drafts)
             spec_accepted += accepted
         c = self.stats.counters
-        c["vllm:generation_tokens"] += sched.num_generated_last_step
-        c["vllm:prompt_tokens"] += sched.num_prompt_tokens_last_step
+        if sampled is not None:
+            c["vllm:generation_tokens"] += sched.num_generated_last_step
+            c["vllm:prompt_tokens"] += sched.num_prompt_tokens_last_step
         for req in finished:
             self.runner.sampler.forget(req.request_id)
         c["vllm:request_success"] += len(finished)
+        for req in finished:
+            stats.record_finished(req.status.finish_reason)
         queries, hits = sched.kv_cache_manager.make_prefix_cache_stats()
         c["vllm:prefix_cache_queries"] += queries
         c["vllm:prefix_cache_hits"] += hits
@@ -334,13 +391,63 @@ class LLMEngine:
         ))
         return progressed
 
+    # ---------------------------------------------------------------- failures
+    def _fail_requests(
+        self, errors: dict[str, str], scope: str, num_valid_tokens: dict[str, int] | None = None
+    ) -> list[Request]:
+        """Finish `errors`' requests with FINISHED_ERROR (blocks freed), count and log them."""
+        now = time.perf_counter()
+        done = self.scheduler.finish_requests(
+            list(errors), RequestStatus.FINISHED_ERROR, errors, num_valid_tokens
+        )
+        for req in done:
+            req.times.finished = req.times.finished or now
+            self.runner.sampler.forget(req.request_id)
+            self.stats.record_finished("error")
+            logger.warning("request %s failed (%s): %s", req.request_id, scope, req.error)
+        self.errors.append({
+            "step": self.stats.num_steps, "scope": scope,
+            "request_ids": [r.request_id for r in done],
+            "message": next(iter(errors.values()), ""),
+        })
+        return done
+
+    def _fail_step(self, out: SchedulerOutput, error: Exception) -> list[Request]:
+        """The batched forward raised: fail every request of the step; KV from position
+        num_computed_tokens on (this step's writes) may be unwritten, so those blocks lose
+        their prefix-cache keys. The engine stays usable."""
+        logger.error("engine step %d failed in the forward; failing its %d requests",
+                     self.stats.num_steps, len(out.scheduled_requests), exc_info=error)
+        msg = f"engine step failed: {type(error).__name__}: {error}"
+        reqs = out.scheduled_requests
+        return self._fail_requests(
+            {r.request_id: msg for r in reqs}, "step",
+            {r.request_id: r.num_computed_tokens for r in reqs},
+        )
+
     def _propose(self, out: SchedulerOutput, progressed: list[Request]) -> None:
-        """Drafts for every running request that just received tokens (verified next step)."""
+        """Drafts for every running request that just received tokens (verified next step).
+
+        Drafts only save time: when the proposer raises, this step's drafts are dropped
+        (and the draft model's progress rolled back), the error is recorded, and every
+        request goes on without speculation for one step (tokens unchanged: lossless)."""
         drafting = [r for r in progressed if r.status == RequestStatus.RUNNING]
-        if self.ngram is not None:
-            self.ngram.propose(drafting)
-        elif self.drafter is not None:
-            self.drafter.propose(out, drafting)
+        before = {r.request_id: r.num_draft_computed_tokens for r in out.scheduled_requests}
+        try:
+            if self.ngram is not None:
+                self.ngram.propose(drafting)
+            elif self.drafter is not None:
+                self.drafter.propose(out, drafting)
+        except Exception as e:  # noqa: BLE001 - speculation is an optimisation: drop it
+            logger.warning("speculative proposer failed; no drafts this step", exc_info=e)
+            for req in out.scheduled_requests:
+                req.spec_token_ids = []
+                req.spec_token_probs = None
+                req.num_draft_computed_tokens = before[req.request_id]
+            self.errors.append({
+                "step": self.stats.num_steps, "scope": "propose", "request_ids": [],
+                "message": f"{type(e).__name__}: {e}",
+            })
 
     def reset_prefix_cache(self) -> bool:
         return self.scheduler.kv_cache_manager.reset_prefix_cache()
@@ -357,3 +464,18 @@ class LLMEngine:
             self.shutdown()
         except Exception:  # interpreter teardown: nothing left to report to
             pass
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _token_ids(ids: Any) -> list[int]:
+    """Prompt token ids as plain ints; anything but a sequence of integers is refused
+    (int() would silently truncate 3.7 or parse "3")."""
+    if not isinstance(ids, list | tuple):
+        raise ValueError(f"prompt_token_ids ({ids!r}) must be a list of token ids (ints)")
+    for i, t in enumerate(ids):
+        if not _is_int(t):
+            raise ValueError(f"prompt_token_ids[{i}] ({t!r}) must be an integer token id")
+    return [int(t) for t in ids]

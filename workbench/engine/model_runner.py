@@ -286,7 +286,12 @@ class ModelRunner:
 
     # ---------------------------------------------------------------- execute
     @torch.inference_mode()
-    def execute_model(self, out: SchedulerOutput) -> dict[str, list[int]]:
+    def execute_model(
+        self, out: SchedulerOutput, failed: dict[str, str] | None = None
+    ) -> dict[str, list[int]]:
+        """The step's forward and sampling: request id -> accepted token ids. With `failed`,
+        a request whose own sampling raises is recorded there (id -> message) and left out
+        of the result; an error in the batched forward raises (nobody can be blamed)."""
         if out.is_empty:
             return {}
         if out.blocks_to_copy:
@@ -302,11 +307,15 @@ class ModelRunner:
         with nvtx_range("model_runner.sample"):
             logits = self.model.compute_logits(hidden[logits_idx])
             if not spec:
-                tokens = self.sampler(logits, to_sample)
-                return {r.request_id: [t] for r, t in zip(to_sample, tokens, strict=True)}
+                tokens = self.sampler(logits, to_sample, failed=failed)
+                if not failed:
+                    return {r.request_id: [t] for r, t in zip(to_sample, tokens, strict=True)}
+                return {r.request_id: [t] for r, t in zip(to_sample, tokens, strict=True)
+                        if r.request_id not in failed}
             drafts = [spec.get(r.request_id, []) for r in to_sample]
-            accepted = self.sampler.verify(logits, to_sample, drafts)
-        return {r.request_id: a for r, a in zip(to_sample, accepted, strict=True)}
+            accepted = self.sampler.verify(logits, to_sample, drafts, failed=failed)
+        return {r.request_id: a for r, a in zip(to_sample, accepted, strict=True)
+                if not failed or r.request_id not in failed}
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         src = torch.tensor([s for s, _ in pairs], device=self.device)

@@ -59,6 +59,7 @@ class CompletionOutput:
     finish_reason: str | None
     stop_reason: int | None = None
     metrics: RequestMetrics | None = None
+    error: str | None = None  # why the engine failed this sequence (finish_reason "error")
 
 
 @dataclass

@@ -30,6 +30,7 @@ class RequestStatus(enum.IntEnum):
     FINISHED_STOPPED = 3  # EOS or a stop token
     FINISHED_LENGTH_CAPPED = 4  # max_tokens or max_model_len reached
     FINISHED_ABORTED = 5
+    FINISHED_ERROR = 6  # this request failed inside the engine; the others went on
 
     @property
     def finished(self) -> bool:
@@ -41,6 +42,7 @@ class RequestStatus(enum.IntEnum):
             RequestStatus.FINISHED_STOPPED: "stop",
             RequestStatus.FINISHED_LENGTH_CAPPED: "length",
             RequestStatus.FINISHED_ABORTED: "abort",
+            RequestStatus.FINISHED_ERROR: "error",
         }.get(self)
 
 
@@ -79,6 +81,7 @@ class Request:
         "index",
         "stop_reason",
         "max_tokens",
+        "error",
     )
 
     def __init__(
@@ -121,6 +124,8 @@ class Request:
         # max output tokens, resolved by the engine (SamplingParams.max_tokens or what fits).
         limit = max_tokens if max_tokens is not None else sampling_params.max_tokens
         self.max_tokens: int = limit if limit is not None else sys.maxsize
+        # Why the engine finished this request with FINISHED_ERROR (None otherwise).
+        self.error: str | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -63,19 +63,35 @@ class Scheduler:
     def has_unfinished_requests(self) -> bool:
         return bool(self.running) or len(self.waiting) > 0
 
-    def finish_requests(self, request_ids: list[str], status: RequestStatus) -> list[Request]:
-        """Abort (or otherwise finish) requests wherever they are; frees their blocks."""
+    def finish_requests(
+        self,
+        request_ids: list[str],
+        status: RequestStatus,
+        errors: dict[str, str] | None = None,
+        num_valid_tokens: dict[str, int] | None = None,
+    ) -> list[Request]:
+        """Abort (or otherwise finish) requests wherever they are; frees their blocks.
+
+        FINISHED_ERROR: `errors[id]` becomes `request.error`; `num_valid_tokens[id]` (after a
+        failed forward) makes the KV manager drop the prefix-cache keys of blocks whose KV
+        may be unwritten. A request that an update failing half-way already marked finished
+        is still taken out of the queues and freed."""
         done = []
         for rid in request_ids:
             req = self.requests.get(rid)
-            if req is None or req.is_finished():
+            if req is None or (req.is_finished() and status != RequestStatus.FINISHED_ERROR):
                 continue
-            if req.status == RequestStatus.RUNNING:
+            if req.status == RequestStatus.RUNNING or req in self.running:
                 self.running.remove(req)
-            else:
+            elif not req.is_finished():
                 self.waiting.remove(req)
             req.status = status
-            self._free(req)
+            if errors is not None:
+                req.error = errors.get(rid)
+            self.kv_cache_manager.free(
+                req, None if num_valid_tokens is None else num_valid_tokens.get(rid)
+            )
+            self.requests.pop(rid, None)
             done.append(req)
         return done
 
@@ -215,7 +231,8 @@ class Scheduler:
 
     # ------------------------------------------------------------------ update
     def update_from_output(
-        self, out: SchedulerOutput, sampled: dict[str, list[int]]
+        self, out: SchedulerOutput, sampled: dict[str, list[int]],
+        failed: dict[str, str] | None = None,
     ) -> tuple[list[Request], list[Request]]:
         """Apply one forward's results. Returns (requests that got tokens, finished ones).
 
@@ -223,51 +240,68 @@ class Scheduler:
         the accepted token ids (one without speculation; accepted drafts + one with it). A
         request mid-prefill gets none. Rejected drafts roll back: num_computed_tokens counts
         only the scheduled tokens whose KV matches the confirmed tokens.
+
+        With `failed` (request id -> error), requests whose sampling already failed are
+        skipped, and one whose own update raises is added there instead of stopping the
+        others (the caller then finishes them all with FINISHED_ERROR); without it, raises.
         """
         now = time.perf_counter()
         progressed: list[Request] = []
         finished: list[Request] = []
-        max_model_len = self.max_model_len
-        num_sched = out.num_scheduled_tokens
-        spec = out.scheduled_spec_decode_tokens
-        generated = prompt_tokens = 0
+        counts = [0, 0]  # tokens appended, prompt tokens of requests given their first token
         for req in out.scheduled_requests:
-            rid = req.request_id
-            new = sampled.get(rid)
-            num_rejected = 0
-            if req.spec_token_ids:
-                req.spec_token_ids = []
-                req.spec_token_probs = None
-                drafts = spec.get(rid)
-                if drafts and new:
-                    num_rejected = len(drafts) + 1 - len(new)
-            req.num_computed_tokens += num_sched[rid] - num_rejected
-            if not new:
+            if failed is not None and req.request_id in failed:
                 continue
-            token_times = req.times.token_times
-            before = len(req.output_token_ids)
-            for tok in new:
-                req.output_token_ids.append(tok)
-                req.all_token_ids.append(tok)
-                token_times.append(now)
-                if check_stop(req, max_model_len):
-                    break
-            generated += len(req.output_token_ids) - before
-            if before == 0 and req.parent_id is None:
-                prompt_tokens += req.num_prompt_tokens
-            if req.times.first_token is None:
-                req.times.first_token = now
-            progressed.append(req)
-            if req.status >= RequestStatus.FINISHED_STOPPED:
-                req.times.finished = now
-                self.running.remove(req)
-                self._free(req)
-                finished.append(req)
-            elif req.sampling_params.n > 1 and req.parent_id is None:
-                self._fork_children(req)
-        self.num_generated_last_step = generated
-        self.num_prompt_tokens_last_step = prompt_tokens
+            try:
+                self._update_one(req, out, sampled.get(req.request_id), now, progressed,
+                                 finished, counts)
+            except Exception as e:
+                if failed is None:
+                    raise
+                failed[req.request_id] = f"update failed: {type(e).__name__}: {e}"
+                for seen in (progressed, finished):
+                    if req in seen:
+                        seen.remove(req)
+        self.num_generated_last_step, self.num_prompt_tokens_last_step = counts
         return progressed, finished
+
+    def _update_one(
+        self, req: Request, out: SchedulerOutput, new: list[int] | None, now: float,
+        progressed: list[Request], finished: list[Request], counts: list[int],
+    ) -> None:
+        """One request's share of update_from_output."""
+        rid = req.request_id
+        num_rejected = 0
+        if req.spec_token_ids:
+            req.spec_token_ids = []
+            req.spec_token_probs = None
+            drafts = out.scheduled_spec_decode_tokens.get(rid)
+            if drafts and new:
+                num_rejected = len(drafts) + 1 - len(new)
+        req.num_computed_tokens += out.num_scheduled_tokens[rid] - num_rejected
+        if not new:
+            return
+        token_times = req.times.token_times
+        before = len(req.output_token_ids)
+        for tok in new:
+            req.output_token_ids.append(tok)
+            req.all_token_ids.append(tok)
+            token_times.append(now)
+            if check_stop(req, self.max_model_len):
+                break
+        counts[0] += len(req.output_token_ids) - before
+        if before == 0 and req.parent_id is None:
+            counts[1] += req.num_prompt_tokens
+        if req.times.first_token is None:
+            req.times.first_token = now
+        progressed.append(req)
+        if req.status >= RequestStatus.FINISHED_STOPPED:
+            req.times.finished = now
+            self.running.remove(req)
+            self._free(req)
+            finished.append(req)
+        elif req.sampling_params.n > 1 and req.parent_id is None:
+            self._fork_children(req)
 
     def _fork_children(self, parent: Request) -> None:
         """After the parent's prefill, start n - 1 children sharing its prompt blocks.

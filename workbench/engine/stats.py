@@ -26,6 +26,7 @@ COUNTERS = (
     "vllm:spec_decode_num_accepted_tokens",
 )
 PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+FINISHED_REASONS = ("stop", "length", "abort", "error")
 GAUGES = (
     "vllm:num_requests_running",
     "vllm:num_requests_waiting",
@@ -62,6 +63,14 @@ class EngineStats:
     engine_time_s: float = 0.0  # summed step durations
     # vLLM's per-position acceptance counter: [i] = drafts whose position i was accepted.
     spec_accepted_per_pos: list[int] = field(default_factory=list)
+    # vLLM's vllm:request_success{finished_reason=...}: finished sequences by reason.
+    finished_reasons: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys(FINISHED_REASONS, 0)
+    )
+
+    def record_finished(self, finish_reason: str | None) -> None:
+        key = finish_reason if finish_reason in self.finished_reasons else "abort"
+        self.finished_reasons[key] += 1
 
     def record_spec(self, num_draft_tokens: int, num_accepted: int) -> None:
         """One request's verification: num_draft_tokens drafts, the first num_accepted kept."""
@@ -99,6 +108,9 @@ class EngineStats:
                 self.spec_accepted_per_pos,
             ))
         out["engine_time_s"] = self.engine_time_s
+        # Not a "vllm:" key: the /metrics collector exports it with a finished_reason label.
+        out["request_success_by_reason"] = dict(self.finished_reasons)
+        out["num_failed_requests"] = self.finished_reasons["error"]
         return out
 
 

@@ -301,15 +301,22 @@ class KVCacheManager:
 
     # ---- release --------------------------------------------------------------------------
 
-    def free(self, request: Request) -> None:
+    def free(self, request: Request, num_valid_tokens: int | None = None) -> None:
         """Release the request's blocks tail first (prefix blocks are evicted last).
 
         Call it for every request ever passed in, including aborted waiting ones (a lookup
-        keeps the request's hashes). Freed blocks keep their keys until reallocated.
+        keeps the request's hashes). Freed blocks keep their keys until reallocated, except
+        with `num_valid_tokens` (a forward that failed: KV at positions >= it may never have
+        been written): every block holding such a position loses its key first, so no later
+        prefix lookup can hit it.
         """
         st = self._reqs.pop(request.request_id, None)
-        if st is not None and st.blocks:
-            self.block_pool.free_blocks(reversed(st.blocks))
+        if st is None or not st.blocks:
+            return
+        if num_valid_tokens is not None:
+            for block in st.blocks[num_valid_tokens // self.block_size :]:
+                self.block_pool.uncache_block(block)
+        self.block_pool.free_blocks(reversed(st.blocks))
 
     def reset_prefix_cache(self) -> bool:
         """Drop every cached key; False (nothing changed) while any request holds a block."""

@@ -41,18 +41,57 @@ class Sampler:
             self._generators[req.request_id] = gen
         return gen
 
-    def __call__(self, logits: torch.Tensor, requests: list[Request]) -> list[int]:
-        """logits: [len(requests), vocab] float32. Returns one token id per request."""
-        self._apply_min_tokens(logits, requests)
-        if all(r.sampling_params.greedy for r in requests):
-            return greedy_ids(logits)
+    def __call__(
+        self, logits: torch.Tensor, requests: list[Request],
+        failed: dict[str, str] | None = None,
+    ) -> list[int]:
+        """logits: [len(requests), vocab] float32. Returns one token id per request.
+
+        With `failed`, an error in one request's own processing (its penalties, filters or
+        draw) is recorded there as request id -> message and that row's token is -1; the
+        other rows are sampled as if it were not in the batch. Without it, errors raise."""
+        self._apply_min_tokens(logits, requests, failed=failed)
         out = greedy_ids(logits)
-        rows = [i for i, r in enumerate(requests) if not r.sampling_params.greedy]
-        probs = self.sampling_probs(logits[rows], [requests[i] for i in rows])
-        for j, i in enumerate(rows):
-            # Exponential race (as vLLM): argmax(p / E), E ~ Exp(1), is a draw from p.
-            q = torch.empty_like(probs[j]).exponential_(generator=self._generator(requests[i]))
-            out[i] = int((probs[j] / q).argmax())
+        if not all(r.sampling_params.greedy for r in requests):
+            rows = [i for i, r in enumerate(requests)
+                    if not r.sampling_params.greedy
+                    and (failed is None or r.request_id not in failed)]
+            probs = self._rows_probs(logits, requests, rows, failed)
+            for i in rows:
+                p = probs.get(i)
+                if p is None:
+                    continue
+                req = requests[i]
+                try:
+                    # Exponential race (as vLLM): argmax(p / E), E ~ Exp(1), is a draw from p.
+                    q = torch.empty_like(p).exponential_(generator=self._generator(req))
+                    out[i] = int((p / q).argmax())
+                except Exception as e:
+                    _record(failed, req, e)
+        if failed:
+            out = [-1 if r.request_id in failed else t for r, t in zip(requests, out, strict=True)]
+        return out
+
+    def _rows_probs(
+        self, logits: torch.Tensor, requests: list[Request], rows: list[int],
+        failed: dict[str, str] | None,
+    ) -> dict[int, torch.Tensor]:
+        """Row index -> sampling probabilities, one batched call; if that raises and failures
+        are being collected, row by row so the failing request is found and the rest go on."""
+        if not rows:
+            return {}
+        try:
+            probs = self.sampling_probs(logits[rows], [requests[i] for i in rows])
+            return {i: probs[j] for j, i in enumerate(rows)}
+        except Exception:
+            if failed is None:
+                raise
+        out = {}
+        for i in rows:
+            try:
+                out[i] = self.sampling_probs(logits[i : i + 1], [requests[i]])[0]
+            except Exception as e:
+                _record(failed, requests[i], e)
         return out
 
     @staticmethod
@@ -85,35 +124,47 @@ class Sampler:
         return logits.softmax(dim=-1)
 
     def verify(
-        self, logits: torch.Tensor, requests: list[Request], drafts: list[list[int]]
+        self, logits: torch.Tensor, requests: list[Request], drafts: list[list[int]],
+        failed: dict[str, str] | None = None,
     ) -> list[list[int]]:
         """Speculative verification. Request i owns len(drafts[i]) + 1 consecutive rows of
         logits (the target at its last confirmed token and at each draft); returns its
         accepted drafts plus one token (the correction, or the bonus when all are accepted).
         Greedy requests accept while draft == argmax; sampled ones use the rejection sampler
-        with q = the request's spec_token_probs (draft model) or one-hot (n-gram)."""
+        with q = the request's spec_token_probs (draft model) or one-hot (n-gram).
+        With `failed`, a request whose verification raises is recorded there and gets []."""
         row_reqs = [r for r, d in zip(requests, drafts, strict=True) for _ in range(len(d) + 1)]
         offsets = [j for d in drafts for j in range(len(d) + 1)]
-        self._apply_min_tokens(logits, row_reqs, offsets)
+        self._apply_min_tokens(logits, row_reqs, offsets, failed=failed)
         argmax = greedy_ids(logits)
         out: list[list[int]] = []
         row = 0
         for req, draft in zip(requests, drafts, strict=True):
             n = len(draft) + 1
-            if req.sampling_params.greedy:
-                out.append(greedy_verify(draft, argmax[row : row + n]))
-            else:
-                probs = self.sampling_probs(logits[row : row + n], [req] * n)
-                q = req.spec_token_probs
-                out.append(rejection_sample(
-                    draft, probs, None if q is None else q[: len(draft)], self._generator(req)
-                ))
+            try:
+                if failed is not None and req.request_id in failed:
+                    out.append([])
+                elif req.sampling_params.greedy:
+                    out.append(greedy_verify(draft, argmax[row : row + n]))
+                else:
+                    probs = self.sampling_probs(logits[row : row + n], [req] * n)
+                    q = req.spec_token_probs
+                    out.append(rejection_sample(
+                        draft, probs, None if q is None else q[: len(draft)],
+                        self._generator(req),
+                    ))
+            except Exception as e:
+                if failed is None:
+                    raise
+                _record(failed, req, e)
+                out.append([])
             row += n
         return out
 
     @staticmethod
     def _apply_min_tokens(
-        logits: torch.Tensor, requests: list[Request], offsets: list[int] | None = None
+        logits: torch.Tensor, requests: list[Request], offsets: list[int] | None = None,
+        failed: dict[str, str] | None = None,
     ) -> None:
         """Ban EOS/stop ids on rows whose token would come before min_tokens (row i's token
         would be output number num_output_tokens + offsets[i])."""
@@ -124,5 +175,18 @@ class Sampler:
             banned = list(params.stop_token_ids)
             if r.eos_token_id is not None:
                 banned.append(r.eos_token_id)
-            if banned:
+            if not banned:
+                continue
+            try:
                 logits[i, banned] = float("-inf")
+            except Exception as e:
+                if failed is None:
+                    raise
+                _record(failed, r, e)
+
+
+def _record(failed: dict[str, str] | None, req: Request, error: Exception) -> None:
+    """Attribute a per-request failure (re-raised when failures are not being collected)."""
+    if failed is None:
+        raise error
+    failed.setdefault(req.request_id, f"sampling failed: {type(error).__name__}: {error}")
