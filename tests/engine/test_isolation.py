@@ -227,7 +227,27 @@ def test_one_failing_child_of_n_fails_alone(llm: LLM, vocab: int) -> None:
 
 
 # ---------------------------------------------------------------------- step failures
-def test_a_failed_forward_fails_its_step_and_drops_unwritten_cache_keys(
+def _failing_forward(engine: Any, monkeypatch: pytest.MonkeyPatch, fails: Any) -> dict[str, int]:
+    """Make the model forward raise when `fails(call number, input_ids)` says so."""
+    real = engine.runner.forward
+    calls = {"n": 0}
+
+    def forward(input_ids: Any, *args: Any) -> Any:
+        calls["n"] += 1
+        if fails(calls["n"], input_ids):
+            raise RuntimeError("injected forward failure")
+        return real(input_ids, *args)
+
+    monkeypatch.setattr(engine.runner, "forward", forward)
+    return calls
+
+
+def _unused_token(prompts: list[list[int]], vocab: int) -> int:
+    used = {t for p in prompts for t in p}
+    return next(t for t in range(10, vocab) if t not in used)
+
+
+def test_a_forward_failing_on_every_try_fails_its_step_and_drops_unwritten_cache_keys(
     checkpoints: dict[str, Path], prompts: list[list[int]], clean: list[list[int]],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -239,19 +259,12 @@ def test_a_failed_forward_fails_its_step_and_drops_unwritten_cache_keys(
     engine.add_request(a)
     engine.step()
     assert len(pool.cached_block_hash_to_block) == 17
-    real = engine.runner.forward
-    calls = {"n": 0}
-
-    def forward(*args: Any) -> Any:
-        calls["n"] += 1
-        if calls["n"] == 1:
-            raise RuntimeError("injected forward failure")
-        return real(*args)
-
-    monkeypatch.setattr(engine.runner, "forward", forward)
+    # the batched try and both one-by-one tries fail: nobody can be blamed
+    calls = _failing_forward(engine, monkeypatch, lambda n, ids: n <= 3)
     b = engine.make_request(prompts[3], GREEDY, request_id="b")  # 33 tokens: 8 full blocks
     engine.add_request(b)
     progressed = engine.step()  # a's decode and b's prefill fail together
+    assert calls["n"] == 3
     assert {r.request_id for r in progressed} == {"a", "b"}
     assert a.status.finish_reason == b.status.finish_reason == "error"
     assert a.error == "engine step failed: RuntimeError: injected forward failure"
@@ -267,6 +280,56 @@ def test_a_failed_forward_fails_its_step_and_drops_unwritten_cache_keys(
     assert outs[0].num_cached_tokens == 0
     assert outs[1].num_cached_tokens == 68  # a's 17 full prompt blocks
     _assert_idle(llm)
+
+
+def test_a_forward_failure_one_request_causes_fails_that_request_alone(
+    checkpoints: dict[str, Path], prompts: list[list[int]], clean: list[list[int]],
+    vocab: int, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Whatever validation misses may only break the batched forward (here: a token id the
+    'model' cannot take). Running the step's requests one by one finds the culprit."""
+    llm = _llm(checkpoints)
+    engine = llm.engine
+    poison = _unused_token(prompts, vocab)
+    calls = _failing_forward(engine, monkeypatch, lambda n, ids: bool((ids == poison).any()))
+    bad = prompts[2][:5] + [poison] + prompts[2][5:]
+    batch = [prompts[0], prompts[1], bad, prompts[3], prompts[4]]
+    outs = llm.generate(batch, GREEDY)
+    assert calls["n"] > 1
+    assert outs[2].outputs[0].finish_reason == "error"
+    assert outs[2].outputs[0].error == "engine step failed: RuntimeError: injected forward failure"
+    assert [o.outputs[0].token_ids for i, o in enumerate(outs) if i != 2] == [
+        clean[0], clean[1], clean[3], clean[4]]
+    assert engine.errors[-1]["scope"] == "request"
+    assert not any(b.block_hash is not None and b.token_ids and poison in b.token_ids
+                   for b in engine.scheduler.kv_cache_manager.block_pool.blocks)
+    _assert_idle(llm)
+
+
+def test_a_request_hitting_blocks_a_failed_request_was_writing_fails_too(
+    checkpoints: dict[str, Path], prompts: list[list[int]], vocab: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """b and c start in the same step and c's prompt begins with b's first 32 tokens: c hits
+    the 8 blocks b is computing. b fails in the forward, so those blocks may be unwritten:
+    c must not decode from them (it fails, and a rerun gives its clean tokens)."""
+    llm = _llm(checkpoints)
+    engine = llm.engine
+    poison = _unused_token(prompts, vocab)
+    b_prompt = prompts[1][:32] + [poison] + prompts[1][32:40]
+    c_prompt = prompts[1][:32] + prompts[5][:9]
+    clean_c = llm.generate([c_prompt], GREEDY)[0].outputs[0].token_ids
+    engine.reset_prefix_cache()
+    _failing_forward(engine, monkeypatch, lambda n, ids: bool((ids == poison).any()))
+    outs = llm.generate([b_prompt, c_prompt, prompts[4]], GREEDY)
+    assert outs[1].num_cached_tokens == 32  # the same-step hit on b's blocks
+    assert [o.outputs[0].finish_reason for o in outs] == ["error", "error", "length"]
+    assert outs[1].outputs[0].error == (
+        "engine step failed: it reads prefix-cache blocks that failed request(s) "
+        f"['{outs[0].request_id}'] did not write")
+    _assert_idle(llm)
+    again = llm.generate([c_prompt], GREEDY)[0]
+    assert again.outputs[0].token_ids == clean_c and again.num_cached_tokens == 0
 
 
 def test_a_scheduler_bug_in_generate_leaves_the_engine_usable(

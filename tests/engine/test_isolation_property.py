@@ -4,8 +4,12 @@ tokens equal to a clean run and the engine idle and usable (issue 15, part 1 (a)
 Per example: 1-6 requests. An invalid one (a bad field drawn from INVALID) must be refused by
 admission with a ValueError naming that field; a valid one is enqueued; an "escaping" one is
 valid at admission and broken afterwards (a stop id past the vocabulary with min_tokens > 0,
-which raises inside the sampler) and must finish alone with finish_reason "error". The valid
-requests' tokens must equal what each gives alone (greedy, or sampled with its own seed).
+which raises inside the sampler) and must finish alone with finish_reason "error"; a
+"poison" one gets a token id past the vocabulary after admission, which breaks the batched
+forward (the embedding raises): the engine must find it by running the step's requests one by
+one and fail it alone. The valid requests' tokens must equal what each gives alone (greedy,
+or sampled with its own seed); a valid request may fail only for reading prefix-cache blocks
+a poisoned request was writing in the same step (its prompt then shares a block with it).
 Example counts come from the hypothesis profile (HYPOTHESIS_PROFILE=ci|long).
 """
 
@@ -53,7 +57,7 @@ INVALID: dict[str, list[Any]] = {
 
 @st.composite
 def request_spec(draw: st.DrawFn) -> dict[str, Any]:
-    kind = draw(st.sampled_from(["valid", "valid", "valid", "invalid", "escaping"]))
+    kind = draw(st.sampled_from(["valid", "valid", "valid", "invalid", "escaping", "poison"]))
     prompt = draw(st.lists(st.integers(3, 1000), min_size=1, max_size=40))
     greedy = draw(st.booleans())
     kwargs: dict[str, Any] = {
@@ -143,12 +147,20 @@ def test_valid_requests_are_untouched_by_invalid_and_failing_ones(
         assert spec["kind"] != "invalid", f"{spec['field']}={spec['value']!r} was accepted"
         if spec["kind"] == "escaping":
             req.sampling_params.stop_token_ids = [vocab + 11]
+        if spec["kind"] == "poison":
+            req.prompt_token_ids[-1] = req.all_token_ids[-1] = vocab + 3
         admitted.append((spec, req))
     _run(llm, [req for _, req in admitted])
+    poisoned = [req for spec, req in admitted if spec["kind"] == "poison"]
     for spec, req in admitted:
-        if spec["kind"] == "escaping":
+        if spec["kind"] in ("escaping", "poison"):
             assert req.status.finish_reason == "error"
-            assert req.error is not None and "IndexError" in req.error
+            assert req.error is not None
+            assert "IndexError" in req.error or "did not write" in req.error, req.error
+        elif req.status.finish_reason == "error":
+            assert req.error is not None and "did not write" in req.error, req.error
+            assert any(p.prompt_token_ids[:4] == req.prompt_token_ids[:4] for p in poisoned)
+            spec["kind"] = "collateral"
         else:
             assert req.status.finish_reason in ("length", "stop"), req.error
     # the engine is idle: every block back, no request left behind

@@ -344,16 +344,18 @@ class LLMEngine:
         with profiling.range("engine.step"):
             with profiling.range("scheduler.schedule"):
                 out = sched.schedule()
+            taint: dict[str, int] = {}  # failed in the forward: id -> tokens with valid KV
             try:
                 sampled: dict[str, list[int]] | None = self.runner.execute_model(out, failed)
             except Exception as e:  # noqa: BLE001 - fails this step's requests, not the engine
-                sampled = None
-                progressed = self._fail_step(out, e)
+                sampled = self._execute_one_by_one(out, failed, taint, e)
+                if sampled is None:
+                    progressed = self._fail_step(out, e)
             if sampled is not None:
                 with profiling.range("scheduler.update"):
                     progressed, finished = sched.update_from_output(out, sampled, failed)
                 if failed:
-                    errored = self._fail_requests(failed, "request")
+                    errored = self._fail_requests(failed, "request", taint)
                     progressed.extend(errored)
                 if self.ngram is not None or self.drafter is not None:
                     with profiling.range("spec_decode.propose"):
@@ -411,6 +413,63 @@ class LLMEngine:
             "message": next(iter(errors.values()), ""),
         })
         return done
+
+    def _execute_one_by_one(
+        self, out: SchedulerOutput, failed: dict[str, str], taint: dict[str, int],
+        error: Exception,
+    ) -> dict[str, list[int]] | None:
+        """The batched forward raised: run each request of the step alone, in batch order
+        (a prefix hit on a block its writer computes in this same step still reads it
+        after the write), to find the request the failure belongs to. Those fail (in
+        `failed`, with their valid-KV length in `taint`), and so does any request whose
+        block table holds a block a failed one was writing; the others get their tokens.
+
+        None when it cannot be tried or blames nobody: tensor parallelism (the ranks step
+        together), a lone request, failing copy-on-write copies, or every request failing
+        alone too (then the failure is the step's, not a request's).
+        """
+        reqs = out.scheduled_requests
+        if len(reqs) < 2 or self.config.parallel_config.tensor_parallel_size > 1:
+            return None
+        logger.warning("the forward of step %d failed (%s: %s); running its %d requests one "
+                       "by one to find the failing one", self.stats.num_steps,
+                       type(error).__name__, error, len(reqs))
+        try:
+            if out.blocks_to_copy:  # once, before any request writes into a copied block
+                self.runner.copy_blocks(out.blocks_to_copy)
+        except Exception:  # noqa: BLE001 - the step's failure, not a request's
+            return None
+        sampled: dict[str, list[int]] = {}
+        for req in reqs:
+            rid = req.request_id
+            spec = out.scheduled_spec_decode_tokens.get(rid)
+            n = out.num_scheduled_tokens[rid]
+            prefill = req.num_computed_tokens < req.num_prompt_tokens
+            alone = SchedulerOutput(
+                scheduled_requests=[req], num_scheduled_tokens={rid: n},
+                block_ids={rid: out.block_ids[rid]},
+                scheduled_spec_decode_tokens={rid: spec} if spec is not None else {},
+                num_prefill_tokens=n if prefill else 0, num_decode_tokens=0 if prefill else n,
+            )
+            try:
+                sampled.update(self.runner.execute_model(alone, failed))
+            except Exception as e:  # noqa: BLE001 - this request's failure
+                failed[rid] = f"engine step failed: {type(e).__name__}: {e}"
+                taint[rid] = req.num_computed_tokens
+        if len(taint) == len(reqs):
+            failed.clear()
+            taint.clear()
+            return None
+        bs = self.config.cache_config.block_size
+        unwritten = {b for rid, n in taint.items() for b in out.block_ids[rid][n // bs:]}
+        for req in reqs:
+            rid = req.request_id
+            if rid not in taint and unwritten.intersection(out.block_ids[rid]):
+                failed[rid] = ("engine step failed: it reads prefix-cache blocks that failed "
+                               f"request(s) {sorted(taint)} did not write")
+                taint[rid] = req.num_computed_tokens
+                sampled.pop(rid, None)
+        return sampled
 
     def _fail_step(self, out: SchedulerOutput, error: Exception) -> list[Request]:
         """The batched forward raised: fail every request of the step; KV from position
