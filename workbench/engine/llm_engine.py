@@ -330,9 +330,13 @@ class LLMEngine:
         - a request whose own sampling or update raises finishes alone with
           FINISHED_ERROR (finish_reason "error", `request.error` says why, blocks freed);
           every other request of the step gets its tokens as if it were not there;
-        - when the batched forward raises, nobody can be blamed: every request scheduled in
-          this step finishes with FINISHED_ERROR, the prefix-cache keys of blocks this step
-          may have left half-written are dropped, and the engine serves the next step;
+        - when the batched forward raises, the step's requests are run one by one to find
+          the one the failure belongs to (`_execute_one_by_one`); if that blames nobody,
+          every request scheduled in this step finishes with FINISHED_ERROR, the
+          prefix-cache keys of blocks this step may have left half-written are dropped, and
+          the engine serves the next step. With tensor parallelism the executor has
+          stopped every rank by then, so the error is raised (the engine is done, as vLLM's);
+          `LLM.generate` and `AsyncEngine` take the requests out;
         - a failing speculative proposer costs only this step's drafts (lossless).
         Failed requests are returned like finished ones; `errors` keeps the newest records.
         """
@@ -348,6 +352,8 @@ class LLMEngine:
             try:
                 sampled: dict[str, list[int]] | None = self.runner.execute_model(out, failed)
             except Exception as e:  # noqa: BLE001 - fails this step's requests, not the engine
+                if self.config.parallel_config.tensor_parallel_size > 1:
+                    raise  # the executor has stopped every rank: this engine is done (vLLM's)
                 sampled = self._execute_one_by_one(out, failed, taint, e)
                 if sampled is None:
                     progressed = self._fail_step(out, e)
