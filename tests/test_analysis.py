@@ -169,3 +169,17 @@ def test_publish_saves_and_logs(tmp_path: Path) -> None:
     assert run.info.status == "FINISHED"
     assert {a.path for a in client.list_artifacts(out["run_id"], "nb")} == {"nb/sat.png",
                                                                            "nb/t.csv"}
+
+
+def test_spec_frame_gives_no_speedup_for_a_disturbed_point() -> None:
+    import math
+
+    from workbench.analysis.spec import spec_frame
+    from workbench.bench.spec import SpecPoint
+
+    off = [SpecPoint("off", 1, [2.0], 100), SpecPoint("off", 4, [1.0], 100, valid=False)]
+    on = [SpecPoint("ngram k=3", 1, [1.0], 100), SpecPoint("ngram k=3", 4, [0.5], 100)]
+    frame = spec_frame(off + on, 3)
+    assert frame["valid"].tolist() == [True, False]
+    assert frame["speedup"].iloc[0] == 2.0
+    assert math.isnan(frame["speedup"].iloc[1])  # its "off" point was disturbed

@@ -435,6 +435,36 @@ def test_cli_against_the_fake(fake: tuple[FakeOpenAI, str], tmp_path: Any,
         parse_arrivals("burst:8")
 
 
+def test_cli_flags_a_disturbed_run_on_the_console_and_in_mlflow(
+        fake: tuple[FakeOpenAI, str], tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    from mlflow.tracking import MlflowClient
+
+    from workbench.bench.cli import main
+    from workbench.bench.validity import FixedCpuWatch
+    from workbench.demo import bundled_checkpoint
+
+    _, url = fake
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    argv = ["--target", url, "--model", MODEL, "--workload", "balanced-chat", "--tokenizer",
+            str(bundled_checkpoint()), "--num-requests", "3", "--param", "output_len=2",
+            "--tracking-uri", uri, "--experiment", "e"]
+    main(argv, cpu_watch=FixedCpuWatch(0.9))
+    out = capsys.readouterr().out
+    # judged: the fake server listens in this process, so its CPU is not "other processes'"
+    assert ("INVALID run (http balanced-chat): other processes used 90% of the CPUs during the "
+            "run (threshold 25%)") in out
+    run_id = out.split("MLflow run ")[1].split()[0]
+    client = MlflowClient(tracking_uri=uri)
+    r = client.get_run(run_id)
+    assert r.data.tags["run_valid"] == "false" and r.data.metrics["other_cpu_share"] == 0.9
+    assert r.data.metrics["valid"] == 0.0 and r.data.metrics["completed"] == 3
+    main([*argv, "--max-other-cpu-share", "0.95"], cpu_watch=FixedCpuWatch(0.9))
+    out = capsys.readouterr().out
+    assert "INVALID" not in out
+    r = client.get_run(out.split("MLflow run ")[1].split()[0])
+    assert r.data.tags["run_valid"] == "true" and r.data.tags["max_other_cpu_share"] == "0.95"
+
+
 def test_cli_logs_to_mlflow_store(fake: tuple[FakeOpenAI, str], tmp_path: Any,
                                   monkeypatch: pytest.MonkeyPatch) -> None:
     from workbench.bench import cli

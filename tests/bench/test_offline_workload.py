@@ -66,6 +66,7 @@ def test_non_special_token_range(tmp_path: Path) -> None:
 
 def test_mismatch_details_and_unstable_calls_are_reported() -> None:
     from workbench.bench.offline import RunPolicy, mismatch_details, timed
+    from workbench.bench.validity import FixedCpuWatch
 
     ref = [[1, 2, 3], [4, 5], [6, 7, 8]]
     got = [[1, 2, 3], [4, 9], [6, 7]]
@@ -74,8 +75,37 @@ def test_mismatch_details_and_unstable_calls_are_reported() -> None:
         {"request": 2, "position": 2, "got": None, "want": 8}]
     assert mismatch_details(ref, ref) == []
     outputs = iter([[[1]], [[1]], [[2]], [[1]]])  # warm-up, then 3 timed calls: one differs
-    times, out, _, unstable = timed(lambda: next(outputs), RunPolicy(runs=3, max_others=1.0))
-    assert len(times) == 3 and out == [[1]] and unstable == 1
+    quiet = RunPolicy(runs=3, max_others=0.15, watch=FixedCpuWatch(0.0))  # never redone
+    times, out, others, unstable = timed(lambda: next(outputs), quiet)
+    assert len(times) == 3 and out == [[1]] and unstable == 1 and others == 0.0
+
+
+def test_disturbed_runs_are_redone_then_the_system_is_invalid() -> None:
+    from workbench.bench.offline import RunPolicy, SystemResult, judge, table, timed
+    from workbench.bench.validity import FixedCpuWatch
+
+    # warm-up unmeasured; timed calls see 50%, 40% (both redone), 20% (kept), 10%, 30% (kept:
+    # no retries left). The worst kept share is 30%.
+    watch = FixedCpuWatch(0.5, 0.4, 0.2, 0.1, 0.3)
+    policy = RunPolicy(runs=3, max_others=0.15, retries=2, watch=watch)
+    times, _, others, _ = timed(lambda: [[1]], policy)
+    assert len(times) == 3 and watch.calls == 5 and others == 0.3
+
+    def result(name: str, others_cpu: float) -> SystemResult:
+        return SystemResult(name=name, run_s=[1.0], single_run_s=[1.0], output_tokens=100,
+                            total_tokens=200, single_tokens=10, others_cpu=others_cpu,
+                            mismatches=0, token_ids=[[1]])
+
+    rs = [result("engine", 0.05), result("hf-generate", 0.3), result("vllm-best", float("nan"))]
+    assert judge(rs, 0.15) == ["INVALID system hf-generate: other processes used 30% of the "
+                               "CPUs (threshold 15%); not used for any result"]
+    assert [r.valid for r in rs] == [True, False, True]
+    assert rs[1].invalid_reason.startswith("other processes used 30% of the CPUs")
+    rows = table(rs, roofline_tok_s=1000.0).splitlines()
+    assert rows[2] == "| engine | 100.0 | 200.0 | 100.00 | 1.00x | 10.0% | 0/1 | 5% |"
+    assert rows[3] == ("| hf-generate | 100.0 | 200.0 | 100.00 | n/a (invalid) | 10.0% | 0/1 | "
+                       "30% INVALID |")
+    assert rows[4] == "| vllm-best | 100.0 | 200.0 | 100.00 | 1.00x | 10.0% | 0/1 | - |"
 
 
 def test_cpu_paths_names_packing_and_every_kernel(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -174,7 +174,9 @@ def test_failing_request_and_failing_runner(ckpt: Path) -> None:
 
 
 def test_max_duration_cuts_the_run(target: InProcessTarget) -> None:
-    wl = _workload(4, seed=4, max_tokens=200)
+    # 64 x 200 tokens one at a time: far more than any machine decodes in 0.3 s (4 requests
+    # were once all done in 0.26 s), so the cut always leaves requests unsent.
+    wl = _workload(64, seed=4, max_tokens=200)
     with pytest.warns(RuntimeWarning, match="max_duration_s"):
         res = run(target, wl, ArrivalSpec("closed", concurrency=1), warmup_requests=0,
                   max_duration_s=0.3)

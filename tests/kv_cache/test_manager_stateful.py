@@ -11,6 +11,7 @@ import hypothesis.strategies as st
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from tests.hypothesis_profiles import examples
 from workbench.engine.request import Request
 from workbench.kv_cache import KVCacheManager
 from workbench.sampling_params import SamplingParams
@@ -209,8 +210,10 @@ class KVCacheMachine(RuleBasedStateMachine):
                 )
 
 
+# Example count from the hypothesis profile (tests/hypothesis_profiles.py): 200 under ci,
+# 4,000 under HYPOTHESIS_PROFILE=long.
 KVCacheMachine.TestCase.settings = settings(
-    max_examples=200,
+    max_examples=examples(200),
     stateful_step_count=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],

@@ -28,17 +28,20 @@ _POS = re.compile(r"^metrics\.accepted_pos(\d+)_c(\d+)$")
 
 def spec_frame(points: list[SpecPoint], k: int) -> pd.DataFrame:
     """One row per concurrency: the spec point against the "off" point at that concurrency
-    (k = 0: the off point against itself)."""
+    (k = 0: the off point against itself). `valid` is False when other processes disturbed
+    either point (`SpecPoint.valid`); its speed-up is then NaN, never a number to read."""
     off = {p.concurrency: p for p in points if p.label == "off"}
     rows = []
     for p in points:
         if (p.label == "off") != (k == 0):
             continue
         base = off[p.concurrency]
+        valid = p.valid and base.valid
         rows.append({
             "k": k, "concurrency": p.concurrency, "config": p.label,
             "output_tok_s": p.output_tok_s, "off_tok_s": base.output_tok_s,
-            "speedup": p.output_tok_s / base.output_tok_s,
+            "valid": valid,
+            "speedup": p.output_tok_s / base.output_tok_s if valid else float("nan"),
             "predicted_speedup": p.predicted_speedup,
             "acceptance_rate": p.acceptance_rate,
             "mean_acceptance_length": p.mean_acceptance_length,

@@ -13,7 +13,9 @@ Systems: `engine` (workbench.LLM), `hf-generate` (static left-padded batches of 
 Output tok/s counts each request's own `max_tokens` only; total tok/s adds the prompt tokens.
 The 2 cores are shared: a timed run during which other processes used more than
 `--max-others` of the CPUs is redone (`--retries` in all), and the table's "others' CPU"
-column shows the worst share left in a kept run. fp32 GFLOP/s is the best `torch.mm` rate
+column shows the worst share left in a kept run; a system whose kept runs are still above it
+is INVALID (the table, a console line, `valid`/`invalid_reason` in the JSON, exit 2 with
+`--strict`), and no speed-up is computed against it. fp32 GFLOP/s is the best `torch.mm` rate
 measured at start and end (or `--gflops`); the roofline is in `roofline.py`.
 """
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -40,12 +43,12 @@ from workbench.bench.offline_workload import (
     workload_tokens,
 )
 from workbench.bench.roofline import (
-    CpuWatch,
     DecoderShape,
     cpu_summary,
     measure_fp32_gflops,
     workload_roofline,
 )
+from workbench.bench.validity import CpuWatch, cpu_reason, default_cpu_watch, disturbed_line
 
 DEFAULT_CKPT_DIR = Path(__file__).resolve().parents[2] / ".bench" / "offline" / "llama-30m"
 
@@ -66,6 +69,8 @@ class SystemResult:
     # where they differ: {request, position (first differing token), got, want}
     mismatch_details: list[dict[str, int | None]] = field(default_factory=list)
     unstable_runs: int = 0  # calls (warm-up included) whose tokens differ from the warm-up's
+    valid: bool = True  # False: other processes took more than --max-others in a kept run
+    invalid_reason: str = ""
     notes: str = ""
     token_ids: list[list[int]] = field(default_factory=list, repr=False)
 
@@ -88,11 +93,14 @@ class SystemResult:
 class RunPolicy:
     """How each system is timed: `runs` timed runs after one warm-up; a run during which
     other processes used more than `max_others` of the CPUs is redone, `retries` times at
-    most in all (the 2 cores are shared, and a busy core slows torch several-fold)."""
+    most in all (the 2 cores are shared, and a busy core slows torch several-fold); a
+    system whose kept runs are still above it is invalid. `watch` measures the share
+    (default: `validity.default_cpu_watch()`; tests inject a fake)."""
 
     runs: int = 3
     max_others: float = 0.15
     retries: int = 3
+    watch: CpuWatch | None = field(default=None, compare=False)
 
 
 def timed(
@@ -102,23 +110,40 @@ def timed(
     share of the CPUs that other processes used during a kept run, and how many calls
     (redone ones included) returned other tokens than the warm-up (greedy decoding must be
     deterministic: anything but 0 is a bug to chase)."""
+    watch = policy.watch if policy.watch is not None else default_cpu_watch()
     out = first = fn()
     unstable = 0
     times: list[float] = []
-    worst, retries = 0.0, policy.retries
+    worst, retries = float("nan"), policy.retries
     while len(times) < policy.runs:
-        with CpuWatch() as watch:
+        with watch.measure() as share:
             t0 = time.perf_counter()
             out = fn()
             elapsed = time.perf_counter() - t0
         unstable += out != first
-        if watch.others > policy.max_others and retries > 0:
+        if share.others > policy.max_others and retries > 0:  # NaN (too short): kept
             retries -= 1
-            print(f"  (run redone: other processes used {100 * watch.others:.0f}% of the CPUs)")
+            print(f"  (run redone: other processes used {100 * share.others:.0f}% of the CPUs)")
             continue
         times.append(elapsed)
-        worst = max(worst, watch.others)
+        worst = worse(worst, share.others)
     return times, out, worst, unstable
+
+
+def worse(a: float, b: float) -> float:
+    """The larger share, a NaN (not measured) counting only when both are."""
+    return a if math.isnan(b) else b if math.isnan(a) else max(a, b)
+
+
+def judge(results: list[SystemResult], max_others: float) -> list[str]:
+    """Mark every system whose kept runs saw other processes above `max_others` invalid;
+    the console lines that say so."""
+    lines = []
+    for r in results:
+        if r.others_cpu > max_others:  # NaN (not measured) is never above
+            r.valid, r.invalid_reason = False, cpu_reason(r.others_cpu, max_others)
+            lines.append(disturbed_line(f"system {r.name}", r.others_cpu, max_others))
+    return lines
 
 
 def _result(name: str, reqs: Sequence[OfflineRequest], single: OfflineRequest,
@@ -151,7 +176,8 @@ def run_engine(ckpt: Path, reqs: list[OfflineRequest], single: OfflineRequest,
         return call
 
     run_s, ids, others, unstable = timed(gen(reqs), policy)
-    single_s, _, _, _ = timed(gen([single]), policy)
+    single_s, _, single_others, _ = timed(gen([single]), policy)
+    others = worse(others, single_others)
     notes = f"stats: {llm.stats()}" if hasattr(llm, "stats") else ""
     notes += f"; CPU paths: {cpu_paths()}"
     return _result("engine", reqs, single, run_s, single_s, ids, load_s, notes, others,
@@ -181,7 +207,9 @@ def run_hf(ckpt: Path, reqs: list[OfflineRequest], single: OfflineRequest,
     load_s = time.perf_counter() - t0
     run_s, ids, others, unstable = timed(lambda: hf.generate_static(model, reqs, batch_size),
                                          policy)
-    single_s, _, _, _ = timed(lambda: hf.generate_static(model, [single], 1), policy)
+    single_s, _, single_others, _ = timed(lambda: hf.generate_static(model, [single], 1),
+                                          policy)
+    others = worse(others, single_others)
     results.append(_result(
         "hf-generate", reqs, single, run_s, single_s, ids, load_s,
         f"static batches of {batch_size}, left-padded; each batch runs to its longest request",
@@ -199,7 +227,8 @@ def run_hf(ckpt: Path, reqs: list[OfflineRequest], single: OfflineRequest,
     load_s = time.perf_counter() - t0
     try:
         run_s, ids, others, unstable = timed(lambda: runner.run(reqs), policy)
-        single_s, _, _, _ = timed(lambda: runner.run([single]), policy)
+        single_s, _, single_others, _ = timed(lambda: runner.run([single]), policy)
+        others = worse(others, single_others)
     finally:
         runner.stop()
     results.append(_result(
@@ -258,16 +287,22 @@ def mismatch_details(ids: list[list[int]], ref: list[list[int]]) -> list[dict[st
 
 
 def table(results: list[SystemResult], roofline_tok_s: float) -> str:
+    """One row per system; an invalid system's row says INVALID and no speed-up involving
+    it is computed."""
     ref = results[0]
     head = ("| system | output tok/s | total tok/s | single ms/token | "
             f"{ref.name} speed-up | % roofline | mismatches | others' CPU |")
     lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
+        speedup = (f"{ref.output_tok_s / r.output_tok_s:.2f}x" if r.valid and ref.valid
+                   else "n/a (invalid)")
+        others = ("-" if math.isnan(r.others_cpu) else f"{100 * r.others_cpu:.0f}%") + (
+            "" if r.valid else " INVALID")
         lines.append(
             f"| {r.name} | {r.output_tok_s:.1f} | {r.total_tok_s:.1f} | "
-            f"{r.single_ms_per_token:.2f} | {ref.output_tok_s / r.output_tok_s:.2f}x | "
+            f"{r.single_ms_per_token:.2f} | {speedup} | "
             f"{100 * r.output_tok_s / roofline_tok_s:.1f}% | {r.mismatches}/{len(ref.token_ids)} | "
-            f"{100 * r.others_cpu:.0f}% |")
+            f"{others} |")
     return "\n".join(lines)
 
 
@@ -275,7 +310,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="workbench bench offline", description=__doc__.split("\n")[0])
     p.add_argument("--runs", type=int, default=3, help="timed runs after one warm-up (median)")
     p.add_argument("--max-others", type=float, default=0.15,
-                   help="redo a run if other processes used more than this share of the CPUs")
+                   help="redo a run if other processes used more than this share of the CPUs; "
+                   "a system still above it after the retries is INVALID")
     p.add_argument("--retries", type=int, default=3, help="redone runs allowed per measurement")
     p.add_argument("--seed", type=int, default=0, help="workload seed")
     p.add_argument("--num-requests", type=int, default=64)
@@ -328,6 +364,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("nothing to run (every system skipped)")
         return 1
     mark_mismatches(results)
+    invalid_lines = judge(results, args.max_others)
     if not args.gflops:  # measured again at the end: the best of both, others' load aside
         gflops = max(gflops, measure_fp32_gflops())
     roof = workload_roofline(shape, lengths, gflops)
@@ -366,7 +403,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unstable:
         print("WARNING: greedy tokens changed between calls of the same system (calls that "
               f"differ from the warm-up): {', '.join(unstable)}")
-    return 2 if (bad or unstable) and args.strict else 0
+    for line in invalid_lines:
+        print(line)
+    return 2 if (bad or unstable or invalid_lines) and args.strict else 0
 
 
 if __name__ == "__main__":

@@ -14,7 +14,9 @@ MLP projection (`gate_up_proj`) at 1 and 32 tokens, the cost that dequantization
 precision): perplexity on held-out text, greedy agreement, KL and top-1 agreement.
 
 A variant the engine refuses (a knob it does not accept yet) is skipped with its error in
-`skipped`, and the others still run.
+`skipped`, and the others still run. Each run's `valid` and `other_cpu_share` (the share of
+the CPUs other processes used during it, `validity.CpuWatch`) are in `perf`; an invalid run is
+logged with its reasons, and `side_by_side` leaves its tok/s and TPOT out (NaN).
 """
 
 from __future__ import annotations
@@ -59,8 +61,13 @@ class QuantComparison:
                           "top1_agreement", "token_agreement", "gate"]]
         out = out.merge(q, on="variant", how="left")
         ref = self.memory["variant"].iloc[0] if len(self.memory) else None
-        for c in sorted(set(self.perf["concurrency"])):
-            at = self.perf[self.perf["concurrency"] == c].set_index("variant")
+        perf = self.perf
+        if "valid" in perf:  # an invalid run's speed is not reported
+            perf = perf.assign(**{k: perf[k].where(perf["valid"].astype(bool))
+                                  for k in ("output_throughput", "median_tpot_ms")
+                                  if k in perf})
+        for c in sorted(set(perf["concurrency"])):
+            at = perf[perf["concurrency"] == c].set_index("variant")
             tok = at["output_throughput"]
             tpot = at["median_tpot_ms"]
             out[f"tok_s_c{c}"] = out["variant"].map(tok)
@@ -137,8 +144,17 @@ def compare_variants(
     ppl_tokens: int | None = 4096,
     ppl_context: int = 512,
     log: Any = print,
+    max_other_cpu_share: float | None = None,
+    cpu_watch: Any = None,
 ) -> QuantComparison:
-    """Measure every variant (see the module docstring); the first is the quality reference."""
+    """Measure every variant (see the module docstring); the first is the quality reference.
+    `max_other_cpu_share` (default validity.DEFAULT_MAX_OTHER_CPU_SHARE) and `cpu_watch`
+    (default validity.default_cpu_watch()) judge each run's disturbance."""
+    from workbench.bench.validity import DEFAULT_MAX_OTHER_CPU_SHARE, default_cpu_watch
+
+    threshold = (DEFAULT_MAX_OTHER_CPU_SHARE if max_other_cpu_share is None
+                 else max_other_cpu_share)
+    watch = cpu_watch if cpu_watch is not None else default_cpu_watch()
     from workbench import quality as wq
     from workbench.bench.arrivals import ArrivalSpec
     from workbench.bench.runner import run, run_sync
@@ -165,16 +181,20 @@ def compare_variants(
             for c in cs:
                 t0 = time.perf_counter()
                 res = run(target, loads[c], ArrivalSpec(mode="closed", concurrency=c),
-                          warmup_requests=warmup_requests)
+                          warmup_requests=warmup_requests, max_other_cpu_share=threshold,
+                          cpu_watch=watch)
                 if res.error:
                     raise RuntimeError(res.error)
                 m = res.metrics()
                 perf.append({"variant": label, "concurrency": c, "requests": counts[c],
                              "valid": res.validity.valid,
+                             "other_cpu_share": res.validity.other_cpu_share,
                              "mean_decode_step_ms": _decode_step_ms(res.step_trace),
                              **{k: m.get(k) for k in PERF_COLUMNS if k in m}})
                 log(f"{label} C={c}: {m['output_throughput']:.1f} tok/s, median TPOT "
                     f"{m['median_tpot_ms']:.2f} ms ({time.perf_counter() - t0:.1f}s)")
+                if not res.validity.valid:
+                    log(f"INVALID {label} C={c}: " + "; ".join(res.validity.reasons))
                 if c == cs[0]:
                     readout = res.target.get("memory", {})
                     memory.append({"variant": label,

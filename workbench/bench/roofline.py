@@ -11,16 +11,13 @@ FLOPs counted (multiply-add = 2 FLOPs), per request with prompt length P and T o
     2 x 2 x heads x head_dim x (p + 1) per layer (causal; GQA does not change the FLOPs).
 Embedding lookups, norms, activations and sampling are left out (memory-bound, small).
 
-Also here, since a roofline assumes the whole machine: `CpuWatch`, the share of the CPUs that
-other processes used during a measurement (this machine's 2 cores are shared; with 2 OpenMP
-threads and one core taken, torch slows down several-fold).
+The share of the CPUs other processes took during a measurement is `validity.CpuWatch`'s.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import resource
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,42 +125,6 @@ def measure_fp32_gflops(n: int = 2048, reps: int = 5) -> float:
         torch.mm(a, b)
         best = min(best, time.perf_counter() - t0)
     return 2.0 * n**3 / best / 1e9
-
-
-def _busy_s() -> float:
-    """CPU-seconds all processes spent busy (user, nice, system, irq, softirq, steal)."""
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:]]
-    busy = sum(fields[:3]) + sum(fields[5:8])  # skip idle (3) and iowait (4)
-    return busy / os.sysconf("SC_CLK_TCK")
-
-
-def _own_cpu_s() -> float:
-    """CPU-seconds of this process and its waited-for children (a subprocess peer)."""
-    s, c = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return s.ru_utime + s.ru_stime + c.ru_utime + c.ru_stime
-
-
-class CpuWatch:
-    """`with CpuWatch() as w: ...` then `w.others`: the fraction of all CPUs that other
-    processes kept busy meanwhile (0 = a quiet machine; 0.5 = one of 2 cores taken).
-    Linux only (/proc/stat); NaN elsewhere."""
-
-    def __enter__(self) -> CpuWatch:
-        self.others = float("nan")
-        try:
-            self._start = (time.perf_counter(), _busy_s(), _own_cpu_s())
-        except OSError:
-            self._start = None
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._start is None:
-            return
-        t0, busy0, own0 = self._start
-        wall = time.perf_counter() - t0
-        other = (_busy_s() - busy0) - (_own_cpu_s() - own0)
-        self.others = max(0.0, other / (wall * (os.cpu_count() or 1))) if wall > 0 else 0.0
 
 
 def cpu_summary() -> str:

@@ -6,6 +6,8 @@
       3. closed loop: C workers, each sends its next request when the previous finishes
          open loop:   request i sent at t0 + offset_i, at most max_concurrency in flight
       4. server_after, the step trace of the measured run, validity -> RunResult
+         (step 3 runs inside a `CpuWatch`: a run during which other processes took more than
+         `max_other_cpu_share` of the machine's CPUs is invalid, "disturbed")
 
 Cache states: "cold" = target.restart() (fresh engine, no warm-up); "warm-model" = a few
 synthetic prompts (shuffled workload tokens: no workload prefix is warmed) then
@@ -31,7 +33,15 @@ from typing import Any, TypeVar
 from workbench.bench.arrivals import ArrivalSpec, arrival_offsets
 from workbench.bench.metrics import SLO, RequestRecord, compute_metrics
 from workbench.bench.targets import Target
-from workbench.bench.validity import Validity, check_validity
+from workbench.bench.validity import (
+    DEFAULT_MAX_OTHER_CPU_SHARE,
+    CpuShare,
+    CpuWatch,
+    Validity,
+    check_validity,
+    default_cpu_watch,
+    local_server_pids,
+)
 from workbench.bench.workloads import BenchRequest, Workload
 
 T = TypeVar("T")
@@ -77,14 +87,21 @@ async def run_benchmark(
     warmup_requests: int = 2,
     cache_state: str = "warm-model",
     max_duration_s: float | None = None,
+    max_other_cpu_share: float | None = DEFAULT_MAX_OTHER_CPU_SHARE,
+    cpu_watch: CpuWatch | None = None,
 ) -> RunResult:
-    """Measure `workload` on `target`; the target is started if needed and left running."""
+    """Measure `workload` on `target`; the target is started if needed and left running.
+    `cpu_watch` (default: `default_cpu_watch()`) measures the other processes' CPU share
+    over the measured part; above `max_other_cpu_share` (None: record only) it is invalid."""
     if cache_state not in CACHE_STATES:
         raise ValueError(f"cache_state ({cache_state!r}) must be one of {list(CACHE_STATES)}")
     if warmup_requests < 0:
         raise ValueError(f"warmup_requests ({warmup_requests}) must be >= 0")
     if max_duration_s is not None and not max_duration_s > 0:
         raise ValueError(f"max_duration_s ({max_duration_s}) must be > 0 seconds or None")
+    if max_other_cpu_share is not None and not 0 <= max_other_cpu_share <= 1:
+        raise ValueError(f"max_other_cpu_share ({max_other_cpu_share}) must be a share of the "
+                         "machine's CPUs in [0, 1], or None to record without judging")
     driver = _Driver(target, workload, arrival)
     res = RunResult(
         records=driver.records, duration_s=0.0, open_loop=arrival.is_open_loop,
@@ -93,12 +110,21 @@ async def run_benchmark(
         step_trace=[], server_before={}, server_after={}, target={},
     )
     trace_start = 0
+    watch = cpu_watch if cpu_watch is not None else default_cpu_watch()
+    share = CpuShare()
     try:
         await target.start()
         await _prepare_cache(target, workload, arrival, cache_state, warmup_requests)
         res.server_before = target.server_snapshot()
         trace_start = len(target.step_trace())
-        await driver.run(max_duration_s)
+        server_pids = _server_pids(target)
+        if server_pids is None:  # a local server we cannot see: its CPU would count as others'
+            logger.warning("the server at %s runs on this machine but no visible process "
+                           "listens there: the other processes' CPU share is recorded, not "
+                           "judged", getattr(target, "base_url", "?"))
+            max_other_cpu_share = None
+        with watch.measure(server_pids or ()) as share:
+            await driver.run(max_duration_s)
     except Exception as e:  # noqa: BLE001 - a failed run keeps its rows
         res.error = f"{type(e).__name__}: {e}"
         logger.exception("benchmark run %r failed; returning %d records gathered so far",
@@ -108,7 +134,18 @@ async def run_benchmark(
     res.duration_s = (time.perf_counter() - driver.t0) if driver.t0 is not None else 0.0
     res.unsent_requests = len(workload.requests) - len(driver.records)
     _finish(res, target, driver, trace_start, max_duration_s)
+    res.validity.judge_cpu(share.others, max_other_cpu_share)
+    _warn_invalid(res)
     return res
+
+
+def _server_pids(target: Target) -> list[int] | None:
+    """Processes of an HTTP target's server on this machine that this process did not start
+    (a server it started is its child, counted as its own); see `local_server_pids`."""
+    base_url = getattr(target, "base_url", None)
+    if base_url is None or getattr(target, "server", None) is not None:
+        return []
+    return local_server_pids(str(base_url))
 
 
 def run_sync(make: Callable[[], Awaitable[T]]) -> T:
@@ -324,6 +361,9 @@ def _finish(
         )
     if res.error is not None:
         res.validity.invalidate(f"the run failed: {res.error}")
+
+
+def _warn_invalid(res: RunResult) -> None:
     if not res.validity.valid:
         msg = (f"INVALID benchmark run ({res.workload_name}, {res.cache_state}): "
                + "; ".join(res.validity.reasons))

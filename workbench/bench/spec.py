@@ -16,6 +16,10 @@ source; its 2-layer draft cannot copy random words, so on the repetitive workloa
 predicts the first draft position): speed-up vs k and acceptance by position
 (per-position counter / drafts), n-gram k beside it on the same prompts.
 
+Every timed run is measured with `validity.CpuWatch`: a point during which other processes
+used more than `--max-other-cpu-share` of the CPUs is INVALID (a console line, the table's
+"others' CPU" column) and no speed-up is computed from it.
+
 Prints Markdown tables; `--json PATH` writes every point.
 """
 
@@ -23,12 +27,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from statistics import median
 from typing import Any
 
+from workbench.bench.validity import (
+    DEFAULT_MAX_OTHER_CPU_SHARE,
+    CpuWatch,
+    Validity,
+    default_cpu_watch,
+    disturbed_line,
+)
 from workbench.calc import spec_predicted_speedup
 
 
@@ -43,6 +55,8 @@ class SpecPoint:
     num_accepted: int = 0
     accepted_per_pos: list[int] = field(default_factory=list)
     identical: bool | None = None  # output equal to the "off" point's
+    others_cpu: float = float("nan")  # largest share of the CPUs others used in a timed run
+    valid: bool = True  # False: others_cpu above the threshold
     token_ids: list[list[int]] = field(default_factory=list, repr=False)
 
     @property
@@ -95,8 +109,13 @@ def run_point(
     runs: int,
     label: str,
     engine_kwargs: dict[str, Any] | None = None,
+    watch: CpuWatch | None = None,
+    max_other_cpu_share: float | None = DEFAULT_MAX_OTHER_CPU_SHARE,
 ) -> SpecPoint:
-    """One engine configuration: a warm-up, then `runs` timed runs of the whole prompt list."""
+    """One engine configuration: a warm-up, then `runs` timed runs of the whole prompt list,
+    each inside `watch` (default `validity.default_cpu_watch()`); invalid when other
+    processes used more than `max_other_cpu_share` of the CPUs in any of them."""
+    watch = watch if watch is not None else default_cpu_watch()
     from workbench import LLM, SamplingParams
 
     llm = LLM(model, max_num_seqs=concurrency, speculative_config=spec, **(engine_kwargs or {}))
@@ -106,20 +125,30 @@ def run_point(
     times: list[float] = []
     token_ids: list[list[int]] = []
     before = after = _spec_counters(llm.stats())
+    shares: list[float] = []
     for _ in range(runs):
         llm.reset_prefix_cache()
         before = _spec_counters(llm.stats())
-        t0 = time.perf_counter()
-        outs = llm.generate(prompts, params)
-        times.append(time.perf_counter() - t0)
+        with watch.measure() as share:
+            t0 = time.perf_counter()
+            outs = llm.generate(prompts, params)
+            times.append(time.perf_counter() - t0)
+        shares.append(share.others)
         after = _spec_counters(llm.stats())
         token_ids = [o.outputs[0].token_ids for o in outs]
     per_pos = [a - (before[3][i] if i < len(before[3]) else 0) for i, a in enumerate(after[3])]
+    measured = [x for x in shares if not math.isnan(x)]
+    validity = Validity()
+    validity.judge_cpu(max(measured) if measured else float("nan"), max_other_cpu_share)
+    if validity.disturbed:
+        print(disturbed_line(f"point {label} (concurrency {concurrency})",
+                             max(measured), max_other_cpu_share or 0.0), flush=True)
     return SpecPoint(
         label=label, concurrency=concurrency, run_s=times,
         output_tokens=sum(len(t) for t in token_ids),
         num_drafts=after[0] - before[0], num_draft_tokens=after[1] - before[1],
         num_accepted=after[2] - before[2], accepted_per_pos=per_pos, token_ids=token_ids,
+        others_cpu=max(measured) if measured else float("nan"), valid=validity.valid,
     )
 
 
@@ -151,30 +180,41 @@ def code_requests(model: str | Path, num_requests: int, seed: int, prompt_len: i
 
 def compare(
     model: str | Path, prompts: list[list[int]], max_tokens: list[int], concurrency: int,
-    specs: list[tuple[str, dict[str, Any]]], runs: int,
+    specs: list[tuple[str, dict[str, Any]]], runs: int, watch: CpuWatch | None = None,
+    max_other_cpu_share: float | None = DEFAULT_MAX_OTHER_CPU_SHARE,
 ) -> list[SpecPoint]:
     """"off" plus each (label, speculative_config) at one concurrency; identical checked."""
-    off = run_point(model, prompts, max_tokens, concurrency, None, runs, "off")
+    kw: dict[str, Any] = {"watch": watch, "max_other_cpu_share": max_other_cpu_share}
+    off = run_point(model, prompts, max_tokens, concurrency, None, runs, "off", **kw)
     points = [off]
     for label, spec in specs:
-        p = run_point(model, prompts, max_tokens, concurrency, spec, runs, label)
+        p = run_point(model, prompts, max_tokens, concurrency, spec, runs, label, **kw)
         p.identical = p.token_ids == off.token_ids
         points.append(p)
     return points
 
 
 def table(points: list[SpecPoint]) -> str:
+    """One row per point; no measured speed-up when the point or its "off" is invalid."""
     rows = ["| concurrency | config | output tok/s | speed-up | predicted | acceptance | "
-            "mean acc. len | drafts | identical |",
-            "|---:|---|---:|---:|---:|---:|---:|---:|---|"]
-    base: dict[int, float] = {p.concurrency: p.output_tok_s for p in points if p.label == "off"}
+            "mean acc. len | drafts | identical | others' CPU |",
+            "|---:|---|---:|---:|---:|---:|---:|---:|---|---:|"]
+    base = {p.concurrency: p for p in points if p.label == "off"}
     for p in points:
-        speed = p.output_tok_s / base[p.concurrency] if p.concurrency in base else float("nan")
+        off = base.get(p.concurrency)
+        if off is None:
+            speed = "nan"
+        elif p.valid and off.valid:
+            speed = f"{p.output_tok_s / off.output_tok_s:.2f}x"
+        else:
+            speed = "n/a (invalid)"
         ident = "" if p.identical is None else ("yes" if p.identical else "**NO**")
+        others = "-" if math.isnan(p.others_cpu) else f"{p.others_cpu:.0%}"
         rows.append(
-            f"| {p.concurrency} | {p.label} | {p.output_tok_s:.1f} | {speed:.2f}x | "
+            f"| {p.concurrency} | {p.label} | {p.output_tok_s:.1f} | {speed} | "
             f"{p.predicted_speedup:.2f}x | {p.acceptance_rate:.1%} | "
-            f"{p.mean_acceptance_length:.2f} | {p.num_drafts} | {ident} |"
+            f"{p.mean_acceptance_length:.2f} | {p.num_drafts} | {ident} | "
+            f"{others}{'' if p.valid else ' INVALID'} |"
         )
     return "\n".join(rows)
 
@@ -205,7 +245,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--max-other-cpu-share", type=float, default=DEFAULT_MAX_OTHER_CPU_SHARE,
+                    help="a point is invalid when other processes used more than this share "
+                    "of the CPUs during one of its timed runs (0..1)")
     args = ap.parse_args(argv)
+    if not 0 <= args.max_other_cpu_share <= 1:
+        ap.error(f"--max-other-cpu-share ({args.max_other_cpu_share}) must be in [0, 1]")
+    judged: dict[str, Any] = {"max_other_cpu_share": args.max_other_cpu_share}
 
     k = args.num_speculative_tokens
     ngram = {"method": "ngram", "num_speculative_tokens": k,
@@ -218,7 +264,7 @@ def main(argv: list[str] | None = None) -> None:
         n = args.num_requests or max(8, 2 * c)
         prompts, max_tokens = repetitive_requests(args.model, n, args.seed)
         all_points += compare(args.model, prompts, max_tokens, c, [(f"ngram k={k}", ngram)],
-                              args.runs)
+                              args.runs, **judged)
         print(table([p for p in all_points if p.concurrency == c]), flush=True)
     ng = [p for p in all_points if p.label.startswith("ngram")]
     print("\nn-gram acceptance by position:\n" + position_table(ng))
@@ -229,7 +275,7 @@ def main(argv: list[str] | None = None) -> None:
         specs = [(f"draft k={dk}", {"method": "draft_model", "model": args.draft,
                                     "num_speculative_tokens": dk}) for dk in args.draft_ks]
         specs.append((f"ngram k={k}", ngram))
-        draft_points = compare(args.model, prompts, max_tokens, 1, specs, args.runs)
+        draft_points = compare(args.model, prompts, max_tokens, 1, specs, args.runs, **judged)
         print(f"\n## draft model {args.draft} -> {args.model}, held-out stdlib code "
               "(96-token prompts, 64 tokens out), concurrency 1\n")
         print(table(draft_points))

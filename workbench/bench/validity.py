@@ -1,7 +1,10 @@
-"""Validity of one benchmark run: did the client actually send the traffic it was asked to?
+"""Validity of one measured run: did the client send the traffic it was asked to, and did
+the machine stay quiet while it ran?
 
-Place in the flow: the runner calls `check_validity` after a run; an invalid run stays in the
-results, marked, with one sentence per reason (the runner also warns loudly).
+Place in the flow: the runner measures inside `CpuWatch.measure()` and calls `check_validity`
+after a run; an invalid run stays in the results, marked, with one sentence per reason (the
+runner also warns loudly). Every other measuring tool (the offline and spec benches, each
+experiment run, each sweep point) uses the same `CpuWatch` and `Validity.judge_cpu`.
 
 Open loop only (a closed loop sends whenever a worker is free, so it cannot fall behind):
 - target rate: the rate the schedule asked for, (n - 1) / span of the scheduled offsets
@@ -9,20 +12,40 @@ Open loop only (a closed loop sends whenever a worker is free, so it cannot fall
   short run is not flagged for the draw's randomness);
 - achieved rate: (n - 1) / (last actual send - first scheduled offset) over requests sent;
 - invalid when achieved < 95% of target, or median lateness (send - scheduled) > the threshold.
+
+Disturbance, every run: `CpuWatch` measures the share of the machine's CPUs that OTHER
+processes kept busy meanwhile: (system-wide busy CPU-seconds - CPU-seconds of this process
+tree and of the system under test's processes) / (wall seconds x CPUs). Above
+`max_other_cpu_share` (default DEFAULT_MAX_OTHER_CPU_SHARE of the machine) the run is invalid:
+its timings measured the neighbours as much as the engine. Windows shorter than
+MIN_WATCH_WALL_S are not judged (the kernel counts CPU time in 10 ms ticks). Tests inject
+`FixedCpuWatch`; WORKBENCH_OTHER_CPU_SHARE=<share> states the share instead of measuring it
+(the test suite sets 0 so results never depend on the machine's load).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import ipaddress
+import math
+import os
+import socket
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import numpy as np
 
-from workbench.bench.arrivals import ArrivalSpec
-from workbench.bench.metrics import RequestRecord
+if TYPE_CHECKING:  # types only: importing metrics would pull pandas into every user
+    from workbench.bench.arrivals import ArrivalSpec
+    from workbench.bench.metrics import RequestRecord
 
 MIN_RATE_FRACTION = 0.95
+DEFAULT_MAX_OTHER_CPU_SHARE = 0.25  # of all the machine's CPUs
+MIN_WATCH_WALL_S = 0.25  # shorter windows are not judged (10 ms ticks)
+STATED_SHARE_ENV = "WORKBENCH_OTHER_CPU_SHARE"
 
 
 @dataclass
@@ -35,10 +58,28 @@ class Validity:
     achieved_rate: float | None = None
     median_lateness_s: float | None = None
     p95_lateness_s: float | None = None
+    other_cpu_share: float | None = None  # of all CPUs, by other processes; None: not measured
+    max_other_cpu_share: float | None = None  # the threshold it was judged by; None: not judged
 
     def invalidate(self, reason: str) -> None:
         self.valid = False
         self.reasons.append(reason)
+
+    def judge_cpu(self, share: float, threshold: float | None) -> None:
+        """Record the other processes' CPU share; invalid above `threshold` (None: record
+        only). A NaN share (not measurable) is recorded as None and never judged."""
+        if threshold is not None and not 0 <= threshold <= 1:
+            raise ValueError(f"max_other_cpu_share ({threshold}) must be in [0, 1]")
+        self.other_cpu_share = None if math.isnan(share) else share
+        self.max_other_cpu_share = threshold
+        if self.disturbed:
+            self.invalidate(cpu_reason(share, threshold))  # type: ignore[arg-type]
+
+    @property
+    def disturbed(self) -> bool:
+        """Other processes took more of the CPUs than the threshold allows."""
+        return (self.other_cpu_share is not None and self.max_other_cpu_share is not None
+                and self.other_cpu_share > self.max_other_cpu_share)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -87,3 +128,173 @@ def check_validity(
             "requests were sent later than scheduled (a concurrency cap or a busy client)"
         )
     return out
+
+
+# --------------------------------------------------------------------------- CPU disturbance
+def cpu_reason(share: float, threshold: float) -> str:
+    """The one sentence an invalid (disturbed) run carries."""
+    return (f"other processes used {share:.0%} of the CPUs during the run (threshold "
+            f"{threshold:.0%}): its timings are disturbed; rerun on a quieter machine")
+
+
+def disturbed_line(run: str, share: float, threshold: float) -> str:
+    """The console line naming the run, the share and the threshold."""
+    return (f"INVALID {run}: other processes used {share:.0%} of the CPUs "
+            f"(threshold {threshold:.0%}); not used for any result")
+
+
+@dataclass
+class CpuShare:
+    """Filled when a `CpuWatch.measure()` block ends: `others` is the share of all CPUs
+    other processes kept busy (0 = quiet; 0.5 = one of 2 cores taken); NaN = not measured."""
+
+    others: float = float("nan")
+    wall_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class CpuSample:
+    """Cumulative counters at one instant: wall clock, busy CPU-seconds of the whole
+    machine, CPU-seconds of the watched process trees."""
+
+    wall_s: float
+    busy_s: float
+    own_s: float
+
+
+def busy_cpu_s() -> float:
+    """CPU-seconds the whole machine spent busy (user, nice, system, irq, softirq, steal)."""
+    import psutil
+
+    t = psutil.cpu_times()
+    return sum(getattr(t, f, 0.0) for f in ("user", "nice", "system", "irq", "softirq",
+                                             "steal"))
+
+
+def tree_cpu_s(roots: Sequence[int]) -> float:
+    """CPU-seconds of each root process and all its descendants, each counted once, with
+    the children they have already reaped (a finished subprocess stays counted)."""
+    import psutil
+
+    seen: dict[int, float] = {}
+    for pid in roots:
+        try:
+            root = psutil.Process(pid)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            continue
+        for p in procs:
+            if p.pid in seen:
+                continue
+            try:
+                t = p.cpu_times()
+            except psutil.Error:  # it ended meanwhile; its parent counts it once reaped
+                continue
+            seen[p.pid] = t.user + t.system + t.children_user + t.children_system
+    return sum(seen.values())
+
+
+def read_cpu_sample(roots: Sequence[int]) -> CpuSample:
+    return CpuSample(time.perf_counter(), busy_cpu_s(), tree_cpu_s(roots))
+
+
+class CpuWatch:
+    """How much of the machine other processes took while a block ran:
+
+        with watch.measure(extra_pids) as share:
+            ... the measured run ...
+        share.others   # fraction of all CPUs; NaN when not measurable
+
+    "Other" excludes this process and its descendants (in-process engine, TP workers, a
+    server it started, a notebook kernel) and the process trees of `extra_pids` (an
+    external server on this machine). `read` and `cpus` are injectable for exact tests."""
+
+    def __init__(self, read: Callable[[Sequence[int]], CpuSample] = read_cpu_sample,
+                 cpus: int | None = None, min_wall_s: float = MIN_WATCH_WALL_S) -> None:
+        self.read, self.min_wall_s = read, min_wall_s
+        self.cpus = cpus or os.cpu_count() or 1
+
+    @contextmanager
+    def measure(self, extra_pids: Sequence[int] = ()) -> Iterator[CpuShare]:
+        roots = list(dict.fromkeys([os.getpid(), *extra_pids]))
+        share = CpuShare()
+        try:
+            start: CpuSample | None = self.read(roots)
+        except (OSError, ImportError):
+            start = None
+        try:
+            yield share
+        finally:
+            if start is not None:
+                try:
+                    end = self.read(roots)
+                except (OSError, ImportError):
+                    end = None
+                if end is not None:
+                    share.wall_s = end.wall_s - start.wall_s
+                    share.others = self._share(start, end)
+
+    def _share(self, start: CpuSample, end: CpuSample) -> float:
+        wall = end.wall_s - start.wall_s
+        if wall < self.min_wall_s:
+            return float("nan")
+        other = (end.busy_s - start.busy_s) - (end.own_s - start.own_s)
+        return min(1.0, max(0.0, other / (wall * self.cpus)))
+
+
+class FixedCpuWatch(CpuWatch):
+    """A watch that reports given shares instead of measuring: one per `measure()` call,
+    the last repeated (tests; WORKBENCH_OTHER_CPU_SHARE)."""
+
+    def __init__(self, *shares: float) -> None:
+        super().__init__()
+        self.shares = list(shares) or [0.0]
+        self.calls = 0
+
+    @contextmanager
+    def measure(self, extra_pids: Sequence[int] = ()) -> Iterator[CpuShare]:
+        value = self.shares[min(self.calls, len(self.shares) - 1)]
+        self.calls += 1
+        share = CpuShare()
+        try:
+            yield share
+        finally:
+            share.others = value
+
+
+def default_cpu_watch() -> CpuWatch:
+    """The real watch, or a FixedCpuWatch when WORKBENCH_OTHER_CPU_SHARE states the share."""
+    stated = os.environ.get(STATED_SHARE_ENV)
+    if stated is None or stated == "":
+        return CpuWatch()
+    try:
+        value = float(stated)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 1:
+        raise ValueError(f"{STATED_SHARE_ENV} ({stated!r}) must be a share in [0, 1]")
+    return FixedCpuWatch(value)
+
+
+def local_server_pids(base_url: str) -> list[int] | None:
+    """The processes listening on `base_url`'s port when its host is this machine (their
+    CPU use is the system under test, not a disturbance); [] for a remote host; None when
+    the host is local but no visible process listens there (another user's, a container)."""
+    parts = urlsplit(base_url)
+    host, port = parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        local = host in ("localhost", "0.0.0.0", "::", socket.gethostname()) or \
+            ipaddress.ip_address(socket.gethostbyname(host)).is_loopback
+    except (OSError, ValueError):
+        local = False
+    if not local:
+        return []
+    import psutil
+
+    try:
+        conns = psutil.net_connections(kind="inet")
+    except (psutil.Error, OSError):
+        return None
+    pids = sorted({c.pid for c in conns if c.pid and c.status == psutil.CONN_LISTEN
+                   and c.laddr and c.laddr.port == port})
+    return pids or None

@@ -7,12 +7,20 @@ For each variant and metric, the medians over repeats are compared. The noise ba
   medians; a change counts only when the interval excludes 0.
 A variant is adopted only if the objective is better beyond noise, every SLO bound holds (on
 the median over its repeats), the quality gate (if any) passes, and all its runs were valid.
+
+Invalid runs never enter the comparison: the caller passes only valid runs' metrics and counts
+the rest. A run disturbed by other processes (CPU share above the threshold) says nothing
+about the variant, so it is only left out; when fewer than `min_valid_repeats(repeats)` valid
+runs remain on either side, the decision is "inconclusive: runs disturbed" (neither adopted
+nor rejected: rerun on a quieter machine). A variant run that is invalid for another reason
+(the client fell behind its schedule) rejects the variant, as before.
 """
 
 from __future__ import annotations
 
 import random
 import statistics
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -29,10 +37,16 @@ REPORTED = (
     "output_throughput", "request_throughput", "median_ttft_ms", "p95_ttft_ms",
     "median_tpot_ms", "p95_tpot_ms", "p95_itl_ms", "p95_e2el_ms", "error_rate",
 )
+MIN_VALID_REPEATS = 2  # valid runs needed per side once disturbed runs are left out
 _SLO_METRIC = {
     "p95_ttft_ms": "p95_ttft_ms", "p95_tpot_ms": "p95_tpot_ms", "p95_itl_ms": "p95_itl_ms",
     "p95_e2el_ms": "p95_e2el_ms", "max_error_rate": "error_rate",
 }
+
+
+def min_valid_repeats(repeats: int) -> int:
+    """Valid runs each side needs once disturbed runs are left out (never more than ran)."""
+    return max(1, min(MIN_VALID_REPEATS, repeats))
 
 
 def direction(metric: str) -> str:
@@ -59,10 +73,19 @@ class VariantVerdict:
     metrics: dict[str, MetricVerdict]
     slo_failures: list[str] = field(default_factory=list)
     quality_failures: list[str] = field(default_factory=list)
-    invalid_runs: int = 0
+    invalid_runs: int = 0  # invalid for a reason other than disturbance (the client fell behind)
     failed_runs: int = 0
+    disturbed_runs: int = 0  # left out: other processes took too much of the CPUs
+    baseline_disturbed_runs: int = 0
+    valid_runs: int = 0  # the runs compared (valid, not failed)
+    baseline_valid_runs: int = 0
     adopted: bool = False
+    inconclusive: bool = False  # too few valid runs left: neither adopted nor rejected
     reason: str = ""
+
+    @property
+    def decision(self) -> str:
+        return "ADOPT" if self.adopted else "inconclusive" if self.inconclusive else "reject"
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -107,8 +130,11 @@ def decide(
     invalid: dict[Any, int] | None = None,
     failed: dict[Any, int] | None = None,
     quality: dict[Any, list[str]] | None = None,
+    disturbed: dict[Any, int] | None = None,
+    baseline_disturbed: int = 0,
 ) -> list[VariantVerdict]:
-    """One VariantVerdict per variable value. `*_runs` are the per-repeat metric dicts."""
+    """One VariantVerdict per variable value. `*_runs` are the per-repeat metric dicts of
+    the VALID runs only; `invalid`, `failed`, `disturbed` count the others per value."""
     metrics = list(dict.fromkeys([template.objective.metric, *REPORTED]))
     out = []
     for value, runs in variant_runs.items():
@@ -128,19 +154,72 @@ def decide(
         vv.quality_failures = list((quality or {}).get(value, []))
         vv.invalid_runs = (invalid or {}).get(value, 0)
         vv.failed_runs = (failed or {}).get(value, 0)
+        vv.disturbed_runs = (disturbed or {}).get(value, 0)
+        vv.baseline_disturbed_runs = baseline_disturbed
+        vv.valid_runs, vv.baseline_valid_runs = len(runs), len(baseline_runs)
         vv.adopted, vv.reason = _adopt(template, vv)
+        vv.inconclusive = vv.reason.startswith("inconclusive")
         out.append(vv)
     return out
+
+
+def judge_runs(
+    template: Template, runs: Sequence[Any], quality: dict[Any, list[str]] | None = None,
+    baseline_label: str = "baseline",
+) -> list[VariantVerdict]:
+    """`decide` on an experiment's run records (label, value, metrics, valid, error,
+    disturbed): failed and invalid runs are counted, only valid ones are compared."""
+    base = [r.metrics for r in runs if r.label == baseline_label and r.error is None and r.valid]
+    base_disturbed = sum(r.label == baseline_label and r.error is None and r.disturbed
+                         for r in runs)
+    var: dict[Any, list[dict[str, float]]] = {}
+    invalid: dict[Any, int] = {}
+    failed: dict[Any, int] = {}
+    disturbed: dict[Any, int] = {}
+    for r in runs:
+        if r.label == baseline_label:
+            continue
+        var.setdefault(r.value, [])
+        ok = r.error is None
+        if ok and r.valid:
+            var[r.value].append(r.metrics)
+        failed[r.value] = failed.get(r.value, 0) + (not ok)
+        disturbed[r.value] = disturbed.get(r.value, 0) + (ok and r.disturbed)
+        invalid[r.value] = invalid.get(r.value, 0) + (ok and not r.valid and not r.disturbed)
+    return decide(template, base, var, invalid, failed, quality, disturbed, base_disturbed)
+
+
+def disturbance_threshold(template: Template, override: float | None = None) -> float:
+    """The other-processes CPU share above which a run is invalid: `override` (the CLI's
+    --max-other-cpu-share), else the template's `max_other_cpu_share`, else the default."""
+    from workbench.bench.validity import DEFAULT_MAX_OTHER_CPU_SHARE
+
+    value = override if override is not None else template.raw.get(
+        "max_other_cpu_share", DEFAULT_MAX_OTHER_CPU_SHARE)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+        raise ValueError(f"max_other_cpu_share ({value!r}) must be a share of the machine's "
+                         "CPUs in [0, 1], e.g. 0.25")
+    return float(value)
 
 
 def _adopt(template: Template, vv: VariantVerdict) -> tuple[bool, str]:
     if vv.failed_runs:
         return False, f"{vv.failed_runs} run(s) failed"
+    if vv.invalid_runs:
+        return False, f"{vv.invalid_runs} run(s) invalid (the client fell behind)"
+    need = min_valid_repeats(template.repeats)
+    if (vv.disturbed_runs or vv.baseline_disturbed_runs) and (
+            vv.valid_runs < need or vv.baseline_valid_runs < need):
+        return False, (
+            f"inconclusive: runs disturbed ({vv.baseline_disturbed_runs} baseline and "
+            f"{vv.disturbed_runs} variant run(s) left out: other processes took too much of "
+            f"the CPUs; {vv.baseline_valid_runs} + {vv.valid_runs} valid, {need} + {need} "
+            "needed); rerun on a quieter machine")
+    if not vv.baseline_valid_runs:
+        return False, "no valid baseline run to compare with"
     obj = vv.metrics.get(template.objective.metric)
     if obj is None:
         return False, f"objective {template.objective.metric} was not measured"
-    if vv.invalid_runs:
-        return False, f"{vv.invalid_runs} run(s) invalid (the client fell behind)"
     if vv.slo_failures:
         return False, "SLO: " + "; ".join(vv.slo_failures)
     if vv.quality_failures:
@@ -163,6 +242,6 @@ def verdict_table(verdicts: list[VariantVerdict], objective: str) -> str:
             m = v.metrics.get(c)
             cells.append("-" if m is None else
                          f"{m.variant_median:.4g} ({m.relative_effect:+.1%}, {m.verdict})")
-        cells += ["ADOPT" if v.adopted else "reject", v.reason]
+        cells += [v.decision, v.reason]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

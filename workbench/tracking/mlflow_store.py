@@ -8,6 +8,12 @@ points elsewhere (e.g. a shared `mlflow server`). Open the results with
 
 Everything goes through `MlflowClient` with explicit run ids (no global active run), so a
 failing child run is terminated FAILED without disturbing its parent.
+
+Every measured run (experiment child, `workbench bench`, sweep point) says whether it can be
+trusted the same way (`log_validity`): tags `run_valid` ("true" | "false") and `validity`
+(the reasons, or "valid"), `max_other_cpu_share` (the threshold, when judged); metrics `valid`
+(1.0 | 0.0) and `other_cpu_share` (the share of all CPUs other processes used meanwhile).
+Find the untrustworthy ones with `tags.run_valid = 'false'`.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import math
 import os
 import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +139,20 @@ class Store:
 
     def log_artifact(self, run_id: str, path: str | Path, subdir: str | None = None) -> None:
         self.client.log_artifact(run_id, str(path), subdir)
+
+    def log_validity(self, run_id: str, valid: bool, reasons: Sequence[str] = (),
+                     other_cpu_share: float | None = None,
+                     max_other_cpu_share: float | None = None) -> None:
+        """The run's validity under the names in the module docstring."""
+        tags = {"run_valid": "true" if valid else "false",
+                "validity": "; ".join(reasons)[:5000] or "valid"}
+        if max_other_cpu_share is not None:
+            tags["max_other_cpu_share"] = f"{max_other_cpu_share:g}"
+        self.set_tags(run_id, tags)
+        metrics = {"valid": float(valid)}
+        if other_cpu_share is not None:
+            metrics["other_cpu_share"] = other_cpu_share
+        self.log_metrics(run_id, metrics)
 
     def finish(self, run_id: str, failed: bool = False) -> None:
         self.client.set_terminated(run_id, status="FAILED" if failed else "FINISHED")

@@ -1,0 +1,36 @@
+"""Suite-wide test settings.
+
+- Hypothesis profiles (tests/hypothesis_profiles.py): HYPOTHESIS_PROFILE=ci (default) | long.
+- A quiet CPU watch: every measured run judges the share of the CPUs other processes took
+  (workbench.bench.validity); the suite states that share as 0 through
+  WORKBENCH_OTHER_CPU_SHARE (also seen by subprocesses: notebooks, CLI runs), so no result
+  depends on the machine's load. Tests of the disturbance logic inject `FixedCpuWatch` or a
+  `CpuWatch` with scripted readings explicitly.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from tests.hypothesis_profiles import load as load_hypothesis_profile
+from workbench.bench.validity import STATED_SHARE_ENV
+
+HYPOTHESIS_PROFILE = load_hypothesis_profile()
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"hypothesis profile: {HYPOTHESIS_PROFILE} ($HYPOTHESIS_PROFILE=ci|long)"
+
+
+@pytest.fixture(autouse=True, scope="session")
+def quiet_cpu_watch() -> Iterator[None]:
+    old = os.environ.get(STATED_SHARE_ENV)
+    os.environ[STATED_SHARE_ENV] = "0"
+    yield
+    if old is None:
+        os.environ.pop(STATED_SHARE_ENV, None)
+    else:
+        os.environ[STATED_SHARE_ENV] = old
