@@ -12,6 +12,8 @@ only diffs where the text changed. Every notebook declares the tracking paramete
 
 from __future__ import annotations
 
+import re
+import textwrap
 from pathlib import Path
 
 import nbformat
@@ -142,7 +144,7 @@ headroom, and how many tokens, and how many concurrent `max_model_len` requests,
 pool hold as `block_size` and `max_model_len` change? Does the engine's own pool sizing
 agree with the arithmetic in `workbench.calc`?"""),
     ("params", f'''\
-model = "demo"                  # trained demo target; "bundled" = random tiny Llama
+model = "demo"                  # trained demo target; "bundled": a random tiny Llama
 available_mib = 64              # the pretend device budget (the tiny model needs very little)
 activation_mib = 8              # reserved for activations
 headroom_mib = 4                # kept free
@@ -253,7 +255,7 @@ CHUNKED = [
 cost in TTFT? One variable, a baseline, the same seeded traffic for every value, repeats
 interleaved, a verdict against the baseline's noise band, all logged to MLflow."""),
     ("params", f'''\
-model = "demo"                  # trained demo target; "bundled" = random tiny Llama
+model = "demo"                  # trained demo target; "bundled": a random tiny Llama
 baseline_budget = 512           # max_num_batched_tokens of the baseline
 budgets = [64, 2048]            # the values tried against it
 num_requests = 12               # long-prefill requests (prompts ~384 tokens, 8..32 out)
@@ -335,7 +337,7 @@ compared with the same lengths without sharing, and how does the answer depend o
 state the measurement starts from (cold engine / warm model / warm prefix cache)? Caching
 on vs off is the one variable; traffic and cache state are the conditions."""),
     ("params", f'''\
-model = "demo"                  # trained demo target; "bundled" = random tiny Llama
+model = "demo"                  # trained demo target; "bundled": a random tiny Llama
 num_requests = 12
 num_prefix_groups = 2           # shared traffic: request i uses prefix i % groups
 prefix_len = 256                # tokens of the shared prefix (16 full blocks at block_size 16)
@@ -437,7 +439,7 @@ SATURATION = [
 growing, and what happens to TPOT and TTFT past that point? With `max_num_seqs` capping the
 running batch, the knee should sit at `max_num_seqs`: beyond it extra requests only queue."""),
     ("params", f'''\
-model = "demo"                  # trained demo target; "bundled" = random tiny Llama
+model = "demo"                  # trained demo target; "bundled": a random tiny Llama
 workload = "balanced-chat"
 num_requests = 16               # requests per concurrency level
 concurrencies = [1, 2, 4, 8]    # closed-loop levels
@@ -849,7 +851,7 @@ knob `num_workers: 2` holds the worker count fixed, so the one variable is
 the same router, so the router hop is in both. Then a one-worker reference run on the same
 traffic, a concurrency-1 pair (the latency side), and the price of one all-reduce here."""),
     ("params", f'''\
-model = "demo"                  # trained demo target; "bundled" = random tiny Llama
+model = "demo"                  # trained demo target; "bundled": a random tiny Llama
 template_file = ""              # empty: experiments/tp_vs_replicas.yaml of this checkout
 num_requests = 24               # chat requests per run
 concurrency = 8                 # closed-loop clients
@@ -1060,7 +1062,7 @@ The experiment is `experiments/routing_policy.yaml` (run here with smaller numbe
 afresh for every run, the same seeded traffic each time. Each replica has its own KV pool and
 prefix cache, so *where* a request lands decides whether its prefix is already cached."""),
     ("params", f'''\
-model = "demo"                  # trained demo target; "bundled" = random tiny Llama
+model = "demo"                  # trained demo target; "bundled": a random tiny Llama
 template_file = ""              # empty: experiments/routing_policy.yaml of this checkout
 num_replicas = 2
 num_requests = 30               # shared-prefix requests per run
@@ -1202,6 +1204,79 @@ publish("10_routing", metrics=metrics,
 {CPU_CAVEAT}"""),
 ]
 
+# --------------------------------------------------------------------------- parameter checks
+# The first statement of the cell after each `parameters` cell (after papermill's injected
+# cell): wrong types and ranges stop the notebook there, naming the parameter
+# (workbench.notebook_params). Every parameter of the cell has a spec (tests/test_notebooks.py).
+_CHECK = ("from workbench.notebook_params import {names}\n\n"
+          "check_params(\n    globals(),\n{specs}    **TRACKING,\n)\n")
+_SPECS: dict[str, dict[str, str]] = {
+    "01_quickstart.ipynb": {
+        "model": "Model()", "num_prompts": "Int(min=1)", "max_tokens": "Int(min=1)",
+        "workload": "Fixture()", "num_requests": "Int(min=1)", "concurrency": "Int(min=1)",
+        "max_num_batched_tokens": "Int(min=1)", "seed": "Int(min=0)"},
+    "02_memory_budget.ipynb": {
+        "model": "Model()", "available_mib": "Float(min=0, min_open=True)",
+        "activation_mib": "Float(min=0)", "headroom_mib": "Float(min=0)",
+        "block_size": "Int(choices=BLOCK_SIZES)", "max_model_len": "Int(min=2)",
+        "block_sizes": "List(Int(choices=BLOCK_SIZES))", "max_model_lens": "List(Int(min=2))"},
+    "03_chunked_prefill_sweep.ipynb": {
+        "model": "Model()", "baseline_budget": "Int(min=1)", "budgets": "List(Int(min=1))",
+        "num_requests": "Int(min=1)", "rate": "Float(min=0, min_open=True)",
+        "repeats": "Int(min=1)", "seed": "Int(min=0)", "experiment": "Str(nonempty=True)"},
+    "04_prefix_caching.ipynb": {
+        "model": "Model()", "num_requests": "Int(min=1)", "num_prefix_groups": "Int(min=1)",
+        "prefix_len": "Int(min=1)", "concurrency": "Int(min=1)",
+        "cache_states": "List(Str(choices=CACHE_STATES))", "caching": "List(Bool())",
+        "seed": "Int(min=0)"},
+    "05_saturation.ipynb": {
+        "model": "Model()", "workload": "Fixture()", "num_requests": "Int(min=1)",
+        "concurrencies": "List(Int(min=1))", "max_num_seqs": "Int(min=1)",
+        "repeats": "Int(min=1)", "seed": "Int(min=0)"},
+    "06_compare_runs.ipynb": {
+        "parent_run_id": "Str()", "template_path": "Str(nonempty=True)",
+        "values": "List(min_len=0)", "repeats": "Int(min=1)", "num_requests": "Int(min=1)",
+        "compare_metrics": "List(Str(nonempty=True))",
+        "noise": 'Str(choices=("", "spread", "bootstrap"))'},
+    "07_speculative_decoding.ipynb": {
+        "model": "Model()", "method": 'Str(choices=("ngram", "draft_model"))',
+        "draft_model": "Model()", "num_speculative_tokens": "Int(min=0, max=32)",
+        "concurrencies": "List(Int(min=1))", "num_requests": "Int(min=1)",
+        "runs": "Int(min=1)", "seed": "Int(min=0)"},
+    "08_quantization.ipynb": {
+        "model": "Model()", "variants": "List(Str(choices=QUANT_VARIANTS))",
+        "int4_group_size": "Int(choices=(32, 64, 128))", "concurrencies": "List(Int(min=1))",
+        "rounds": "Int(min=1)", "input_len": "Int(min=1)", "output_len": "Int(min=1)",
+        "memory_budget_mib": "Float(min=0, min_open=True)", "quality_prompts": "Int(min=1)",
+        "quality_max_tokens": "Int(min=1)", "ppl_tokens": "Int(min=2)", "gate": "Dict()",
+        "seed": "Int(min=0)"},
+    "09_tp_vs_replicas.ipynb": {
+        "model": "Model()", "template_file": "Str()", "num_requests": "Int(min=1)",
+        "concurrency": "Int(min=1)", "repeats": "Int(min=1)", "latency_requests": "Int(min=0)",
+        "allreduce_iters": "Int(min=0)", "port": "Int(min=1, max=65535)",
+        "seed": "Int(min=0)", "experiment": "Str(nonempty=True)"},
+    "10_routing.ipynb": {
+        "model": "Model()", "template_file": "Str()", "num_replicas": "Int(min=1)",
+        "num_requests": "Int(min=1)", "num_prefix_groups": "Int(min=1)",
+        "prefix_len": "Int(min=1)", "rate": "Float(min=0, min_open=True)",
+        "repeats": "Int(min=1)", "port": "Int(min=1, max=65535)",
+        "scaling_requests": "Int(min=0)", "scaling_concurrency": "Int(min=1)",
+        "seed": "Int(min=0)", "experiment": "Str(nonempty=True)"},
+}
+_SPEC_NAMES = ("TRACKING", "BLOCK_SIZES", "CACHE_STATES", "QUANT_VARIANTS", "Bool", "Dict",
+               "Fixture", "Float", "Int", "List", "Model", "Str", "check_params")
+
+
+def check_cell(name: str) -> str:
+    """The parameter check that opens the cell after `name`'s parameters cell."""
+    specs = _SPECS[name]
+    text = "".join(f"    {k}={v},\n" for k, v in specs.items())
+    used = [n for n in _SPEC_NAMES if n in ("TRACKING", "check_params")
+            or any(re.search(rf"\b{n}\b", v) for v in specs.values())]
+    names = textwrap.fill(", ".join(used), 92, initial_indent="    ", subsequent_indent="    ")
+    return _CHECK.format(names=f"(\n{names},\n)", specs=text)
+
+
 NOTEBOOKS: dict[str, list[tuple[str, str]]] = {
     "01_quickstart.ipynb": QUICKSTART,
     "02_memory_budget.ipynb": MEMORY,
@@ -1223,14 +1298,18 @@ def build(name: str, cells: list[tuple[str, str]]) -> nbformat.NotebookNode:
                                  "language": "python"}
     nb.metadata["language_info"] = {"name": "python"}
     stem = name.split("_")[0]
+    check = None
     for i, (kind, source) in enumerate(cells):
         cell_id = f"nb{stem}-{i:02d}"
         if kind == "md":
             cell = nbformat.v4.new_markdown_cell(source, id=cell_id)
         else:
+            if check is not None:  # the cell after the parameters cell opens with the check
+                source, check = f"{check}\n{source}", None
             cell = nbformat.v4.new_code_cell(source, id=cell_id)
             if kind == "params":
                 cell.metadata["tags"] = ["parameters"]
+                check = check_cell(name)
         nb.cells.append(cell)
     nbformat.validate(nb)
     return nb

@@ -217,3 +217,133 @@ def test_10_routing_round_robin_vs_prefix_aware(tmp_path: Path) -> None:
     assert run["metrics.round_robin_prefix_hit_rate"] == 0.0
     # 3 of 6 prompts reuse 128 tokens (2 if the load bound sent one elsewhere): >= 0.25
     assert run["metrics.prefix_aware_prefix_hit_rate"] > 0.2
+
+
+# --------------------------------------------------------------------------- parameters
+NOTEBOOK_FILES = sorted(NOTEBOOKS.glob("*.ipynb"))
+
+
+def _parameters_cell(nb: nbformat.NotebookNode) -> int:
+    return next(i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", []))
+
+
+def _assigned(source: str) -> list[str]:
+    """Every name the cell assigns at top level (what a user may pass with -p)."""
+    import ast
+
+    names: list[str] = []
+    for node in ast.parse(source).body:
+        targets = node.targets if isinstance(node, ast.Assign) else (
+            [node.target] if isinstance(node, ast.AnnAssign) else [])
+        names += [t.id for t in targets if isinstance(t, ast.Name)]
+    return names
+
+
+@pytest.mark.parametrize("path", NOTEBOOK_FILES, ids=lambda p: p.stem)
+def test_papermill_sees_every_parameter(path: Path) -> None:
+    """`papermill --help-notebook` lists what `_infer_parameters` finds; a line with a second
+    `=` (in its comment, say) used to hide `model` in six notebooks."""
+    from papermill.inspection import _infer_parameters
+    from papermill.iorw import load_notebook_node
+
+    nb = load_notebook_node(str(path))  # as `papermill --help-notebook` reads it
+    source = nb.cells[_parameters_cell(nb)].source
+    seen = [p.name for p in _infer_parameters(nb)]
+    assert seen == _assigned(source)
+    assert len(seen) >= 5
+
+
+def _check_statements(nb: nbformat.NotebookNode) -> str:
+    """The cell after the parameters cell, up to and including its check_params(...) call."""
+    import ast
+
+    cell = nb.cells[_parameters_cell(nb) + 1]
+    assert cell.cell_type == "code"
+    code = "\n".join(line for line in cell.source.splitlines() if not line.startswith("%"))
+    body = ast.parse(code).body
+    end = next(i for i, node in enumerate(body) if isinstance(node, ast.Expr)
+               and isinstance(node.value, ast.Call)
+               and getattr(node.value.func, "id", "") == "check_params")
+    assert all(isinstance(n, ast.ImportFrom) for n in body[:end])  # the check comes first
+    return ast.unparse(body[:end + 1])
+
+
+class _Wrong:
+    def __repr__(self) -> str:
+        return "<wrong>"
+
+
+@pytest.mark.parametrize("path", NOTEBOOK_FILES, ids=lambda p: p.stem)
+def test_every_parameter_is_checked_first(path: Path) -> None:
+    """The defaults pass; a value of the wrong type in any one parameter stops the check
+    naming that parameter (every parameter has a spec)."""
+    from workbench.notebook_params import NotebookParameterError
+
+    nb = nbformat.read(path, as_version=4)
+    params = nb.cells[_parameters_cell(nb)].source
+    check = _check_statements(nb)
+    defaults: dict[str, Any] = {}
+    exec(params, defaults)  # noqa: S102 - the notebook's own parameters cell
+    exec(check, dict(defaults))  # noqa: S102 - the defaults are valid
+    for name in _assigned(params):
+        ns = {**defaults, name: _Wrong()}
+        with pytest.raises(NotebookParameterError, match=rf"^notebook parameter {name} "
+                                                         r"\(<wrong>, a _Wrong\) must be "):
+            exec(check, ns)  # noqa: S102
+
+
+def test_papermill_stops_at_a_bad_parameter_naming_it(tmp_path: Path) -> None:
+    """`papermill 05_saturation.ipynb -p max_num_seqs eight`: the cell right after the
+    injected parameters fails, naming the parameter, the value and the allowed range."""
+    from papermill.exceptions import PapermillExecutionError
+
+    with pytest.raises(PapermillExecutionError) as e:
+        execute("05_saturation.ipynb", tmp_path, max_num_seqs="eight")
+    assert e.value.ename == "NotebookParameterError"
+    assert e.value.evalue == ("notebook parameter max_num_seqs ('eight', a str) must be an "
+                              "integer >= 1")
+    executed = nbformat.read(tmp_path / "05_saturation.ipynb", as_version=4)
+    code = [c for c in executed.cells if c.cell_type == "code"]  # papermill adds markdown
+    injected = next(i for i, c in enumerate(code)
+                    if "injected-parameters" in c.metadata.get("tags", []))
+    failed = next(i for i, c in enumerate(code)
+                  if any(o.get("output_type") == "error" for o in c.get("outputs", [])))
+    assert failed == injected + 1 and code[failed].execution_count == 3
+
+
+@pytest.mark.parametrize(("spec", "value", "message"), [
+    ("Int(min=1)", 0, "an integer >= 1"),
+    ("Int(min=1)", 2.0, "an integer >= 1"),
+    ("Int(min=1)", True, "an integer >= 1"),
+    ("Int(min=1, max=65535)", 70000, "an integer in [1, 65535]"),
+    ("Int(choices=(32, 64, 128))", 16, "an integer, one of 32, 64, 128"),
+    ("Float(min=0, min_open=True)", 0, "a number > 0"),
+    ("Float(min=0)", float("nan"), "a number >= 0"),
+    ("Str(choices=('ngram', 'draft_model'))", "ngrma",
+     "one of 'ngram', 'draft_model' (did you mean 'ngram'?)"),
+    ("Str(nonempty=True)", "", "a non-empty string"),
+    ("List(Int(min=1))", [1, 0], "a non-empty list, each an integer >= 1 (item 1, 0, is not "
+                                 "an integer >= 1)"),
+    ("List(Int(min=1))", 4, "a non-empty list, each an integer >= 1"),
+    ("List(min_len=0)", (1,), "a list"),
+    ("Bool()", 1, "True or False"),
+    ("Dict()", [], "a dict"),
+    ("Model()", "dem", "a local model folder or one of bundled, demo, demo-draft "
+                       "(did you mean 'demo'?)"),
+    ("Fixture()", "long_prefill", "one of balanced-chat, long-decode, long-prefill, "
+                                  "repetitive, shared-prefix (did you mean 'long-prefill'?)"),
+])
+def test_parameter_specs(spec: str, value: Any, message: str) -> None:
+    from workbench import notebook_params as p
+
+    assert eval(spec, vars(p)).problem(value) == message  # noqa: S307
+
+
+def test_check_params_lists_every_problem() -> None:
+    from workbench.notebook_params import Float, Int, NotebookParameterError, check_params
+
+    check_params({"a": 1, "b": 2}, a=Int(min=1), b=Float())  # fine: an int is a number
+    with pytest.raises(NotebookParameterError) as e:
+        check_params({"a": "x"}, a=Int(min=1), b=Float())
+    assert str(e.value) == ("2 notebook parameters are invalid: a ('x', a str) must be an "
+                            "integer >= 1; b is not defined (the parameters cell must assign it)")

@@ -94,3 +94,95 @@ def test_cli_parses_values_and_fixed(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert code == 0
     out = capsys.readouterr().out
     assert out.count("FINISHED") == 2 and "x=1" in out and "x=3" in out
+
+
+def _waiting_notebook(path: Path) -> Path:
+    """Parameters x, flag; the point waits until the `flag` file exists."""
+    nb = nbformat.v4.new_notebook()
+    params = nbformat.v4.new_code_cell('x = 1\nflag = ""')
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [params, nbformat.v4.new_code_cell(
+        "import time\nfrom pathlib import Path\n"
+        "while flag and not Path(flag).exists():\n    time.sleep(0.1)\nprint('ran', x)")]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    nbformat.write(nb, path)
+    return path
+
+
+def test_resume_after_sigkill_marks_the_orphaned_run_killed(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`workbench sweep` killed with SIGKILL mid-point leaves that point's run RUNNING; the
+    resumed sweep marks it KILLED, says so on stderr, and runs the value again."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    nb = _waiting_notebook(tmp_path / "wait.ipynb")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    flag = tmp_path / "go"
+    cmd = [sys.executable, "-m", "workbench.cli", "sweep", str(nb), "-p", "x", "7",
+           "--set", f"flag={flag}", "--tracking-uri", uri, "--experiment", "kill-test",
+           "--out-dir", str(tmp_path / "out"), "--no-progress"]
+    log = (tmp_path / "sweep.log").open("w")
+    proc = subprocess.Popen(cmd, start_new_session=True, stdout=log, stderr=log)
+    try:  # papermill writes the output notebook when it starts executing the point
+        deadline = time.monotonic() + 180
+        while (not list((tmp_path / "out").rglob("*.ipynb")) and proc.poll() is None
+               and time.monotonic() < deadline):
+            time.sleep(0.2)
+        assert proc.poll() is None, (tmp_path / "sweep.log").read_text()
+        time.sleep(1.0)  # the kernel is in the waiting cell
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the sweep and its kernel, like `kill -9`
+        proc.wait()
+        log.close()
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name("kill-test")
+    (orphan,) = [r for r in client.search_runs([exp.experiment_id])
+                 if r.data.tags.get("kind") == "sweep-point"]
+    assert orphan.info.status == "RUNNING"
+    flag.write_text("go")
+    rows = sweep(nb, "x", [7], fixed={"flag": str(flag)}, experiment="kill-test", uri=uri,
+                 out_dir=tmp_path / "out", resume=True, progress=False)
+    assert [r["status"] for r in rows] == ["FINISHED"] and rows[0]["run_id"] != orphan.info.run_id
+    after = client.get_run(orphan.info.run_id)
+    assert after.info.status == "KILLED"
+    assert after.data.tags["error"].startswith("killed: the sweep process ended")
+    err = capsys.readouterr().err
+    assert (f"workbench sweep: point x=7 (run {orphan.info.run_id}) was left RUNNING by an "
+            "interrupted sweep: marked KILLED; it runs again") in err
+
+
+def test_mark_killed_leaves_a_point_whose_process_is_alive(tmp_path: Path) -> None:
+    import socket
+    import subprocess
+    import sys
+
+    from workbench.sweep import mark_killed
+    from workbench.tracking.mlflow_store import Store
+
+    store = Store("mk", f"sqlite:///{tmp_path / 'm.db'}")
+    parent = store.create_run("sweep", tags={"kind": "sweep"})
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        host = socket.gethostname()
+        ids = {name: store.create_run(name, parent_id=parent, tags={
+            "sweep_param": "x", "sweep_value": name, "sweep_pid": str(pid), "sweep_host": host})
+            for name, pid in (("alive", alive.pid), ("gone", gone.pid))}
+        ids["untagged"] = store.create_run("untagged", parent_id=parent,
+                                           tags={"sweep_param": "x", "sweep_value": "u"})
+        done = store.create_run("done", parent_id=parent, tags={"sweep_value": "d"})
+        store.finish(done)
+        lines = mark_killed(store, parent)
+    finally:
+        alive.kill()
+        alive.wait()
+    status = {k: store.client.get_run(v).info.status for k, v in ids.items()}
+    assert status == {"alive": "RUNNING", "gone": "KILLED", "untagged": "KILLED"}
+    assert store.client.get_run(done).info.status == "FINISHED"
+    assert len(lines) == 3 and sum("left as it is" in line for line in lines) == 1

@@ -19,13 +19,22 @@
     workbench calc {kv,budget,blocks,prefix,passes,decode,spec,spec-counters,tp} [...]
     workbench preflight [--json] [--out F] [--compare OLD.json]
     workbench demo-engine [...]      generate from the bundled checkpoint, print a report
+
+Global flag: --debug (anywhere) shows the Python traceback of an error.
+Exit status: 0 done; 1 it ran but did not succeed (every baseline run failed, so no verdict;
+a sweep point failed; a bench run failed) or an internal error (a bug: the line says so);
+2 the input was refused (a flag, a file, a template, a value): one line on stderr,
+`workbench <verb>: <message>`, and no traceback; 130 interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import traceback
 from collections.abc import Callable
+from typing import NoReturn
 
 MLFLOW_UI = "mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db"
 
@@ -38,21 +47,54 @@ def _run(argv: list[str]) -> None:
                     help="store a torch.profiler Chrome trace per run as an MLflow artifact")
     ap.add_argument("--promote", default=None, metavar="OUT.yaml",
                     help="write the adopted config as a new baseline template here")
+    ap.add_argument("--max-other-cpu-share", type=float, default=None, metavar="SHARE",
+                    help="a run is invalid (never compared) when other processes used more "
+                         "than this share of the CPUs meanwhile (default: the template's "
+                         "max_other_cpu_share, else 0.25)")
+    _add_next_variable(ap)
     args = ap.parse_args(argv)
+    if args.max_other_cpu_share is not None and not 0 <= args.max_other_cpu_share <= 1:
+        ap.error(f"--max-other-cpu-share ({args.max_other_cpu_share}) must be in [0, 1]")
     from workbench.experiments.runner import promote, run_experiment
     from workbench.experiments.template import load_template
 
-    template = load_template(args.template)
-    result = run_experiment(template, uri=args.tracking_uri, profile=args.profile)
+    template = load_template(args.template)  # every problem at once, before any run
+    next_variable = _next_variable(ap, args)
+    result = run_experiment(template, uri=args.tracking_uri, profile=args.profile,
+                            max_other_cpu_share=args.max_other_cpu_share)
     print(f"\n# {template.name}\n{template.question}\n")
     print(result.table)
     print(f"\nadopted: {result.adopted if result.adopted is not None else 'nothing'}"
           f"  (MLflow parent run {result.parent_run_id})")
     if args.promote:
-        out = promote(template, result, args.promote)
+        out = promote(template, result, args.promote, next_variable=next_variable)
         print(f"new baseline template: {out}" if out else "nothing adopted: no template written")
     print(f"open the results: {MLFLOW_UI}" if args.tracking_uri is None
           else f"results in {result.tracking_uri}")
+    if not result.verdicts:
+        first = next((r.error for r in result.runs if r.error), "unknown")
+        print(f"workbench run: every baseline run failed, so there is no verdict; first error: "
+              f"{first}", file=sys.stderr)
+        raise SystemExit(1)
+
+
+def _add_next_variable(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--next-variable", default=None, metavar="NAME",
+                    help="the promoted template's variable (default: the same one, with the "
+                         "values not adopted and the old baseline value)")
+    ap.add_argument("--values", nargs="+", default=None, metavar="V",
+                    help="the values of --next-variable (JSON or text)")
+
+
+def _next_variable(ap: argparse.ArgumentParser, args: argparse.Namespace
+                   ) -> tuple[str, list[object]] | None:
+    if (args.next_variable is None) != (args.values is None):
+        ap.error("--next-variable and --values go together: --next-variable NAME --values V ...")
+    if args.next_variable is None:
+        return None
+    from workbench.sweep import parse_value
+
+    return args.next_variable, [parse_value(v) for v in args.values]
 
 
 def _promote(argv: list[str]) -> None:
@@ -60,10 +102,13 @@ def _promote(argv: list[str]) -> None:
     ap.add_argument("parent_run_id")
     ap.add_argument("--out", required=True)
     ap.add_argument("--tracking-uri", default=None)
+    _add_next_variable(ap)
     args = ap.parse_args(argv)
+    next_variable = _next_variable(ap, args)
     from workbench.experiments.runner import promote_from_mlflow
 
-    out = promote_from_mlflow(args.parent_run_id, args.out, args.tracking_uri)
+    out = promote_from_mlflow(args.parent_run_id, args.out, args.tracking_uri,
+                              next_variable=next_variable)
     print(f"new baseline template: {out}" if out else "that experiment adopted nothing")
 
 
@@ -95,22 +140,84 @@ BENCH: dict[str, Callable[[list[str]], None]] = {
 }
 
 
+def is_user_error(exc: BaseException) -> bool:
+    """Input the user can fix: UserError / ValueError (the configs' refusals), a missing or
+    unreadable file, a YAML error, an MLflow refusal (unknown run id, ...)."""
+    if isinstance(exc, ValueError | FileNotFoundError | PermissionError | IsADirectoryError
+                  | NotADirectoryError):
+        return True
+    yaml = sys.modules.get("yaml")
+    if yaml is not None and isinstance(exc, yaml.YAMLError):
+        return True
+    mlflow_exceptions = sys.modules.get("mlflow.exceptions")
+    return mlflow_exceptions is not None and isinstance(exc, mlflow_exceptions.MlflowException)
+
+
+def error_line(prog: str, exc: BaseException) -> str:
+    """The one line (a template's problems: one per line below it) a failed command prints."""
+    if isinstance(exc, OSError) and exc.filename is not None and exc.strerror:
+        message = f"{exc.strerror}: {str(exc.filename)!r}"
+    else:
+        message = str(exc).strip() or type(exc).__name__
+    if is_user_error(exc):
+        return f"{prog}: {message}"
+    return (f"{prog}: internal error (a bug, not your input): {type(exc).__name__}: {message}"
+            "; rerun with --debug for the traceback and report it")
+
+
+def guarded(prog: str, fn: Callable[[list[str]], None], argv: list[str],
+            debug: bool = False) -> None:
+    """Run one verb; an exception becomes one line on stderr and an exit status
+    (module docstring), the traceback only with `debug`. argparse parsers without a `prog`
+    take theirs from sys.argv[0]: it is `prog` meanwhile, so their errors name the verb."""
+    saved = sys.argv
+    sys.argv = [prog, *argv]
+    try:
+        fn(argv)
+    except SystemExit as e:
+        if isinstance(e.code, str):  # `raise SystemExit("message")`: a refusal
+            if debug:
+                traceback.print_exc()
+            print(f"{prog}: {e.code}", file=sys.stderr)
+            raise SystemExit(2) from None
+        raise
+    except KeyboardInterrupt:
+        if debug:
+            traceback.print_exc()
+        print(f"{prog}: interrupted", file=sys.stderr)
+        raise SystemExit(130) from None
+    except Exception as e:  # noqa: BLE001 - every error ends as one line and a status
+        _fail(prog, e, debug)
+    finally:
+        sys.argv = saved
+
+
+def _fail(prog: str, exc: BaseException, debug: bool) -> NoReturn:
+    if debug:
+        traceback.print_exception(exc)
+    print(error_line(prog, exc), file=sys.stderr)
+    raise SystemExit(2 if is_user_error(exc) else 1) from None
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv or os.environ.get("WORKBENCH_DEBUG", "") not in ("", "0")
+    argv = [a for a in argv if a != "--debug"]
     usage = __doc__ or ""
     if not argv or argv[0] in ("-h", "--help"):
         print(usage)
         return
     cmd, rest = argv[0], argv[1:]
     if cmd in COMMANDS:
-        COMMANDS[cmd](rest)
+        guarded(f"workbench {cmd}", COMMANDS[cmd], rest, debug)
     elif cmd == "bench":
         if rest and rest[0] in BENCH:
-            BENCH[rest[0]](rest[1:])
+            guarded(f"workbench bench {rest[0]}", BENCH[rest[0]], rest[1:], debug)
         else:  # workbench bench --target URL|inprocess --model ... --workload ...
-            _lazy("workbench.bench.cli")(rest)
+            guarded("workbench bench", _lazy("workbench.bench.cli"), rest, debug)
     else:
-        print(f"unknown command {' '.join(argv[:2])!r}\n{usage}", file=sys.stderr)
+        print(f"workbench: unknown command {cmd!r}; commands: "
+              f"{', '.join([*COMMANDS, 'bench'])} (workbench --help)", file=sys.stderr)
         raise SystemExit(2)
 
 

@@ -9,6 +9,7 @@
         params    = the notebook's parameters: its declared defaults, then {param: value, **fixed}
         artifacts = the executed notebook (also when it failed) [+ error.txt]
         status    = FINISHED, or FAILED with the error; the sweep goes on past a failed point
+        validity  = tags run_valid, validity; metrics valid, other_cpu_share (tracking.Store)
 
 Each value runs `papermill.execute_notebook` with cwd = the notebook's folder (as JupyterLab
 does) into <out_dir>/<notebook stem>/<parent run id[:8]>/<i>_<param>=<value>.ipynb. When the
@@ -17,8 +18,15 @@ notebook declares `mlflow_parent_run_id`, `mlflow_uri` or `mlflow_experiment` in
 notebook can log into the sweep; see `workbench.analysis.notebook.publish`.
 
 `resume=True` reuses the latest sweep parent for (notebook, param) in the experiment and skips
-the values that already have a FINISHED child there (rows with status "SKIPPED" and the
-earlier run's id); failed and new values run again as new child runs.
+the values that already have a FINISHED, valid child there (rows with status "SKIPPED" and the
+earlier run's id); failed, disturbed and new values run again as new child runs. A child
+still RUNNING whose sweep process is gone (killed with SIGKILL, say) is marked KILLED first
+and a line on stderr says so (`mark_killed`); its value runs again.
+
+Each point is measured inside a `validity.CpuWatch` (the notebook's kernel is a child process,
+so it counts as this run's own): when other processes took more than `max_other_cpu_share` of
+the machine's CPUs meanwhile, the point is marked invalid (row `valid`: False, a line on
+stderr, MLflow tag run_valid=false); its numbers should not be read.
 """
 
 from __future__ import annotations
@@ -26,7 +34,9 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import os
 import re
+import socket
 import sys
 import traceback
 from collections.abc import Iterable, Sequence
@@ -102,10 +112,20 @@ def sweep(
     out_dir: str | Path = ".sweeps",
     kernel_name: str | None = None,
     progress: bool = True,
+    max_other_cpu_share: float | None = None,
+    cpu_watch: Any = None,
 ) -> list[dict[str, Any]]:
     """One papermill run per value; one row per value: {value, status, output_path, run_id,
-    error}. status is FINISHED, FAILED or (resume) SKIPPED."""
+    error, valid, other_cpu_share}. status is FINISHED, FAILED or (resume) SKIPPED.
+    `max_other_cpu_share` (default validity.DEFAULT_MAX_OTHER_CPU_SHARE) and `cpu_watch`
+    (default validity.default_cpu_watch()) judge each point's disturbance."""
+    from workbench.bench.validity import DEFAULT_MAX_OTHER_CPU_SHARE, default_cpu_watch
     from workbench.tracking.mlflow_store import Store, tracking_uri
+
+    if max_other_cpu_share is None:
+        max_other_cpu_share = DEFAULT_MAX_OTHER_CPU_SHARE
+    if not 0 <= max_other_cpu_share <= 1:
+        raise ValueError(f"max_other_cpu_share ({max_other_cpu_share}) must be in [0, 1]")
 
     nb = Path(notebook).resolve()
     if not nb.is_file():
@@ -125,6 +145,9 @@ def sweep(
     store = Store(name, _absolute_uri(uri))
     parent = _latest_parent(store, nb, param) if resume else None
     done = _finished_points(store, parent) if parent else {}
+    if parent:
+        for line in mark_killed(store, parent):
+            print(f"workbench sweep: {line}", file=sys.stderr, flush=True)
     if parent is None:
         parent = store.create_run(f"sweep {nb.stem} {param}", tags={
             "kind": "sweep", "notebook": str(nb), "notebook_name": nb.name,
@@ -138,13 +161,16 @@ def sweep(
     run_dir.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
     ctx = {"store": store, "parent": parent, "nb": nb, "param": param, "fixed": fixed,
-           "declared": declared, "kernel_name": kernel_name}
+           "declared": declared, "kernel_name": kernel_name,
+           "max_other_cpu_share": max_other_cpu_share,
+           "cpu_watch": cpu_watch if cpu_watch is not None else default_cpu_watch()}
     try:
         for i, value in enumerate(_progress(values, progress, f"{nb.stem} {param}")):
             if keys[i] in done:
                 run_id, output = done[keys[i]]
                 rows.append({"value": value, "status": "SKIPPED", "output_path": output,
-                             "run_id": run_id, "error": None})
+                             "run_id": run_id, "error": None, "valid": True,
+                             "other_cpu_share": None})
                 continue
             out = run_dir / f"{i:02d}_{param}={_slug(value)}.ipynb"
             rows.append(_run_point(ctx, value, keys[i], out))
@@ -159,10 +185,13 @@ def _run_point(ctx: dict[str, Any], value: Any, key: str, out: Path) -> dict[str
     import papermill
     from papermill.exceptions import PapermillExecutionError
 
+    from workbench.bench.validity import CpuShare, Validity, disturbed_line
+
     store, param, declared = ctx["store"], ctx["param"], ctx["declared"]
     run_id = store.create_run(f"{param}={_slug(value)}", parent_id=ctx["parent"], tags={
         "kind": "sweep-point", "notebook": str(ctx["nb"]), "sweep_param": param,
-        "sweep_value": key, "value": key, "output_path": str(out)})
+        "sweep_value": key, "value": key, "output_path": str(out),
+        "sweep_pid": str(os.getpid()), "sweep_host": socket.gethostname()})
     chosen = {param: value, **ctx["fixed"]}
     defaults = {k: v for k, v in declared.items() if k not in INJECTED}
     store.log_params(run_id, {**defaults, **chosen})
@@ -171,10 +200,12 @@ def _run_point(ctx: dict[str, Any], value: Any, key: str, out: Path) -> dict[str
     params = {**chosen, **{k: v for k, v in injected.items() if k in declared}}
     error: str | None = None
     detail = ""
+    share = CpuShare()
     try:
-        papermill.execute_notebook(str(ctx["nb"]), str(out), parameters=params,
-                                   kernel_name=ctx["kernel_name"], progress_bar=False,
-                                   cwd=str(ctx["nb"].parent))
+        with ctx["cpu_watch"].measure() as share:  # filled when the block ends, errors too
+            papermill.execute_notebook(str(ctx["nb"]), str(out), parameters=params,
+                                       kernel_name=ctx["kernel_name"], progress_bar=False,
+                                       cwd=str(ctx["nb"].parent))
     except PapermillExecutionError as e:
         error = f"{e.ename}: {e.evalue} (cell {e.exec_count})"
         detail = _ANSI.sub("", str(e))
@@ -190,9 +221,17 @@ def _run_point(ctx: dict[str, Any], value: Any, key: str, out: Path) -> dict[str
     if error is not None:
         store.set_tags(run_id, {"error": error[:5000]})
         store.log_files(run_id, {"error.txt": detail or error})
+    validity = Validity()
+    validity.judge_cpu(share.others, ctx["max_other_cpu_share"])
+    store.log_validity(run_id, validity.valid, validity.reasons, validity.other_cpu_share,
+                       validity.max_other_cpu_share)
+    if validity.disturbed:
+        print(disturbed_line(f"sweep point {param}={key}", share.others,
+                             ctx["max_other_cpu_share"]), file=sys.stderr, flush=True)
     store.finish(run_id, failed=error is not None)
     return {"value": value, "status": "FAILED" if error else "FINISHED",
-            "output_path": str(out), "run_id": run_id, "error": error}
+            "output_path": str(out), "run_id": run_id, "error": error,
+            "valid": validity.valid, "other_cpu_share": validity.other_cpu_share}
 
 
 def _log_notebook(store: Any, run_id: str, out: Path) -> None:
@@ -210,13 +249,52 @@ def _latest_parent(store: Any, nb: Path, param: str) -> str | None:
     return None
 
 
+def mark_killed(store: Any, parent: str) -> list[str]:
+    """Mark KILLED the children of `parent` still RUNNING although the sweep process that ran
+    them is gone (SIGKILL, a crash, a closed laptop): MLflow never heard of their end. A
+    point whose process (tags sweep_pid, sweep_host) is alive on this host is left alone.
+    Returns one line per run marked (or left)."""
+    runs = store.client.search_runs([store.experiment_id],
+                                    filter_string=f"tags.`{PARENT_TAG}` = '{parent}'",
+                                    max_results=5000)
+    lines: list[str] = []
+    for r in runs:
+        if r.info.status != "RUNNING":
+            continue
+        tags, run_id = r.data.tags, r.info.run_id
+        what = f"{tags.get('sweep_param', '?')}={tags.get('sweep_value', '?')} (run {run_id})"
+        pid = tags.get("sweep_pid", "")
+        if (tags.get("sweep_host") == socket.gethostname() and pid.isdigit()
+                and int(pid) != os.getpid() and _alive(int(pid))):
+            lines.append(f"point {what} is still RUNNING in process {pid}; left as it is")
+            continue
+        store.set_tags(run_id, {"error": "killed: the sweep process ended before this point "
+                                         "did (found RUNNING on --resume)"})
+        store.client.set_terminated(run_id, status="KILLED")
+        lines.append(f"point {what} was left RUNNING by an interrupted sweep: marked KILLED; "
+                     "it runs again")
+    return lines
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
+
+
 def _finished_points(store: Any, parent: str) -> dict[str, tuple[str, str | None]]:
-    """{value key: (run id, output path)} of the FINISHED children of `parent`."""
+    """{value key: (run id, output path)} of the FINISHED children of `parent` that were not
+    marked invalid (tag run_valid=false: disturbed points run again)."""
     runs = store.client.search_runs([store.experiment_id],
                                     filter_string=f"tags.`{PARENT_TAG}` = '{parent}'",
                                     max_results=5000)
     return {r.data.tags["sweep_value"]: (r.info.run_id, r.data.tags.get("output_path"))
-            for r in runs if r.info.status == "FINISHED" and "sweep_value" in r.data.tags}
+            for r in runs if r.info.status == "FINISHED" and "sweep_value" in r.data.tags
+            and r.data.tags.get("run_valid") != "false"}
 
 
 # --------------------------------------------------------------------------- command line
@@ -244,6 +322,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--out-dir", default=".sweeps", help="where executed notebooks go")
     ap.add_argument("--kernel", default=None, help="Jupyter kernel name (the notebook's)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ap.add_argument("--max-other-cpu-share", type=float, default=None, metavar="SHARE",
+                    help="mark a point invalid when other processes used more than this share "
+                    "of the machine's CPUs while it ran (default 0.25)")
     return ap
 
 
@@ -263,12 +344,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rows = sweep(args.notebook, name, values, fixed=fixed, experiment=args.experiment,
                      uri=args.tracking_uri, resume=args.resume, out_dir=args.out_dir,
-                     kernel_name=args.kernel, progress=not args.no_progress)
+                     kernel_name=args.kernel, progress=not args.no_progress,
+                     max_other_cpu_share=args.max_other_cpu_share)
     except ValueError as e:
         print(f"workbench sweep: {e}", file=sys.stderr)
         return 2
     for r in rows:
-        cells = [f"{name}={value_key(r['value'])}", r["status"], f"run {r['run_id']}",
+        status = r["status"] if r["valid"] else (
+            f"{r['status']} INVALID (other processes {r['other_cpu_share']:.0%} of the CPUs)")
+        cells = [f"{name}={value_key(r['value'])}", status, f"run {r['run_id']}",
                  str(r["output_path"]), r["error"] or ""]
         print("\t".join(cells).rstrip())
     return 1 if any(r["status"] == "FAILED" for r in rows) else 0

@@ -10,6 +10,7 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
+from workbench.errors import TemplateError
 from workbench.experiments.runner import promote_from_mlflow, promoted_template, run_experiment
 from workbench.experiments.template import parse_template
 from workbench.tracking.mlflow_store import Store
@@ -23,7 +24,8 @@ TEMPLATE: dict[str, Any] = {
     "arrivals": {"mode": "closed", "concurrency": 2},
     "baseline": {"dtype": "float32", "max_model_len": 512, "max_num_seqs": 8,
                  "max_num_batched_tokens": 256},
-    # 4 < max_num_seqs: the engine refuses it, so those runs fail and the sweep goes on.
+    # 4 < max_num_seqs: the up-front check refuses it (tests/experiments/test_validate.py);
+    # with check=False the engine refuses it run by run: those runs fail, the sweep goes on.
     "variable": {"name": "max_num_batched_tokens", "values": [64, 4]},
     "repeats": 2,
     "warmup_requests": 1,
@@ -34,7 +36,7 @@ TEMPLATE: dict[str, Any] = {
 @pytest.fixture(scope="module")
 def experiment(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, str]:
     uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
-    return run_experiment(parse_template(TEMPLATE), uri=uri, progress=False), uri
+    return run_experiment(parse_template(TEMPLATE), uri=uri, progress=False, check=False), uri
 
 
 def test_runs_interleaved_and_logged(experiment: tuple[Any, str]) -> None:
@@ -82,12 +84,20 @@ def test_promote(tmp_path: Path, experiment: tuple[Any, str]) -> None:
     assert raw["baseline"]["max_num_batched_tokens"] == 64
     assert raw["variable"] == {"name": "max_num_batched_tokens", "values": [256, 4]}
     parse_template(raw)  # the promoted template is itself valid
-    # A parent run that adopted 64 (written by hand): promote rebuilds the template.
+    # A parent run that adopted 64 (written by hand): promote rebuilds the template, and
+    # checks it first: 4 (< max_num_seqs) would fail every run of the next experiment.
     store = Store("promote-test", uri)
     run_id = store.create_run("p", tags={"adopted": "64"})
     store.log_files(run_id, {"template.yaml": yaml.safe_dump(TEMPLATE),
                              "verdicts.json": json.dumps([{"value": 4, "adopted": False},
                                                           {"value": 64, "adopted": True}])})
+    with pytest.raises(TemplateError, match=r"variant max_num_batched_tokens=4: "):
+        promote_from_mlflow(run_id, tmp_path / "next.yaml", uri)
+    assert not (tmp_path / "next.yaml").exists()
+    ok = {**TEMPLATE, "variable": {"name": "max_num_batched_tokens", "values": [64, 128]}}
+    run_id = store.create_run("p", tags={"adopted": "64"})
+    store.log_files(run_id, {"template.yaml": yaml.safe_dump(ok),
+                             "verdicts.json": json.dumps([{"value": 64, "adopted": True}])})
     out = promote_from_mlflow(run_id, tmp_path / "next.yaml", uri)
     assert out is not None
     assert yaml.safe_load(out.read_text())["baseline"]["max_num_batched_tokens"] == 64

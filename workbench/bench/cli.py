@@ -7,6 +7,7 @@
                     [--engine KEY=VALUE ...] [--server-cmd "workbench serve ..."]
                     [--endpoint completions|chat] [--prompt-mode auto|token_ids|text]
                     [--tokenizer DIR] [--tracking-uri URI | --no-mlflow] [--json PATH]
+                    [--max-other-cpu-share 0.25]
 
 Place in the flow: argument parsing only; the work is `runner.run` on an `InProcessTarget` or
 an `OpenAITarget` (built by `server_process.make_target`, which also starts `--server-cmd`
@@ -14,6 +15,8 @@ with the `--engine` keys as server flags and stops it afterwards). Prints the su
 (metrics.summary_table), then the server side of an HTTP run (/metrics deltas: histogram
 means, token counters, the Δcount check; the Poller's peak running / waiting / KV usage), and
 logs everything to MLflow (the local store unless --tracking-uri; --no-mlflow skips it).
+A run during which other processes used more than --max-other-cpu-share of the machine's CPUs
+is marked INVALID (console, JSON, MLflow tag run_valid=false and metric other_cpu_share).
 The workload's prompts are built with the tokenizer of --tokenizer (default: --model when it
 is a local folder or "bundled"), so it must match the served model.
 """
@@ -23,12 +26,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from workbench.bench.arrivals import ArrivalSpec
+from workbench.bench.validity import DEFAULT_MAX_OTHER_CPU_SHARE
 
 
 def parse_arrivals(text: str, seed: int = 0, max_concurrency: int | None = None
@@ -78,6 +83,9 @@ def _parser() -> argparse.ArgumentParser:
                     choices=["cold", "warm-model", "warm-prefix"])
     ap.add_argument("--warmup-requests", type=int, default=2)
     ap.add_argument("--max-duration", type=float, default=None, help="seconds")
+    ap.add_argument("--max-other-cpu-share", type=float, default=DEFAULT_MAX_OTHER_CPU_SHARE,
+                    help="mark the run invalid when other processes used more than this "
+                    "share of the machine's CPUs meanwhile (0..1)")
     ap.add_argument("--engine", action="append", default=[],
                     help="engine KEY=VALUE: in-process kwargs, or server flags with --server-cmd")
     ap.add_argument("--server-cmd", default=None, help="start this server around the run")
@@ -161,26 +169,33 @@ def server_report(side: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, cpu_watch: Any = None) -> None:
+    """`cpu_watch`: a `validity.CpuWatch` to measure with (tests inject a fake)."""
     from workbench.bench.join import server_side
     from workbench.bench.metrics import summary_table
     from workbench.bench.server_process import run_variant
 
-    args = _parser().parse_args(argv)
+    ap = _parser()
+    args = ap.parse_args(argv)
+    if not 0 <= args.max_other_cpu_share <= 1:
+        ap.error(f"--max-other-cpu-share ({args.max_other_cpu_share}) must be in [0, 1]")
     engine = _kv(args.engine, "--engine")
     workload = _workload(args)
     arrival = parse_arrivals(args.arrivals, args.seed, args.max_concurrency)
     result, target = run_variant(_target_spec(args), engine, workload, arrival,
                                  cache_state=args.cache_state,
                                  warmup_requests=args.warmup_requests,
-                                 max_duration_s=args.max_duration)
+                                 max_duration_s=args.max_duration,
+                                 max_other_cpu_share=args.max_other_cpu_share,
+                                 cpu_watch=cpu_watch)
     metrics = result.metrics() if result.duration_s > 0 else {}
     side = server_side(result, target) if result.target.get("kind") == "http" else None
     print(summary_table(metrics) if metrics else "no measured requests")
     if side is not None:
         print("\n" + server_report(side))
     if not result.validity.valid:
-        print("\nINVALID run: " + "; ".join(result.validity.reasons))
+        print(f"\nINVALID run ({result.target.get('kind', '?')} {workload.name}): "
+              + "; ".join(result.validity.reasons))
     if args.json:
         out = {"metrics": metrics, "validity": vars(result.validity), "target": result.target,
                "arrival": result.arrival, "cache_state": result.cache_state,
@@ -192,8 +207,9 @@ def main(argv: list[str] | None = None) -> None:
     if not args.no_mlflow:
         run_id = _log_mlflow(args, result, metrics, workload, target)
         print(f"\nMLflow run {run_id} (experiment {args.experiment!r})")
-    if result.error:
-        raise SystemExit(f"the run failed: {result.error}")
+    if result.error:  # the run failed (exit 1); a refused input is exit 2
+        print(f"workbench bench: the run failed: {result.error}", file=sys.stderr)
+        raise SystemExit(1)
 
 
 def _json_default(v: Any) -> Any:
@@ -212,11 +228,12 @@ def _log_mlflow(args: argparse.Namespace, result: Any, metrics: dict[str, float]
     kind = result.target.get("kind", "?")
     run_id = store.create_run(f"{kind} {workload.name}", tags={
         "kind": "bench", "target": args.target, "workload_checksum": workload.checksum,
-        "open_loop": str(result.open_loop),
-        "validity": "; ".join(result.validity.reasons) or "valid"})
+        "open_loop": str(result.open_loop)})
     store.log_params(run_id, {"target": result.target, "workload": workload.summary(),
                               "arrivals": result.arrival, "cache_state": result.cache_state})
-    store.log_metrics(run_id, {**metrics, "valid": float(result.validity.valid)})
+    store.log_metrics(run_id, metrics)
+    v = result.validity
+    store.log_validity(run_id, v.valid, v.reasons, v.other_cpu_share, v.max_other_cpu_share)
     files: dict[str, str | bytes] = {"requests.csv": records_frame(result.records).to_csv(
         index=False)}
     if metrics:

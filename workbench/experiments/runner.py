@@ -6,6 +6,10 @@
             -> MLflow child run (params = whole config, metrics, step series, artifacts)
     verdict per variant (noise band of the baseline repeats), SLO + quality gates, adoption
 
+A run during which other processes took more than `max_other_cpu_share` of the CPUs is
+invalid ("disturbed"): one console line says so, MLflow tags it run_valid=false (metric
+other_cpu_share), and the verdict leaves it out (inconclusive when too few valid repeats remain).
+
 Every run replays the same workload (its checksum is checked before each run); a run that
 fails is logged FAILED with its error and whatever rows it had, and the sweep goes on.
 """
@@ -25,7 +29,12 @@ import yaml
 
 from workbench.experiments.quality import gate_reports
 from workbench.experiments.template import Template
-from workbench.experiments.verdict import VariantVerdict, decide, verdict_table
+from workbench.experiments.verdict import (
+    VariantVerdict,
+    disturbance_threshold,
+    judge_runs,
+    verdict_table,
+)
 from workbench.profiling import torch_trace
 
 BASELINE = "baseline"
@@ -40,6 +49,8 @@ class RunRecord:
     metrics: dict[str, float] = field(default_factory=dict)
     valid: bool = True
     error: str | None = None
+    other_cpu_share: float | None = None  # of all CPUs, by other processes during the run
+    disturbed: bool = False  # invalid because other processes took too much of the CPUs
 
 
 @dataclass
@@ -78,17 +89,34 @@ def build_workload(template: Template, model: str) -> Any:
 def run_experiment(
     template: Template, uri: str | None = None, progress: bool = True,
     profile: str | None = None,
+    max_other_cpu_share: float | None = None,
+    cpu_watch: Any = None,
+    check: bool = True,
 ) -> ExperimentResult:
-    """Run every (value, repeat); `profile="torch"` stores a Chrome trace per run."""
+    """Run every (value, repeat); `profile="torch"` stores a Chrome trace per run.
+    `max_other_cpu_share`: the disturbance threshold (default: the template's
+    `max_other_cpu_share`, else validity.DEFAULT_MAX_OTHER_CPU_SHARE); `cpu_watch`: the
+    `validity.CpuWatch` to measure with (default: `validity.default_cpu_watch()`).
+    `check=False` skips the up-front template check (`validate.check_template`; tests of the
+    run-by-run failure path use it)."""
     if profile not in (None, "torch"):
         raise ValueError(f"profile ({profile!r}) must be None or 'torch'")
+    from workbench.bench.validity import default_cpu_watch
+
+    threshold = disturbance_threshold(template, max_other_cpu_share)
+    watch = cpu_watch if cpu_watch is not None else default_cpu_watch()
     from workbench.bench.arrivals import ArrivalSpec
     from workbench.bench.metrics import SLO
     from workbench.preflight import collect_preflight
     from workbench.tracking.mlflow_store import Store
 
     model = resolve_model(template.target)
-    workload = build_workload(template, model)
+    if check:  # every problem of the template at once, before the first run
+        from workbench.experiments.validate import check_template
+
+        workload = check_template(template.as_data(), source=f"template {template.name!r}")
+    else:
+        workload = build_workload(template, model)
     checksum = workload.checksum
     arrival = ArrivalSpec.from_dict(template.arrivals)
     slo = SLO(
@@ -122,24 +150,14 @@ def run_experiment(
                 print(f"[{len(runs) + 1}/{total}] {template.variable_name}={label} "
                       f"repeat {repeat + 1}/{template.repeats}", flush=True)
             runs.append(_run_one(template, store, parent, model, workload, arrival, slo,
-                                 label, value, repeat, preflight, checksum, profile))
+                                 label, value, repeat, preflight, checksum, profile,
+                                 max_other_cpu_share=threshold, cpu_watch=watch))
     # The quality gate replays golden prompts through the in-process engine on the same
     # folder: meaningful for in-process targets and `workbench serve`.
     quality, quality_reports = (
         _quality(template, model, workload) if template.quality_gate else ({}, {}))
-    base = [r.metrics for r in runs if r.label == BASELINE and r.error is None]
-    var: dict[Any, list[dict[str, float]]] = {}
-    invalid: dict[Any, int] = {}
-    failed: dict[Any, int] = {}
-    for r in runs:
-        if r.label == BASELINE:
-            continue
-        var.setdefault(r.value, [])
-        if r.error is None:
-            var[r.value].append(r.metrics)
-        failed[r.value] = failed.get(r.value, 0) + (r.error is not None)
-        invalid[r.value] = invalid.get(r.value, 0) + (not r.valid)
-    verdicts = decide(template, base, var, invalid, failed, quality) if base else []
+    base = [r for r in runs if r.label == BASELINE and r.error is None]
+    verdicts = judge_runs(template, runs, quality, BASELINE) if base else []
     table = verdict_table(verdicts, template.objective.metric) if verdicts else (
         "every baseline run failed: no verdict")
     adopted = next((v.value for v in verdicts if v.adopted), None)
@@ -155,7 +173,9 @@ def run_experiment(
                           for v in template.variable_values}},
             indent=2, default=str)})
     _log_sweep_plot(store, parent, template, runs)
-    store.set_tags(parent, {"adopted": "none" if adopted is None else str(adopted)})
+    store.set_tags(parent, {"adopted": "none" if adopted is None else str(adopted),
+                            "invalid_runs": str(sum(not r.valid for r in runs)),
+                            "disturbed_runs": str(sum(r.disturbed for r in runs))})
     store.finish(parent, failed=not base)
     return ExperimentResult(template.name, parent, store.uri, checksum, runs, verdicts, table,
                             adopted)
@@ -167,7 +187,7 @@ def _log_sweep_plot(store: Any, parent: str, template: Template, runs: list[RunR
     name = template.variable_name
     base_value = template.baseline.get(name, BASELINE)
     rows = [{name: base_value if r.value is None else r.value, **r.metrics}
-            for r in runs if r.error is None]
+            for r in runs if r.error is None and not r.disturbed]  # disturbed: not shown
     objective = template.objective.metric
     other = "p95_ttft_ms" if objective != "p95_ttft_ms" else "output_throughput"
     if not rows or not all(objective in r and other in r for r in rows):
@@ -209,7 +229,8 @@ def _fingerprint_warning(store: Any, fingerprint: str) -> str | None:
 def _run_one(
     template: Template, store: Any, parent: str, model: str, workload: Any, arrival: Any,
     slo: Any, label: str, value: Any, repeat: int, preflight: dict[str, Any], checksum: str,
-    profile: str | None = None,
+    profile: str | None = None, *, max_other_cpu_share: float | None = None,
+    cpu_watch: Any = None,
 ) -> RunRecord:
     from workbench.bench.runner import run, run_sync
     from workbench.bench.server_process import make_target
@@ -237,7 +258,8 @@ def _run_one(
             try:
                 with torch_trace(str(trace)) if profile == "torch" else contextlib.nullcontext():
                     result = run(target, workload, arrival, cache_state=template.cache_state,
-                                 warmup_requests=template.warmup_requests)
+                                 warmup_requests=template.warmup_requests,
+                                 max_other_cpu_share=max_other_cpu_share, cpu_watch=cpu_watch)
             finally:
                 run_sync(target.stop)  # the target before its server
             if trace.exists():
@@ -245,11 +267,18 @@ def _run_one(
         if result.error:
             raise RuntimeError(result.error)
         record.metrics = result.metrics(slo=slo)
-        record.valid = result.validity.valid
+        v = result.validity
+        record.valid, record.disturbed = v.valid, v.disturbed
+        record.other_cpu_share = v.other_cpu_share
         store.log_metrics(run_id, record.metrics)
-        store.log_metrics(run_id, {"valid": float(record.valid)})
-        store.set_tags(run_id, {"open_loop": str(result.open_loop),
-                                "validity": "; ".join(result.validity.reasons) or "valid"})
+        store.log_validity(run_id, v.valid, v.reasons, v.other_cpu_share, v.max_other_cpu_share)
+        store.set_tags(run_id, {"open_loop": str(result.open_loop)})
+        if v.disturbed:
+            from workbench.bench.validity import disturbed_line
+
+            print(disturbed_line(f"run {template.variable_name}={label} repeat {repeat + 1}/"
+                                 f"{template.repeats}", v.other_cpu_share, v.max_other_cpu_share),
+                  flush=True)
     except Exception as e:  # one failed run must not lose the others
         record.error = f"{type(e).__name__}: {e}"
         store.log_files(run_id, {"error.txt": traceback.format_exc()})
@@ -308,31 +337,63 @@ def _quality(
     return gate_reports(model, template.baseline, variants, prompts, gate)
 
 
-def promoted_template(template: Template, adopted: Any, parent_run_id: str) -> dict[str, Any]:
-    """The template with `variable = adopted` as its new baseline, the old baseline value
-    becoming one of the values to try next."""
+def promoted_template(template: Template, adopted: Any, parent_run_id: str,
+                      next_variable: tuple[str, list[Any]] | None = None) -> dict[str, Any]:
+    """The template with `variable = adopted` as its new baseline. By default the same
+    variable stays, its values the ones not adopted plus the old baseline value (the engine's
+    default when the baseline left the knob unset), so the next run re-checks the choice;
+    `next_variable=(name, values)` asks the next question instead. `UserError` when no value
+    is left to try (the old baseline value was null, e.g. `speculative_config: null`)."""
+    from workbench.errors import UserError
+    from workbench.experiments.validate_engine import knob_default
+
     raw = template.with_baseline(template.variant_config(adopted))
-    old = template.baseline.get(template.variable_name)
-    values = [v for v in [old, *template.variable_values] if v is not None and v != adopted]
     raw.pop("variants", None)
-    raw["variable"] = {"name": template.variable_name, "values": values}
+    name = template.variable_name
+    if next_variable is not None:
+        name, values = next_variable[0], list(next_variable[1])
+    else:
+        old = template.baseline.get(name, knob_default(name))
+        values = []
+        for v in [old, *template.variable_values]:
+            if v is not None and v != adopted and v not in values:
+                values.append(v)
+        if not values:
+            raise UserError(
+                f"the promoted template would have no {name} value left to try: "
+                f"{name}={adopted!r} becomes the baseline and the old baseline value ({old!r}) "
+                "cannot be a variable value; name the next question with "
+                "--next-variable NAME --values V1 [V2 ...]")
+    raw["variable"] = {"name": name,
+                       "values": [dict(v) if isinstance(v, dict) else v for v in values]}
     raw["description"] = (f"promoted from MLflow run {parent_run_id}: "
                           f"{template.variable_name}={adopted}")
     return raw
 
 
-def promote(template: Template, result: ExperimentResult, out_path: str | Path) -> Path | None:
-    """Write the adopted config as the new baseline template; None when nothing was adopted."""
-    if result.adopted is None:
-        return None
+def write_promoted(raw: dict[str, Any], out_path: str | Path) -> Path:
+    """Check the promoted template like any other (`TemplateError` listing its problems,
+    nothing written), then write it: what is written runs as the next baseline."""
+    from workbench.experiments.validate import check_template
+
     dst = Path(out_path)
-    dst.write_text(yaml.safe_dump(promoted_template(template, result.adopted,
-                                                    result.parent_run_id), sort_keys=False))
+    check_template(raw, source=f"the promoted template ({dst})",
+                   consequence="nothing was written")
+    dst.write_text(yaml.safe_dump(raw, sort_keys=False))
     return dst
 
 
-def promote_from_mlflow(parent_run_id: str, out_path: str | Path, uri: str | None = None
-                        ) -> Path | None:
+def promote(template: Template, result: ExperimentResult, out_path: str | Path,
+            next_variable: tuple[str, list[Any]] | None = None) -> Path | None:
+    """Write the adopted config as the new baseline template; None when nothing was adopted."""
+    if result.adopted is None:
+        return None
+    return write_promoted(promoted_template(template, result.adopted, result.parent_run_id,
+                                            next_variable), out_path)
+
+
+def promote_from_mlflow(parent_run_id: str, out_path: str | Path, uri: str | None = None,
+                        next_variable: tuple[str, list[Any]] | None = None) -> Path | None:
     """`workbench promote RUN_ID`: rebuild the promoted template from a finished experiment."""
     from mlflow.tracking import MlflowClient
 
@@ -349,7 +410,5 @@ def promote_from_mlflow(parent_run_id: str, out_path: str | Path, uri: str | Non
         template = parse_template(yaml.safe_load(Path(tpath).read_text()))
         vpath = client.download_artifacts(parent_run_id, "verdicts.json", tmp)
         adopted = next(v["value"] for v in json.loads(Path(vpath).read_text()) if v["adopted"])
-    dst = Path(out_path)
-    dst.write_text(yaml.safe_dump(promoted_template(template, adopted, parent_run_id),
-                                  sort_keys=False))
-    return dst
+    return write_promoted(promoted_template(template, adopted, parent_run_id, next_variable),
+                          out_path)

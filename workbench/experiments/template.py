@@ -22,6 +22,10 @@ and the baseline engine config, then names exactly ONE variable:
 
 Instead of `variable`, `variants:` may list full engine configs; each must differ from the
 baseline in the same single key, and anything else is refused naming the keys.
+
+`load_template` checks the whole template first (`workbench.experiments.validate`: knob names,
+every variant's engine config, the model folder, the workload, arrivals) and refuses it with
+one `TemplateError` listing every problem; `parse_template` alone checks only the structure.
 """
 
 from __future__ import annotations
@@ -34,13 +38,15 @@ from typing import Any
 
 import yaml
 
+from workbench.errors import UserError
+
 CACHE_STATES = ("cold", "warm-model", "warm-prefix")
 DIRECTIONS = ("minimize", "maximize")
 SLO_KEYS = ("p95_ttft_ms", "p95_tpot_ms", "p95_itl_ms", "p95_e2el_ms", "max_error_rate")
 _TOP_KEYS = {
     "name", "question", "objective", "slo", "workload", "arrivals", "target", "baseline",
     "variable", "variants", "repeats", "cache_state", "quality_gate", "warmup_requests",
-    "noise", "percentiles", "sampling", "description",
+    "noise", "percentiles", "sampling", "description", "max_other_cpu_share",
 }
 
 
@@ -110,6 +116,27 @@ class Template:
         cfg = copy.deepcopy(self.baseline)
         cfg[self.variable_name] = value
         return cfg
+
+    def as_data(self) -> dict[str, Any]:
+        """The template as a raw dict built from its fields (what `check_template` reads;
+        fields changed after parsing, as notebooks do, are what is checked and run)."""
+        data = copy.deepcopy({k: v for k, v in self.raw.items() if k not in ("variants",)})
+        data.update(copy.deepcopy({
+            "name": self.name, "question": self.question,
+            "objective": {"metric": self.objective.metric,
+                          "direction": self.objective.direction},
+            "slo": self.slo, "workload": self.workload, "arrivals": self.arrivals,
+            "target": self.target, "baseline": self.baseline,
+            "variable": {"name": self.variable_name,
+                         "values": [dict(v) if isinstance(v, dict) else v
+                                    for v in self.variable_values]},
+            "repeats": self.repeats, "cache_state": self.cache_state,
+            "warmup_requests": self.warmup_requests, "noise": self.noise}))
+        if self.quality_gate is not None:
+            data["quality_gate"] = copy.deepcopy(self.quality_gate)
+        else:
+            data.pop("quality_gate", None)
+        return data
 
     def with_baseline(self, baseline: dict[str, Any]) -> dict[str, Any]:
         """The raw template with a new baseline (what `workbench promote` writes)."""
@@ -205,11 +232,24 @@ def parse_template(data: dict[str, Any]) -> Template:
     )
 
 
-def load_template(path: str | Path) -> Template:
+def read_yaml(path: str | Path, what: str = "file") -> Any:
+    """A YAML file's content; `UserError` naming the file (and the line) otherwise."""
     p = Path(path)
     if not p.is_file():
-        raise ValueError(f"template ({str(path)!r}) is not a file")
-    data = yaml.safe_load(p.read_text())
-    if not isinstance(data, dict):
-        raise ValueError(f"template {p} must be a YAML mapping")
+        raise UserError(f"{what} ({str(path)!r}) is not a file")
+    try:
+        return yaml.safe_load(p.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f", line {mark.line + 1} column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise UserError(f"{p}{where}: not valid YAML: {problem}") from e
+
+
+def load_template(path: str | Path) -> Template:
+    """Read, check (every problem at once, `TemplateError`) and parse a template file."""
+    from workbench.experiments.validate import check_template
+
+    data = read_yaml(path, "template")
+    check_template(data, source=str(path))
     return parse_template(data)
