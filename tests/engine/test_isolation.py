@@ -375,3 +375,23 @@ def test_a_failing_proposer_costs_only_drafts(
     assert [o.outputs[0].token_ids for o in outs] == clean
     assert [e["scope"] for e in llm.engine.errors] == ["propose", "propose"]
     _assert_idle(llm)
+
+
+@pytest.mark.parametrize("how", ["max_tokens", "stop_token"])
+def test_n_children_are_forked_when_the_parent_ends_on_its_first_token(
+    llm: LLM, how: str
+) -> None:
+    """Found by the server's fuzzer: the children were forked only when the parent went on,
+    so a parent ending on its first token left the request waiting for n sequences forever."""
+    prompt = [11, 12, 13, 14, 15, 16]
+    first = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=1))[0]
+    tok = first.outputs[0].token_ids[0]
+    kw: dict[str, Any] = ({"max_tokens": 1} if how == "max_tokens"
+                          else {"max_tokens": 4, "stop_token_ids": [tok]})
+    outs = llm.generate([prompt], SamplingParams(n=3, temperature=0.0, **kw))[0].outputs
+    assert [o.index for o in outs] == [0, 1, 2]
+    # greedy: every child samples the same first token, and it ends each of them
+    assert [o.token_ids for o in outs] == [[tok]] * 3
+    reason = "length" if how == "max_tokens" else "stop"
+    assert [o.finish_reason for o in outs] == [reason] * 3
+    _assert_idle(llm)

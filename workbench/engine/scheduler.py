@@ -295,13 +295,15 @@ class Scheduler:
         if req.times.first_token is None:
             req.times.first_token = now
         progressed.append(req)
+        if req.sampling_params.n > 1 and req.parent_id is None:
+            # fork first: the children share the parent's blocks, and a parent that ends
+            # on its first token (max_tokens 1, EOS, a stop id) must still have n - 1 siblings
+            self._fork_children(req)
         if req.status >= RequestStatus.FINISHED_STOPPED:
             req.times.finished = now
             self.running.remove(req)
             self._free(req)
             finished.append(req)
-        elif req.sampling_params.n > 1 and req.parent_id is None:
-            self._fork_children(req)
 
     def _fork_children(self, parent: Request) -> None:
         """After the parent's prefill, start n - 1 children sharing its prompt blocks.
