@@ -75,8 +75,14 @@ class ServerHandle:
         return out
 
 
-def start_server(app: FastAPI, timeout_s: float = 60.0) -> ServerHandle:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+def start_server(app: FastAPI, timeout_s: float = 600.0) -> ServerHandle:
+    """Serve `app` and wait for /health 200 (503 while it warms up: on a cold kernel cache the
+    C++ CPU kernels are built first, minutes on a slow machine)."""
+    # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets whose proto says TCP, and
+    # without it every JSON answer on a kept-alive connection waits ~40 ms (Nagle + delayed
+    # ACK; uvicorn writes the headers and the body separately). uvicorn's own host/port
+    # sockets have it.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]

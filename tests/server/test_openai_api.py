@@ -125,7 +125,8 @@ def test_default_chat_template_when_checkpoint_has_none(model_dir: Path) -> None
     tok.chat_template = None
     req = ChatCompletionRequest.model_validate(
         {"messages": [{"role": "user", "content": "hi"}]})
-    ids = chat_prompt(SimpleNamespace(tokenizer=tok), req)  # type: ignore[arg-type]
+    engine = SimpleNamespace(tokenizer=tok, max_model_len=4096)
+    ids = chat_prompt(engine, req)  # type: ignore[arg-type]
     text = default_chat_template([{"role": "user", "content": "hi"}], True, tok.bos_token)
     assert text == f"{tok.bos_token}user: hi\nassistant: "
     assert ids == list(tok(text, add_special_tokens=False)["input_ids"])
@@ -206,5 +207,24 @@ def test_api_key(model_dir: Path) -> None:
         assert ok.completions.create(model=MODEL_NAME, prompt="hi", max_tokens=2).usage
         assert httpx.get(f"{handle.base_url}/health").status_code == 200
         assert httpx.get(f"{handle.base_url}/metrics").status_code == 200
+    finally:
+        _stop(handle)
+
+
+def test_n_choices_when_every_sequence_ends_on_its_first_token(model_dir: Path) -> None:
+    handle = start_server(make_app(model_dir))  # its own server: a hang must not leak
+    try:
+        for body in ({"max_tokens": 1}, {"max_tokens": 1, "stream": True}):
+            r = httpx.post(f"{handle.base_url}/v1/completions", timeout=15,
+                           json={"prompt": "hi", "n": 3, **body})
+            assert r.status_code == 200
+            if body.get("stream"):
+                finishes = [line for line in r.text.splitlines() if '"length"' in line]
+                assert len(finishes) == 3 and r.text.rstrip().endswith("data: [DONE]")
+            else:
+                choices = r.json()["choices"]
+                assert [c["index"] for c in choices] == [0, 1, 2]
+                assert {c["finish_reason"] for c in choices} == {"length"}
+                assert r.json()["usage"]["completion_tokens"] == 3
     finally:
         _stop(handle)

@@ -41,7 +41,7 @@ class ServerProcess:
     """Start `command`, wait for `base_url`'s /health, stop its process group on exit."""
 
     def __init__(
-        self, command: list[str] | str, base_url: str, ready_timeout_s: float = 120.0,
+        self, command: list[str] | str, base_url: str, ready_timeout_s: float = 600.0,
         env: dict[str, str] | None = None, log_path: str | Path | None = None,
         health_path: str = "/health", stop_timeout_s: float = 15.0,
     ) -> None:
@@ -260,7 +260,7 @@ def make_target(target_spec: dict[str, Any], engine_config: dict[str, Any]
     if target_spec.get("command"):
         server = ServerProcess(
             server_command_for(target_spec, engine_config), base_url,
-            ready_timeout_s=float(target_spec.get("ready_timeout_s", 120.0)),
+            ready_timeout_s=float(target_spec.get("ready_timeout_s", 600.0)),
             env=target_spec.get("env"), log_path=target_spec.get("log_path"),
         )
     elif engine_config:

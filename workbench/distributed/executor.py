@@ -34,6 +34,9 @@ thread, like every replica); rank 0's previous setting is restored at shutdown.
 Spawn, not fork (a forked torch process with threads or CUDA is unsafe): like any spawning
 program, a script that builds a TP engine needs the `if __name__ == "__main__":` guard, since
 each worker re-imports the main module (notebooks, pytest and `workbench serve` need nothing).
+A program whose main module cannot be re-read (a script fed on standard input, `python -
+<<EOF`) is refused before anything is spawned (`main_module.py`), and a worker that exits
+during start-up gets the same advice in its error, as in vLLM.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ from typing import Any, NoReturn
 import torch
 
 from workbench.config import EngineConfig
+from workbench.distributed.main_module import MAIN_ADVICE, main_module_problem
 from workbench.distributed.parallel_state import (
     destroy_distributed_environment,
     init_distributed_environment,
@@ -104,6 +108,10 @@ class WorkerError(RuntimeError):
     """A TP worker failed; the message carries its traceback."""
 
 
+class WorkerDied(WorkerError):
+    """A TP worker exited or closed its pipe without reporting an error."""
+
+
 class MultiprocExecutor:
     def __init__(self, config: EngineConfig) -> None:
         n = config.parallel_config.tensor_parallel_size
@@ -116,6 +124,12 @@ class MultiprocExecutor:
             raise ValueError(
                 f"tensor_parallel_size ({n}) needs {n} CUDA devices; "
                 f"{torch.cuda.device_count()} visible"
+            )
+        problem = main_module_problem()
+        if problem is not None:
+            raise RuntimeError(
+                f"tensor_parallel_size ({n}) starts {n - 1} worker process(es) with the 'spawn' "
+                f"method; {problem}. To use tensor parallelism, {MAIN_ADVICE}."
             )
         self.world_size = n
         self._old_threads = torch.get_num_threads()
@@ -145,7 +159,15 @@ class MultiprocExecutor:
                 self.procs.append(p)
                 self.conns.append(parent_end)
             for rank in range(1, n):
-                self._expect(rank, "hello", STARTUP_TIMEOUT_S)
+                try:
+                    self._expect(rank, "hello", STARTUP_TIMEOUT_S)
+                except WorkerDied as e:
+                    raise WorkerDied(
+                        f"{e} during start-up (its own error is on stderr above). A spawned "
+                        "worker first re-runs this program's main module, which must build "
+                        "the LLM only under `if __name__ == \"__main__\":`; "
+                        f"{MAIN_ADVICE}."
+                    ) from None
             init_distributed_environment(n, 0, init_method, device=config.device)
             self._owns_group = True
         except BaseException:
@@ -162,7 +184,7 @@ class MultiprocExecutor:
             if not proc.is_alive():
                 if conn.poll(0.05):
                     break  # it wrote its traceback before exiting
-                raise WorkerError(
+                raise WorkerDied(
                     f"tensor-parallel worker rank {rank} exited (exit code {proc.exitcode})"
                 )
             if time.monotonic() > deadline:
@@ -170,7 +192,7 @@ class MultiprocExecutor:
         try:
             msg = conn.recv()
         except EOFError:
-            raise WorkerError(
+            raise WorkerDied(
                 f"tensor-parallel worker rank {rank} closed its pipe (exit code {proc.exitcode})"
             ) from None
         if msg[0] == "error":

@@ -38,7 +38,7 @@ from workbench.router.metrics import RouterCollector
 from workbench.router.pool import Replica, ReplicaPool
 from workbench.router.prompts import routed_request
 from workbench.server.app import DEFAULT_MAX_BODY_BYTES
-from workbench.server.openai_routes import read_json
+from workbench.server.openai_routes import decode_json, read_body
 from workbench.server.protocol import APIError
 
 logger = logging.getLogger(__name__)
@@ -73,7 +73,9 @@ def build_router_app(config: RouterConfig, pool: ReplicaPool, tokenizer: Any,
     async def complete(request: Request, kind: str) -> Response:
         router: Router = request.app.state.router
         router.client_requests += 1
-        routed = routed_request(kind, await read_json(request, max_body_bytes), tokenizer)
+        body = await read_body(request, max_body_bytes)
+        routed = await asyncio.to_thread(  # decoding and tokenizing: off the event loop
+            lambda: routed_request(kind, decode_json(body), tokenizer))
         headers = forward_headers(request.headers)
         if routed.stream:
             return await router.forward_stream(routed, headers)
@@ -126,7 +128,8 @@ def build_router_app(config: RouterConfig, pool: ReplicaPool, tokenizer: Any,
     @app.post("/reset_prefix_cache")
     async def reset_prefix_cache(request: Request) -> JSONResponse:
         router: Router = request.app.state.router
-        done = await asyncio.gather(*(_reset(router, r) for r in router.pool.live()))
+        headers = forward_headers(request.headers)  # the replicas' API key, if they have one
+        done = await asyncio.gather(*(_reset(router, r, headers) for r in router.pool.live()))
         return JSONResponse({"success": bool(done) and all(done)})
 
     @app.get("/router/replicas")
@@ -179,9 +182,10 @@ async def _scrape(router: Router, replica: Replica) -> None:
         replica.last_metrics = resp.text
 
 
-async def _reset(router: Router, replica: Replica) -> bool:
+async def _reset(router: Router, replica: Replica, headers: dict[str, str]) -> bool:
     try:
-        resp = await router.client.post(replica.base_url + "/reset_prefix_cache", timeout=30.0)
+        resp = await router.client.post(replica.base_url + "/reset_prefix_cache", timeout=30.0,
+                                        headers=headers)
         return resp.status_code == 200 and bool(resp.json().get("success", True))
     except (httpx.HTTPError, ValueError, AttributeError) as e:
         logger.warning("reset_prefix_cache on replica %d failed: %s", replica.index, e)

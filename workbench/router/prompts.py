@@ -6,7 +6,8 @@ tokens already generated). The body is validated and tokenized with the server's
 (`workbench.server.protocol` / `inputs`) and the replicas' tokenizer, so the ids are exactly
 what a replica computes: text prompts with `add_special_tokens`, chat messages through the
 chat template. A bad body is the same `APIError` (400) a replica would answer; the body
-forwarded to the replica is the client's, unchanged.
+forwarded to the replica is the client's, unchanged. `app` calls this in a worker thread,
+off the event loop (a 4 MB prompt takes seconds to tokenize).
 """
 
 from __future__ import annotations
@@ -46,7 +47,8 @@ def routed_request(kind: str, body: Any, tokenizer: Any) -> RoutedRequest:
     """Validate `body` for endpoint `kind` and tokenize its prompt(s); APIError if invalid."""
     if kind not in ENDPOINTS:
         raise ValueError(f"kind ({kind!r}) must be one of {list(ENDPOINTS)}")
-    shim: Any = SimpleNamespace(tokenizer=tokenizer)  # inputs only reads `.tokenizer`
+    # inputs reads `.tokenizer` and `.max_model_len` (None: the replicas check the length)
+    shim: Any = SimpleNamespace(tokenizer=tokenizer, max_model_len=None)
     if kind == "chat":
         req: Any = parse_request(ChatCompletionRequest, body)
         prompts = [inputs.chat_prompt(shim, req)]

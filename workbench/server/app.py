@@ -1,15 +1,26 @@
-"""The FastAPI app: lifespan (LLMEngine + AsyncEngine loop), auth, errors, service routes.
+"""The FastAPI app: lifespan (start-up in the background, then the engine loop), auth,
+errors, service routes.
 
     build_app(EngineConfig.from_kwargs(model, **knobs), served_model_name=None, api_key=None)
 
 Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models (openai_routes);
-GET /health (200 while the engine loop runs, else 503), GET /metrics (Prometheus text, see
-metrics.py), POST /reset_prefix_cache (200 `{"success": bool}`; false while requests hold
-blocks). With `api_key`, every /v1/* route needs `Authorization: Bearer <key>` (401
-otherwise); /health and /metrics stay open, as in vLLM. Every error is
-`{"error": {"message", "type", "param", "code"}}`; an unexpected exception is a 500 for that
-request only. `app.state.engine` is the AsyncEngine (tests read the KV pool through
-`app.state.engine.submit(fn)`), `app.state.serving` the routes' shared state.
+GET /health, GET /metrics (Prometheus text, see metrics.py), POST /reset_prefix_cache (200
+`{"success": bool}`; false while requests hold blocks), GET /openapi.json (openapi.py).
+
+Start-up (startup.py) runs in a background thread, so the server accepts connections at once:
+until the engine is built, the C++ CPU kernels are loaded and one warm-up request has run,
+/health answers 503 `{"status": "starting", "phase", "reason", "elapsed_s"}` (or `"failed"`),
+and every other route but /openapi.json answers 503 `{"error": ...}`. Ready: /health is 200
+`{"status": "ready"}` while the engine loop runs, 503 `{"status": "stopped"}` after.
+
+With `api_key`, every route but /health and /metrics needs `Authorization: Bearer <key>` (401
+otherwise): /v1/*, /reset_prefix_cache, /openapi.json and unknown paths too. /health and
+/metrics stay open, as in vLLM (a load balancer and Prometheus poll them without
+credentials); vLLM exposes /reset_prefix_cache only in its dev mode, so it is protected here.
+Every error is `{"error": {"message", "type", "param", "code"}}`; an unexpected exception is
+a 500 for that request only. `app.state.engine` is the AsyncEngine once ready (tests read the
+KV pool through `app.state.engine.submit(fn)`), `app.state.serving` the routes' shared state,
+`app.state.startup` the Startup.
 """
 
 from __future__ import annotations
@@ -18,7 +29,7 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
@@ -30,12 +41,15 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from workbench.config import EngineConfig
 from workbench.engine.async_engine import AsyncEngine
 from workbench.engine.llm_engine import LLMEngine
+from workbench.server import openapi
 from workbench.server.metrics import ServerMetrics
 from workbench.server.openai_routes import ServingState, router, serving_state
-from workbench.server.protocol import APIError
+from workbench.server.protocol import MAX_ITEMS, APIError
+from workbench.server.startup import Startup
 
 logger = logging.getLogger(__name__)
 DEFAULT_MAX_BODY_BYTES = 4 << 20  # 4 MiB
+_NOT_GATED = ("/health", "/openapi.json")  # answered while warming up
 
 
 def build_app(
@@ -43,8 +57,10 @@ def build_app(
     served_model_name: str | None = None,
     api_key: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    on_startup_failure: Callable[[str], None] | None = None,
 ) -> FastAPI:
-    """An app whose lifespan builds the engine from `engine_config` and runs its loop."""
+    """An app whose lifespan starts the engine in the background (see startup.py) and stops
+    it at shutdown; `on_startup_failure(message)` is called if start-up fails."""
     if max_body_bytes < 1:
         raise ValueError(f"max_body_bytes ({max_body_bytes}) must be >= 1")
     model_path = engine_config.model_config.model
@@ -52,43 +68,65 @@ def build_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        llm_engine = await asyncio.to_thread(LLMEngine, engine_config)
-        engine = AsyncEngine(llm_engine).start()
-        app.state.engine = engine
-        app.state.serving = ServingState(
-            engine=engine, model_name=name, model_path=model_path,
-            metrics=ServerMetrics(engine, name, llm_engine.max_model_len),
-            max_body_bytes=max_body_bytes, created=int(time.time()),
-        )
+        def on_ready(llm_engine: LLMEngine) -> None:  # on the start-up thread
+            engine = AsyncEngine(llm_engine).start()
+            app.state.serving = ServingState(
+                engine=engine, model_name=name, model_path=model_path,
+                metrics=ServerMetrics(engine, name, llm_engine.max_model_len),
+                max_body_bytes=max_body_bytes, created=int(time.time()),
+                max_items=max(llm_engine.max_model_len, MAX_ITEMS),
+            )
+            app.state.engine = engine
+
+        startup = Startup(engine_config, on_ready, on_startup_failure)
+        app.state.startup = startup
+        startup.start()
         try:
             yield
         finally:
-            await asyncio.to_thread(engine.stop, 30.0)
+            startup.cancel()
+            engine: AsyncEngine | None = getattr(app.state, "engine", None)
+            if engine is not None:
+                await asyncio.to_thread(_stop_engine, engine)
 
     app = FastAPI(title="workbench", lifespan=lifespan, docs_url=None, redoc_url=None,
-                  openapi_url=None)
+                  openapi_url="/openapi.json")
     app.include_router(router)
     _add_service_routes(app)
     _add_error_handlers(app)
+    openapi.install(app, api_key=bool(api_key))
+    app.add_middleware(_ReadinessGate)
     if api_key:
         app.add_middleware(_APIKeyMiddleware, api_key=api_key)
     return app
 
 
-def _add_service_routes(app: FastAPI) -> None:
-    @app.get("/health")
-    async def health(request: Request) -> Response:
-        engine: AsyncEngine | None = getattr(request.app.state, "engine", None)
-        ok = engine is not None and engine.is_running
-        return Response(status_code=200 if ok else 503)
+def _stop_engine(engine: AsyncEngine) -> None:
+    engine.stop(30.0)
+    engine.engine.shutdown()  # TP: stop the worker ranks now, not at interpreter exit
 
-    @app.get("/metrics")
+
+def _add_service_routes(app: FastAPI) -> None:
+    @app.get("/health", **openapi.health_route())
+    async def health(request: Request) -> JSONResponse:
+        startup: Startup | None = getattr(request.app.state, "startup", None)
+        if startup is None:
+            return JSONResponse({"status": "starting", "reason": "start-up has not begun"}, 503)
+        if not startup.ready:
+            return JSONResponse(startup.health(), 503)
+        engine: AsyncEngine = request.app.state.engine
+        if not engine.is_running:
+            return JSONResponse({"status": "stopped",
+                                 "reason": "the engine loop is not running"}, 503)
+        return JSONResponse({"status": "ready"})
+
+    @app.get("/metrics", **openapi.metrics_route())
     async def metrics(request: Request) -> Response:
         m = serving_state(request).metrics
         await m.refresh()
         return Response(m.render(), media_type=CONTENT_TYPE_LATEST)
 
-    @app.post("/reset_prefix_cache")
+    @app.post("/reset_prefix_cache", **openapi.reset_route())
     async def reset_prefix_cache(request: Request) -> JSONResponse:
         engine = serving_state(request).engine
         done = await asyncio.wrap_future(engine.submit(lambda e: e.reset_prefix_cache()))
@@ -118,15 +156,34 @@ def _add_error_handlers(app: FastAPI) -> None:
         return _error(APIError(f"internal error: {type(exc).__name__}: {exc}", 500), request)
 
 
+class _ReadinessGate:
+    """503 `{"error": ...}` for every route but /health and /openapi.json until start-up is
+    done (pure ASGI: streams untouched)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope.get("path") not in _NOT_GATED:
+            startup: Startup | None = getattr(scope["app"].state, "startup", None)
+            if startup is None or not startup.ready:
+                reason = startup.health()["reason"] if startup else "start-up has not begun"
+                err = APIError(f"the server is not ready: {reason}", 503)
+                await JSONResponse(err.body(), status_code=503)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 class _APIKeyMiddleware:
-    """401 for /v1/* without `Authorization: Bearer <api_key>` (pure ASGI: streams untouched)."""
+    """401 without `Authorization: Bearer <api_key>` on every path but /health and /metrics
+    (pure ASGI: streams untouched)."""
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
         self.expected = f"Bearer {api_key}".encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not str(scope.get("path", "")).startswith("/v1"):
+        if scope["type"] != "http" or scope.get("path") in openapi.OPEN_PATHS:
             await self.app(scope, receive, send)
             return
         given = dict(scope.get("headers") or []).get(b"authorization", b"")

@@ -11,6 +11,10 @@ Stop strings: the text is cut before the stop string and the sequence aborted in
 its finish chunk follows when the engine confirms the abort (one step later) with
 finish_reason "stop" and stop_reason the string. `abort()` (client gone, or the consumer
 stopped early) aborts every unfinished request; the engine frees their blocks.
+
+A sequence the engine failed alone ends with finish_reason "error" and `SeqOutput.error` (the
+engine's message); the route answers 500 (JSON) or one SSE error event, while the engine's
+other requests go on.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ class SeqOutput:
     stop_reason: int | str | None = None
     times: RequestTimes | None = None
     num_cached_tokens: int = -1
+    error: str | None = None  # why the engine failed this sequence (finish_reason "error")
     done: bool = False  # no more text (stop string seen or engine finished)
     finished: bool = False  # the engine's last event for it was consumed
 
@@ -167,6 +172,8 @@ class Generation:
         elif ev.finished:
             seq.done = True
             seq.finish_reason = ev.finish_reason
+            if ev.finish_reason == "error":  # the engine failed this request alone
+                seq.error = getattr(ev, "error", None) or "the engine failed this request"
             params = self.requests[p].sampling_params
             last = seq.token_ids[-1] if seq.token_ids else None
             if ev.finish_reason == "stop" and last in params.stop_token_ids:

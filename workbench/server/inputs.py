@@ -3,12 +3,22 @@
 Place in the flow: `openai_routes` -> `build_requests()` -> `generate.Generation`. Every
 check here raises `APIError(400)` naming the field: prompt/messages longer than what leaves
 room to generate in max_model_len, max_tokens above what fits, token ids out of the
-vocabulary, sampling values the engine rejects.
+vocabulary, sampling values the engine rejects (the engine's ValueError names the field).
+
+Everything here runs in a worker thread (`openai_routes` calls it through
+`asyncio.to_thread`), never on the event loop. Text is encoded with the fast tokenizer's Rust
+`encode_batch`, which releases the interpreter lock while it works, and a text that is too
+long is refused from its token count without turning millions of ids into a Python list, so
+`/health` and other requests are answered while a 4 MB prompt is being tokenized. The Rust
+tokenizer is only read (no truncation or padding state is set), so threads may share it; a
+slow (pure Python) tokenizer is used under a lock.
 """
 
 from __future__ import annotations
 
 import itertools
+import re
+import threading
 from typing import Any
 
 from workbench.engine.llm_engine import LLMEngine
@@ -18,6 +28,38 @@ from workbench.server.protocol import APIError, ChatCompletionRequest, Completio
 
 MAX_PROMPTS = 64  # prompts in one batched /v1/completions request
 _ids = itertools.count()  # makes engine request ids unique even if clients reuse x-request-id
+_slow_tokenizer_lock = threading.Lock()
+
+
+def encode(
+    tok: Any, text: str, add_special_tokens: bool, max_model_len: int | None, where: str,
+    param: str,
+) -> list[int]:
+    """`text`'s token ids; APIError(400) when it leaves no room to generate in max_model_len
+    (None: no check here, as in the router, whose replicas check)."""
+    backend = getattr(tok, "backend_tokenizer", None)
+    if backend is None:
+        with _slow_tokenizer_lock:
+            return list(tok(text, add_special_tokens=add_special_tokens)["input_ids"])
+    enc = backend.encode_batch([text], add_special_tokens=add_special_tokens)[0]
+    if max_model_len is not None and len(enc) >= max_model_len:
+        raise too_long(where, len(enc), max_model_len, param)
+    return list(enc.ids)
+
+
+def too_long(where: str, num_tokens: int, max_model_len: int, param: str) -> APIError:
+    return APIError(
+        f"{where} has {num_tokens} tokens; to generate at least one token within "
+        f"max_model_len ({max_model_len}) it must have at most {max_model_len - 1}",
+        param=param,
+    )
+
+
+def param_of(message: str, req: Any, default: str | None) -> str | None:
+    """The request field an engine ValueError names ("stop_token_ids[0] (99999) is out of
+    range" -> "stop_token_ids"), else `default`."""
+    m = re.match(r"[A-Za-z_]+", message)
+    return m.group(0) if m and m.group(0) in type(req).model_fields else default
 
 
 def completion_prompts(engine: LLMEngine, req: CompletionRequest) -> list[list[int]]:
@@ -29,11 +71,12 @@ def completion_prompts(engine: LLMEngine, req: CompletionRequest) -> list[list[i
             f"prompt has {len(batch)} prompts; at most {MAX_PROMPTS} are allowed per request",
             param="prompt",
         )
-    tok = engine.tokenizer
+    tok, mml = engine.tokenizer, engine.max_model_len
     return [
-        list(tok(x, add_special_tokens=req.add_special_tokens)["input_ids"])
+        encode(tok, x, req.add_special_tokens, mml,
+               f"prompt[{i}]" if len(batch) > 1 else "prompt", "prompt")
         if isinstance(x, str) else list(x)
-        for x in batch
+        for i, x in enumerate(batch)
     ]
 
 
@@ -62,7 +105,8 @@ def chat_prompt(engine: LLMEngine, req: ChatCompletionRequest) -> list[int]:
             raise APIError(f"messages: the chat template failed: {e}", param="messages") from e
     else:
         rendered = default_chat_template(messages, req.add_generation_prompt, tok.bos_token)
-    return list(tok(str(rendered), add_special_tokens=req.add_special_tokens)["input_ids"])
+    return encode(tok, str(rendered), req.add_special_tokens, engine.max_model_len,
+                  "messages", "messages")
 
 
 def default_chat_template(
@@ -90,7 +134,7 @@ def sampling_params(
             skip_special_tokens=req.skip_special_tokens,
         )
     except ValueError as e:
-        raise APIError(str(e), param=str(e).split(" ", 1)[0]) from None
+        raise APIError(str(e), param=param_of(str(e), req, None)) from None
 
 
 def build_requests(
@@ -107,11 +151,7 @@ def build_requests(
             raise APIError(f"{where} is empty; at least one token is required",
                            param=prompt_param)
         if len(ids) >= mml:
-            raise APIError(
-                f"{where} has {len(ids)} tokens; to generate at least one token within "
-                f"max_model_len ({mml}) it must have at most {mml - 1}",
-                param=prompt_param,
-            )
+            raise too_long(where, len(ids), mml, prompt_param)
         if max_tokens is not None and len(ids) + max_tokens > mml:
             raise APIError(
                 f"{name} ({max_tokens}) is more than fits: {where} has {len(ids)} tokens and "
@@ -133,5 +173,5 @@ def build_requests(
                 priority=req.priority, cache_salt=req.cache_salt,
             ))
         except ValueError as e:
-            raise APIError(str(e), param=prompt_param) from None
+            raise APIError(str(e), param=param_of(str(e), req, prompt_param)) from None
     return out

@@ -11,7 +11,11 @@ Place in the flow: one `ServerMetrics` per app, its own `CollectorRegistry`. Two
   vllm:request_decode_time_seconds, vllm:request_inference_time_seconds,
   vllm:request_prompt_tokens, vllm:request_generation_tokens; per request vllm:request_params_n
   and vllm:request_params_max_tokens; per engine step vllm:iteration_tokens_total (read from the
-  step trace at scrape time); vllm:request_success{finished_reason=stop|length|abort|error}.
+  step trace at scrape time); vllm:request_success{finished_reason=stop|length|abort|error},
+  counted per sequence ("error": the engine failed it, alone or with its whole step; aborted
+  and failed sequences are counted there only, not in the latency histograms).
+- The server's start-up warm-up request (see startup.py) is not counted anywhere: the engine's
+  counters, step trace and prefix cache are reset after it, before the server reports ready.
 - A custom collector reading `AsyncEngine.stats()` at scrape time: every `vllm:*` counter the
   engine keeps (vllm:prompt_tokens, vllm:generation_tokens, vllm:num_preemptions,
   vllm:prefix_cache_queries, vllm:prefix_cache_hits, and the vllm:spec_decode_* counters once
@@ -110,7 +114,7 @@ class ServerMetrics:
     ) -> None:
         """One finished sequence; `first_of_request` counts its prompt once for n > 1."""
         self.count_finished(finish_reason)
-        if times is None or finish_reason == "abort":
+        if times is None or finish_reason in ("abort", "error"):
             return
         t = times
         if first_of_request:

@@ -1,7 +1,14 @@
 """OpenAI-compatible routes: /v1/completions, /v1/chat/completions (JSON or SSE), /v1/models.
 
-Place in the flow: body (size-capped) -> protocol.parse_request -> inputs.build_requests ->
-generate.Generation -> a JSON body, or server-sent events `data: {chunk}` ... `data: [DONE]`.
+Place in the flow: body (size-capped, read on the event loop) -> in a worker thread
+(`asyncio.to_thread`): JSON decoding, protocol.parse_request, chat template, tokenization,
+inputs.build_requests -> generate.Generation -> a JSON body, or server-sent events
+`data: {chunk}` ... `data: [DONE]`. Nothing that grows with the body runs on the event loop,
+so /health and the other clients' streams are served while a 4 MB prompt is prepared.
+
+A request the engine fails (finish_reason "error": it alone, or its whole step) is a 500
+`{"error": ...}` with the engine's message, or, streaming, one `data: {"error": ...}` event
+and then `data: [DONE]`; the engine's other requests go on untouched.
 
 Streaming: one chunk per engine step that released text for a choice (chat: just before a
 choice's first text, a chunk with `delta.role` and empty content, as vLLM does); with
@@ -30,11 +37,12 @@ from fastapi.responses import JSONResponse, Response
 from workbench.engine.async_engine import AsyncEngine, AsyncEngineError
 from workbench.engine.llm_engine import LLMEngine
 from workbench.engine.request import Request as EngineRequest
-from workbench.server import inputs
+from workbench.server import inputs, openapi
 from workbench.server import responses as R
 from workbench.server.generate import Delta, Generation
 from workbench.server.metrics import ServerMetrics
 from workbench.server.protocol import (
+    MAX_ITEMS,
     APIError,
     ChatCompletionRequest,
     CompletionRequest,
@@ -53,6 +61,7 @@ class ServingState:
     metrics: ServerMetrics
     max_body_bytes: int
     created: int
+    max_items: int = MAX_ITEMS  # longest JSON array a request may hold
 
     @property
     def llm_engine(self) -> LLMEngine:
@@ -70,8 +79,8 @@ def request_id(request: Request, prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-async def read_json(request: Request, limit: int) -> Any:
-    """The body as JSON; 413 past `limit` bytes (checked while reading), 400 if malformed."""
+async def read_body(request: Request, limit: int) -> bytes:
+    """The raw body; 413 past `limit` bytes (checked while reading)."""
     declared = request.headers.get("content-length")
     too_big = APIError(f"the request body is larger than the limit of {limit} bytes", 413)
     if declared is not None and declared.isdigit() and int(declared) > limit:
@@ -82,8 +91,18 @@ async def read_json(request: Request, limit: int) -> Any:
         if size > limit:
             raise too_big
         chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def read_json(request: Request, limit: int) -> Any:
+    """The body as JSON (read_body + decode_json)."""
+    return decode_json(await read_body(request, limit))
+
+
+def decode_json(body: bytes) -> Any:
+    """The body as JSON; 400 if malformed."""
     try:
-        return json.loads(b"".join(chunks))
+        return json.loads(body)
     except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError, nesting
         raise APIError(f"the request body is not valid JSON: {e}") from None
 
@@ -94,35 +113,50 @@ def check_model(state: ServingState, name: str | None) -> None:
                        f"{state.model_name!r}", 404, "model")
 
 
-@router.get("/v1/models")
+@router.get("/v1/models", **openapi.models_route())
 async def show_models(request: Request) -> JSONResponse:
     s = serving_state(request)
     return JSONResponse(R.model_list(s.model_name, s.model_path,
                                      s.llm_engine.max_model_len, s.created))
 
 
-@router.post("/v1/completions")
+@router.post("/v1/completions", **openapi.completions_route())
 async def create_completion(request: Request) -> Response:
     s = serving_state(request)
     rid = request_id(request, "cmpl")
-    req = parse_request(CompletionRequest, await read_json(request, s.max_body_bytes))
-    check_model(s, req.model)
-    prompts = inputs.completion_prompts(s.llm_engine, req)
-    reqs = inputs.build_requests(s.llm_engine, req, prompts, rid, "prompt",
-                                 ("max_tokens", req.max_tokens))
+    body = await read_body(request, s.max_body_bytes)
+    req, reqs = await asyncio.to_thread(_prepare_completion, s, body, rid)
     return await _serve(request, s, req, reqs, rid, chat=False)
 
 
-@router.post("/v1/chat/completions")
+@router.post("/v1/chat/completions", **openapi.chat_route())
 async def create_chat_completion(request: Request) -> Response:
     s = serving_state(request)
     rid = request_id(request, "chatcmpl")
-    req = parse_request(ChatCompletionRequest, await read_json(request, s.max_body_bytes))
+    body = await read_body(request, s.max_body_bytes)
+    req, reqs = await asyncio.to_thread(_prepare_chat, s, body, rid)
+    return await _serve(request, s, req, reqs, rid, chat=True)
+
+
+# Off the event loop (a worker thread): JSON decoding, validation, templating, tokenization.
+def _prepare_completion(
+    s: ServingState, body: bytes, rid: str
+) -> tuple[CompletionRequest, list[EngineRequest]]:
+    req = parse_request(CompletionRequest, decode_json(body), s.max_items)
+    check_model(s, req.model)
+    prompts = inputs.completion_prompts(s.llm_engine, req)
+    return req, inputs.build_requests(s.llm_engine, req, prompts, rid, "prompt",
+                                      ("max_tokens", req.max_tokens))
+
+
+def _prepare_chat(
+    s: ServingState, body: bytes, rid: str
+) -> tuple[ChatCompletionRequest, list[EngineRequest]]:
+    req = parse_request(ChatCompletionRequest, decode_json(body), s.max_items)
     check_model(s, req.model)
     prompt = inputs.chat_prompt(s.llm_engine, req)
-    reqs = inputs.build_requests(s.llm_engine, req, [prompt], rid, "messages",
-                                 req.max_tokens_param)
-    return await _serve(request, s, req, reqs, rid, chat=True)
+    return req, inputs.build_requests(s.llm_engine, req, [prompt], rid, "messages",
+                                      req.max_tokens_param)
 
 
 async def _serve(
@@ -143,8 +177,10 @@ async def _serve(
         return _SSEResponse(body, gen, media_type="text/event-stream", headers=headers)
     watcher = asyncio.create_task(_abort_on_disconnect(request, gen))
     try:
-        async for _ in gen.deltas():
-            pass
+        async for d in gen.deltas():
+            if d.seq.error is not None:
+                gen.abort()  # the answer is an error: stop this request's other sequences
+                raise APIError(f"the engine failed this request: {d.seq.error}", 500)
     except AsyncEngineError as e:
         raise APIError(f"the engine failed this request: {e}", 500) from None
     finally:
@@ -184,6 +220,11 @@ async def _stream(
     announced: set[int] = set()
     try:
         async for d in gen.deltas():
+            if d.seq.error is not None:  # one error event, then [DONE]; other streams go on
+                gen.abort()
+                yield R.sse(APIError(f"the engine failed this request: {d.seq.error}",
+                                     500).body())
+                break
             if not (d.text or d.finished or (with_ids and d.token_ids)):
                 continue
             if chat and d.seq.index not in announced:  # vLLM: with the first output
@@ -200,9 +241,10 @@ async def _stream(
                     extra["metrics"] = _metrics(gen)
             yield R.sse(R.envelope(kind, rid, created, model, [_chunk_choice(d, chat, with_ids)],
                                    **extra))
-        if req.include_usage:
-            yield R.sse(R.envelope(kind, rid, created, model, [], usage=_usage(gen),
-                                   metrics=_metrics(gen)))
+        else:  # every sequence finished (no error)
+            if req.include_usage:
+                yield R.sse(R.envelope(kind, rid, created, model, [], usage=_usage(gen),
+                                       metrics=_metrics(gen)))
     except AsyncEngineError as e:
         yield R.sse(APIError(f"the engine failed this request: {e}", 500).body())
     yield R.sse("[DONE]")

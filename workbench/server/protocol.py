@@ -1,8 +1,13 @@
 """OpenAI-compatible request models and the error object (vLLM's field names and meanings).
 
 Place in the flow: `openai_routes` parses a JSON body into `CompletionRequest` /
-`ChatCompletionRequest` (pydantic, strict types), turns a validation failure into an
-`APIError` naming the field, and builds responses with the helpers in `responses.py`.
+`ChatCompletionRequest` (pydantic, strict types: no "5" for 5, no true for 1; but 5.0 is the
+integer 5, as JSON Schema counts it), turns a validation failure into an `APIError` naming the
+field, and builds responses with the helpers in `responses.py`.
+
+Before the models see it, `parse_request` walks the decoded JSON once
+(`json_values.check_json_values`: finite numbers, valid Unicode, arrays at most `max_items`
+long); each offence is a 400 naming the value's path (`messages.0.content`).
 
 Errors use vLLM's current shape, `{"error": {"message", "type", "param", "code"}}`, where
 `code` is the HTTP status. Supported sampling fields: temperature, top_p, top_k, n (<= MAX_N),
@@ -17,12 +22,39 @@ naming them; unknown fields are ignored, as vLLM does.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+)
+
+from workbench.server.json_values import MAX_ITEMS, BadValue, check_json_values
 
 MAX_N = 16  # n above this is a 400
 MAX_STOP_STRINGS = 16
+# Every model refuses inf / NaN itself too, for callers that skip check_json_values.
+_CONFIG = ConfigDict(extra="allow", allow_inf_nan=False)
+
+
+def _integral(v: Any) -> Any:
+    """JSON has one kind of number: 9.0 is the integer 9, as JSON Schema says (9.5 is not)."""
+    return int(v) if isinstance(v, float) and v.is_integer() else v
+
+
+# Integer fields: strict (no "9", no true) but 9.0 is 9. The bounds come before the validator
+# so that the JSON schema writes them as minimum / maximum.
+_AsInt = BeforeValidator(_integral)
+Int = Annotated[int, _AsInt]
+PositiveInt = Annotated[int, Field(ge=1), _AsInt]
+NonNegativeInt = Annotated[int, Field(ge=0), _AsInt]
+TopK = Annotated[int, Field(ge=-1), _AsInt]
+Seed = Annotated[int, Field(ge=-(2**63), le=2**63 - 1), _AsInt]
+NumSeqs = Annotated[int, Field(ge=1, le=MAX_N), _AsInt]
 
 
 class APIError(Exception):
@@ -47,7 +79,7 @@ class APIError(Exception):
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = _CONFIG
 
     include_usage: bool | None = True
     continuous_usage_stats: bool | None = False
@@ -56,22 +88,22 @@ class StreamOptions(BaseModel):
 class _SamplingFields(BaseModel):
     """Fields shared by completions and chat (OpenAI's plus vLLM's extra sampling params)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = _CONFIG
 
     model: str | None = None
-    n: int = Field(1, ge=1, le=MAX_N)
+    n: NumSeqs = 1
     temperature: float | None = Field(None, ge=0.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    top_k: int | None = Field(None, ge=-1)
-    min_tokens: int = Field(0, ge=0)
-    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)
+    top_k: TopK | None = None
+    min_tokens: NonNegativeInt = 0
+    seed: Seed | None = None
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[Int] | None = None
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    priority: int = 0
+    priority: Int = 0
     cache_salt: str | None = None
     return_token_ids: bool | None = None
     user: str | None = None
@@ -124,15 +156,17 @@ class CompletionRequest(_SamplingFields):
     """POST /v1/completions. `prompt`: a string, a list of token ids, or a list of those."""
 
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: PositiveInt | None = None
     add_special_tokens: bool = True
     suffix: Any = None
-    best_of: Any = None
+    best_of: PositiveInt | None = Field(None, description="must equal n when given")
     prompt_logprobs: Any = None
 
     @field_validator("prompt", mode="before")
     @classmethod
     def _check_prompt(cls, v: Any) -> Any:
+        if isinstance(v, list):  # token ids: 7.0 is 7, as in every integer field
+            v = [[_integral(t) for t in p] if isinstance(p, list) else _integral(p) for p in v]
         ok = isinstance(v, str) or (isinstance(v, list) and v and (
             all(isinstance(p, str) for p in v) or _is_ids(v)
             or all(isinstance(p, list) and p and _is_ids(p) for p in v)
@@ -146,14 +180,14 @@ class CompletionRequest(_SamplingFields):
 
 
 class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = _CONFIG
 
     type: str
     text: str | None = None
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = _CONFIG
 
     role: str
     content: str | list[ContentPart] | None = None
@@ -164,8 +198,8 @@ class ChatCompletionRequest(_SamplingFields):
     """POST /v1/chat/completions; the prompt is the tokenizer's chat template over messages."""
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_tokens: PositiveInt | None = None
+    max_completion_tokens: PositiveInt | None = None
     add_generation_prompt: bool = True
     add_special_tokens: bool = False  # the chat template adds its own special tokens
     top_logprobs: Any = None
@@ -195,14 +229,23 @@ def _is_ids(v: list[Any]) -> bool:
 
 
 def _neutral(value: Any, allowed: tuple[Any, ...]) -> bool:
-    """True when `value` is one of `allowed` (same type too: False is not 0)."""
-    return any(value == a and type(value) is type(a) for a in allowed)
+    """True when `value` is one of `allowed`, as JSON compares them: 0 and 0.0 are one
+    number, false is not 0."""
+    return any(value == a and _kind(value) == _kind(a) for a in allowed)
 
 
-def parse_request(cls: type[_SamplingFields], data: Any) -> Any:
+def _kind(v: Any) -> str:
+    return "number" if isinstance(v, (int, float)) and not isinstance(v, bool) else type(v).__name__
+
+
+def parse_request(cls: type[_SamplingFields], data: Any, max_items: int = MAX_ITEMS) -> Any:
     """Validate a decoded JSON body; raise APIError(400) naming the first bad field."""
     if not isinstance(data, dict):
         raise APIError(f"the request body must be a JSON object, not {type(data).__name__}")
+    try:
+        check_json_values(data, max_items)
+    except BadValue as e:
+        raise APIError(str(e), param=e.param) from None
     try:
         req = cls.model_validate(data, strict=True)
     except ValidationError as e:

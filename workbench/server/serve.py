@@ -10,6 +10,10 @@ as vLLM does: `--max-num-batched-tokens`, `--block-size`, `--enable-prefix-cachi
 `--no-enable-chunked-prefill`, `--long-prefill-token-threshold`, `--policy`, `--seed`, ...
 (`--speculative-config` takes JSON). A knob left out keeps the engine's default; a bad value
 is one error line naming it (exit status 2). Binds 127.0.0.1:8000 unless told otherwise.
+
+The port is open at once; /health answers 503 until the engine is built, the kernels loaded
+and a warm-up request has run (see startup.py; the log says what start-up spent its time on).
+A start-up failure is logged and the process exits with status 1.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import sys
 import types
 import typing
@@ -120,12 +125,27 @@ def main(argv: list[str] | None = None) -> None:
 
     from workbench.server.app import DEFAULT_MAX_BODY_BYTES, build_app
 
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    failed: list[str] = []
+    server: uvicorn.Server | None = None
+
+    def on_startup_failure(message: str) -> None:  # on the start-up thread
+        failed.append(message)
+        if server is not None:
+            server.should_exit = True
+
     app = build_app(
         config, served_model_name=args.served_model_name, api_key=args.api_key,
         max_body_bytes=args.max_body_bytes or DEFAULT_MAX_BODY_BYTES,
+        on_startup_failure=on_startup_failure,
     )
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
-                timeout_graceful_shutdown=5)
+    server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port,
+                                           log_level=args.log_level,
+                                           timeout_graceful_shutdown=5))
+    server.run()
+    if failed:
+        sys.exit(f"workbench serve: start-up failed in phase {failed[0]}")
 
 
 if __name__ == "__main__":
