@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import pytest
 
+from tests.experiments.template_dicts import changed
 from workbench.experiments.template import one_variable, parse_template
 
 BASE: dict[str, Any] = {
@@ -19,13 +19,7 @@ BASE: dict[str, Any] = {
 
 
 def make(**changes: Any) -> dict[str, Any]:
-    d = copy.deepcopy(BASE)
-    for k, v in changes.items():
-        if v is None:
-            d.pop(k, None)
-        else:
-            d[k] = v
-    return d
+    return changed(BASE, **changes)
 
 
 def test_variable_template_defaults_and_variant_configs() -> None:

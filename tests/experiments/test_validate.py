@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from tests.experiments.template_dicts import changed
 from workbench.errors import TemplateError, UserError
 from workbench.experiments.template import load_template, parse_template
 from workbench.experiments.validate import check_template, template_problems
@@ -29,13 +29,7 @@ BASE: dict[str, Any] = {
 
 
 def make(**changes: Any) -> dict[str, Any]:
-    d = copy.deepcopy(BASE)
-    for k, v in changes.items():
-        if v is None:
-            d.pop(k, None)
-        else:
-            d[k] = v
-    return d
+    return changed(BASE, **changes)
 
 
 def problems(**changes: Any) -> list[str]:
