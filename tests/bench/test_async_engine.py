@@ -137,7 +137,7 @@ def test_forward_failure_fails_its_requests_and_loop_survives(
 
     def flaky(*args: Any) -> dict[str, list[int]]:
         calls["n"] += 1
-        if calls["n"] == 1:
+        if calls["n"] <= 3:  # the batched try and each request alone: nobody to blame
             raise RuntimeError("injected step failure")
         return real(*args)
 
