@@ -19,9 +19,13 @@ logger = logging.getLogger(__name__)
 class LLM:
     """`LLM(model=folder, **engine knobs)`; see `workbench.config` for every knob."""
 
-    def __init__(self, model: str | PathLike[str], **kwargs: Any) -> None:
+    def __init__(
+        self, model: str | PathLike[str], disable_log_stats: bool = True, **kwargs: Any
+    ) -> None:
+        """`disable_log_stats=False` logs vLLM's periodic engine line (off by default, as
+        vLLM's `LLM`)."""
         self.config = EngineConfig.from_kwargs(str(model), **kwargs)
-        self.engine = LLMEngine(self.config)
+        self.engine = LLMEngine(self.config, log_stats=not disable_log_stats)
 
     def get_tokenizer(self) -> Any:
         return self.engine.tokenizer

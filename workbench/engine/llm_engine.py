@@ -39,6 +39,7 @@ from workbench.engine.model_runner import ModelRunner
 from workbench.engine.request import Request, RequestStatus
 from workbench.engine.scheduler import Scheduler
 from workbench.engine.scheduler_output import SchedulerOutput
+from workbench.engine.stat_logger import LoggingStatLogger, preemption_warning
 from workbench.engine.stats import EngineStats, StepRecord
 from workbench.models.tokenizer import load_tokenizer
 from workbench.sampling_params import SamplingParams
@@ -52,7 +53,9 @@ DEFAULT_CPU_KV_BYTES = 4 << 30  # like vLLM-CPU's VLLM_CPU_KVCACHE_SPACE default
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, log_stats: bool = False) -> None:
+        """`log_stats`: log vLLM's engine line every WORKBENCH_LOG_STATS_INTERVAL seconds
+        (`stat_logger.py`; the server turns it on, `LLM` off unless asked)."""
         self.config = config
         mc, cc, sc = config.model_config, config.cache_config, config.scheduler_config
         self.max_model_len: int = mc.max_model_len  # type: ignore[assignment]
@@ -90,6 +93,7 @@ class LLMEngine:
         eos = self.tokenizer.eos_token_id
         self.eos_token_id: int | None = eos if eos is not None else (mc.eos_token_ids or [None])[0]
         self._ids = itertools.count()
+        self.stat_logger = LoggingStatLogger(device=config.device) if log_stats else None
         # Failures kept for inspection (newest MAX_ERROR_RECORDS): step, scope ("request":
         # one request's sampling/update, "step": the forward, "propose"), ids, message.
         self.errors: deque[dict[str, Any]] = deque(maxlen=MAX_ERROR_RECORDS)
@@ -397,6 +401,10 @@ class LLMEngine:
             preemptions=sched.num_preemptions_last_step,
             spec_draft_tokens=spec_drafted, spec_accepted_tokens=spec_accepted,
         ))
+        if out.preempted_request_ids:
+            preemption_warning(out.preempted_request_ids, int(c["vllm:num_preemptions"]))
+        if self.stat_logger is not None:
+            self.stat_logger.observe(self.stats)
         return progressed
 
     # ---------------------------------------------------------------- failures

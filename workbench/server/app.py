@@ -41,6 +41,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from workbench.config import EngineConfig
 from workbench.engine.async_engine import AsyncEngine
 from workbench.engine.llm_engine import LLMEngine
+from workbench.engine.stat_logger import LoggingStatLogger
 from workbench.server import openapi
 from workbench.server.metrics import ServerMetrics
 from workbench.server.openai_routes import ServingState, router, serving_state
@@ -58,9 +59,11 @@ def build_app(
     api_key: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     on_startup_failure: Callable[[str], None] | None = None,
+    log_stats: bool = False,
 ) -> FastAPI:
     """An app whose lifespan starts the engine in the background (see startup.py) and stops
-    it at shutdown; `on_startup_failure(message)` is called if start-up fails."""
+    it at shutdown; `on_startup_failure(message)` is called if start-up fails. `log_stats`:
+    vLLM's periodic engine log line from the end of the warm-up on (`workbench serve`: on)."""
     if max_body_bytes < 1:
         raise ValueError(f"max_body_bytes ({max_body_bytes}) must be >= 1")
     model_path = engine_config.model_config.model
@@ -69,6 +72,8 @@ def build_app(
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         def on_ready(llm_engine: LLMEngine) -> None:  # on the start-up thread
+            if log_stats:  # from here on: the warm-up is not traffic
+                llm_engine.stat_logger = LoggingStatLogger(device=engine_config.device)
             engine = AsyncEngine(llm_engine).start()
             app.state.serving = ServingState(
                 engine=engine, model_name=name, model_path=model_path,

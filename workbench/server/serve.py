@@ -83,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--served-model-name", default=None, help="default: the --model value")
     ap.add_argument("--max-body-bytes", type=int, default=None,
                     help="largest request body (default 4 MiB)")
+    ap.add_argument("--disable-log-stats", action="store_true",
+                    help="no periodic engine log line (throughput, running, waiting, KV usage, "
+                         "prefix hits; every WORKBENCH_LOG_STATS_INTERVAL s, default 10)")
     ap.add_argument("--log-level", default="info",
                     choices=["critical", "error", "warning", "info", "debug"])
     knobs = ap.add_argument_group("engine knobs (default: the engine's)")
@@ -138,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     app = build_app(
         config, served_model_name=args.served_model_name, api_key=args.api_key,
         max_body_bytes=args.max_body_bytes or DEFAULT_MAX_BODY_BYTES,
-        on_startup_failure=on_startup_failure,
+        on_startup_failure=on_startup_failure, log_stats=not args.disable_log_stats,
     )
     server = uvicorn.Server(uvicorn.Config(app, host=args.host, port=args.port,
                                            log_level=args.log_level,
