@@ -27,6 +27,12 @@ INT4_GROUP_SIZES = (32, 64, 128)
 DEFAULT_INT4_GROUP_SIZE = 128  # GPTQ's / AWQ's usual group_size
 
 
+
+def knob(default: Any, help: str) -> Any:  # noqa: A002 - argparse's word
+    """A config field that is an engine knob: its default and its one-line help, which
+    `workbench.engine_args` turns into the command-line flags' help."""
+    return field(default=default, metadata={"help": help})
+
 @dataclass(frozen=True)
 class QuantConfig:
     """Online weight quantization of the linear layers, applied right after loading.
@@ -72,11 +78,15 @@ class ModelConfig:
     """The model folder and its Hugging Face `config.json`."""
 
     model: str
-    dtype: str = "auto"  # "auto" = float32 on CPU, bfloat16 on CUDA
-    max_model_len: int | None = None  # default: max_position_embeddings
-    seed: int = 0
-    quantization: str | None = None  # None | "int8" | "int4" | "fp8": quantize at load time
-    quantization_group_size: int | None = None  # int4 only: 32 | 64 | 128 (default 128)
+    dtype: str = knob("auto", "weights and activations: auto (float32 on CPU, bfloat16 on "
+                      "CUDA) | float32 | bfloat16 | float16")
+    max_model_len: int | None = knob(None, "longest prompt + output in tokens (default: the "
+                                           "model's max_position_embeddings)")
+    seed: int = knob(0, "seed of the engine's sampling generator")
+    quantization: str | None = knob(None, "quantize the linear weights at load time: int8 "
+                                          "(W8A16) | int4 (W4A16) | fp8 (W8A8)")
+    quantization_group_size: int | None = knob(None, "int4 only: 32 | 64 | 128 input "
+                                                     "features per scale (default 128)")
     hf_config: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -165,19 +175,23 @@ class CacheConfig:
     sets each layer's scales from its first forward instead: scale = amax(|x|) / 448.
     """
 
-    block_size: int = 16
-    enable_prefix_caching: bool = True
-    num_gpu_blocks_override: int | None = None  # force the pool size in blocks
-    kv_cache_memory_bytes: int | None = None  # or size the pool from a KV byte budget
-    kv_cache_dtype: str = "auto"  # "auto" (model dtype) | "fp8" | "fp8_e4m3"
-    calculate_kv_scales: bool = False  # fp8 KV: scales = amax / 448 from the first forward
+    block_size: int = knob(16, "tokens per KV block")
+    enable_prefix_caching: bool = knob(True, "reuse the KV of full blocks with the same "
+                                             "prefix (hash chain)")
+    num_gpu_blocks_override: int | None = knob(None, "force the KV pool size in blocks")
+    kv_cache_memory_bytes: int | None = knob(None, "size the KV pool from a KV byte budget")
+    kv_cache_dtype: str = knob("auto", "auto (the model dtype) | fp8 | fp8_e4m3")
+    calculate_kv_scales: bool = knob(False, "fp8 KV: scales = amax / 448 from the first "
+                                            "forward (else 1.0)")
     # Whole-process budgets (weights + KV + activation peak + reserve); KV gets the rest.
-    cpu_memory_budget_bytes: int | None = None  # device="cpu": the budget in bytes
-    # device="cuda": the fraction of device memory for this engine (vLLM's knob; vLLM's default
-    # is 0.9, here None keeps the demand-sized default pool so tests and notebooks sharing a
-    # GPU do not each claim 90% of it: pass 0.9 for vLLM's behaviour)
-    gpu_memory_utilization: float | None = None
-    memory_reserve_bytes: int = 0  # headroom held back from a budget (fragmentation, ...)
+    cpu_memory_budget_bytes: int | None = knob(None, "device cpu: the whole process's budget "
+                                                     "in bytes; KV gets what the weights, the "
+                                                     "activation peak and the reserve leave")
+    # vLLM's default is 0.9; None keeps the demand-sized default pool so tests and notebooks
+    # sharing a GPU do not each claim 90% of it: pass 0.9 for vLLM's behaviour.
+    gpu_memory_utilization: float | None = knob(None, "device cuda: the fraction of device "
+                                                      "memory for this engine (vLLM: 0.9)")
+    memory_reserve_bytes: int = knob(0, "headroom held back from a budget (fragmentation)")
 
     def __post_init__(self) -> None:
         if self.block_size not in (1, 2, 4, 8, 16, 32, 64, 128):
@@ -245,11 +259,15 @@ class CacheConfig:
 class SchedulerConfig:
     """vLLM V1 scheduling: one token budget per step."""
 
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int | None = None  # default: 8192 (chunked) or max_model_len
-    enable_chunked_prefill: bool = True
-    long_prefill_token_threshold: int = 0  # 0 = off; else cap one prefill chunk at this
-    policy: str = "fcfs"  # "fcfs" | "priority"
+    max_num_seqs: int = knob(256, "most requests running at once")
+    max_num_batched_tokens: int | None = knob(None, "the per-step token budget (default: 8192 "
+                                                    "with chunked prefill, else max_model_len)")
+    enable_chunked_prefill: bool = knob(True, "split a prefill that does not fit the budget "
+                                              "over several steps")
+    long_prefill_token_threshold: int = knob(0, "cap one prefill chunk at this many tokens "
+                                                "(0 = off)")
+    policy: str = knob("fcfs", "fcfs | priority (lower priority value first); vLLM's "
+                               "scheduling_policy")
     max_model_len: int = 2048  # filled from ModelConfig by EngineConfig
 
     def __post_init__(self) -> None:
@@ -297,8 +315,9 @@ class ParallelConfig:
     every rank was started by torchrun and runs the same deterministic engine (vLLM's names).
     """
 
-    tensor_parallel_size: int = 1
-    distributed_executor_backend: str = "mp"  # "mp" | "external_launcher"
+    tensor_parallel_size: int = knob(1, "processes (devices) one model is split over")
+    distributed_executor_backend: str = knob("mp", "mp (this process spawns the ranks) | "
+                                                   "external_launcher (torchrun started them)")
 
     def __post_init__(self) -> None:
         tp = self.tensor_parallel_size
@@ -436,11 +455,12 @@ class EngineConfig:
     cache_config: CacheConfig
     scheduler_config: SchedulerConfig
     parallel_config: ParallelConfig
-    speculative_config: SpeculativeConfig | dict[str, Any] | None = None
-    enforce_eager: bool = False  # CUDA: True = no CUDA graphs for decode (eager every step)
-    device: str = "cpu"
-    # "torch" | "triton"; None = torch on CPU, triton on CUDA (resolved in __post_init__)
-    attention_backend: str | None = None
+    speculative_config: SpeculativeConfig | dict[str, Any] | None = knob(
+        None, 'JSON: {"method": "ngram" | "draft_model", "num_speculative_tokens": k, ...}')
+    enforce_eager: bool = knob(False, "CUDA: no CUDA graphs for decode (eager every step)")
+    device: str = knob("cpu", "cpu | cuda (default: cuda when available)")
+    attention_backend: str | None = knob(None, "torch | triton (default: torch on CPU, triton "
+                                               "on CUDA)")
 
     def __post_init__(self) -> None:
         if self.speculative_config is not None:
@@ -488,7 +508,17 @@ class EngineConfig:
 
     @classmethod
     def from_kwargs(cls, model: str, **kwargs: Any) -> EngineConfig:
-        """Build from `LLM(model, **kwargs)`; an unknown keyword is a ValueError."""
+        """Build from `LLM(model, **kwargs)`; an unknown keyword is a ValueError.
+        `scheduling_policy` (vLLM's name) is accepted for `policy`."""
+        if "scheduling_policy" in kwargs:
+            kwargs = dict(kwargs)
+            alias = kwargs.pop("scheduling_policy")
+            if "policy" in kwargs and kwargs["policy"] != alias:
+                raise ValueError(
+                    f"scheduling_policy ({alias!r}) and policy ({kwargs['policy']!r}) name the "
+                    "same knob; give one"
+                )
+            kwargs["policy"] = alias
         known: dict[type, set[str]] = {
             ModelConfig: {f.name for f in fields(ModelConfig)} - {"model", "hf_config"},
             CacheConfig: {f.name for f in fields(CacheConfig)},

@@ -16,7 +16,13 @@ import time
 from pathlib import Path
 
 from workbench import LLM, SamplingParams
+from workbench.engine_args import add_engine_args, engine_kwargs
 from workbench.named_models import resolve_model
+
+DEMO_ENGINE_DEFAULTS = {
+    "dtype": "float32", "max_model_len": 1024, "block_size": 16, "max_num_seqs": 32,
+    "max_num_batched_tokens": 512, "num_gpu_blocks_override": 96,
+}
 
 SYSTEM = (
     "You are a careful serving engineer. Answer with the measured figure, the command that "
@@ -48,26 +54,21 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--model", default=None, help="HF folder (default: the bundled checkpoint)")
     ap.add_argument("--num-requests", type=int, default=48)
     ap.add_argument("--max-tokens", type=int, default=64)
-    ap.add_argument("--block-size", type=int, default=16)
-    ap.add_argument("--max-num-seqs", type=int, default=32)
-    ap.add_argument("--max-num-batched-tokens", type=int, default=512)
-    ap.add_argument("--num-gpu-blocks-override", type=int, default=96,
-                    help="a small pool so that preemption shows up (0: size from the budget)")
     ap.add_argument("--temperature", type=float, default=0.0)
-    ap.add_argument("--seed", type=int, default=0)
+    # the demo's starting point: a small pool and budget so that chunking and preemption show
+    add_engine_args(ap, DEMO_ENGINE_DEFAULTS)
     args = ap.parse_args(argv)
+    if args.num_gpu_blocks_override == 0:  # 0: size the pool from the budget instead
+        args.num_gpu_blocks_override = None
 
     model = Path(args.model) if args.model else bundled_checkpoint()
     t_load = time.perf_counter()
-    llm = LLM(
-        model, dtype="float32", block_size=args.block_size, max_model_len=1024,
-        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        num_gpu_blocks_override=args.num_gpu_blocks_override or None, seed=args.seed,
-    )
+    llm = LLM(model, **engine_kwargs(args))
     load_s = time.perf_counter() - t_load
-    prompts = make_prompts(args.num_requests, args.seed)
+    prompts = make_prompts(args.num_requests, llm.config.model_config.seed)
     params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens,
-                            ignore_eos=True, seed=args.seed if args.temperature else None)
+                            ignore_eos=True, seed=llm.config.model_config.seed
+                            if args.temperature else None)
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params)
     wall = time.perf_counter() - t0

@@ -177,12 +177,12 @@ def test_a_router_template_keeps_its_own_knobs_apart() -> None:
 
 
 def test_the_duplicated_names_match_their_owners() -> None:
+    from workbench.engine_args import engine_knobs as serve_knobs
     from workbench.router.cli import ROUTER_KNOBS as ROUTER
     from workbench.router.policies import POLICIES
-    from workbench.server.serve import engine_knobs as serve_knobs
 
     assert ROUTER_KNOBS == ROUTER and set(ROUTING_POLICIES) == set(POLICIES)
-    assert set(engine_knobs()) == {name for name, _, _ in serve_knobs()}
+    assert set(engine_knobs()) == {k.name for k in serve_knobs()}
 
 
 @pytest.mark.parametrize(("workload", "expected"), [

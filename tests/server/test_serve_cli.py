@@ -12,11 +12,12 @@ import httpx
 import openai
 import pytest
 
-from workbench.server.serve import engine_knobs, parse_args
+from workbench.engine_args import engine_knobs
+from workbench.server.serve import parse_args
 
 
 def test_every_engine_knob_is_a_flag(model_dir: Path) -> None:
-    names = {name for name, _, _ in engine_knobs()}
+    names = {k.name for k in engine_knobs()}
     assert {"max_num_batched_tokens", "block_size", "enable_prefix_caching", "dtype",
             "max_model_len", "max_num_seqs", "num_gpu_blocks_override", "kv_cache_memory_bytes",
             "enable_chunked_prefill", "long_prefill_token_threshold", "policy",
@@ -75,3 +76,25 @@ def test_serve_process_answers_the_openai_client(model_dir: Path) -> None:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_every_knob_flag_has_its_config_help_and_vllms_policy_spelling(model_dir: Path) -> None:
+    from workbench.engine_args import engine_knobs
+    from workbench.server.serve import build_parser
+
+    assert all(k.help for k in engine_knobs()), [k.name for k in engine_knobs() if not k.help]
+    text = build_parser().format_help()
+    assert "--scheduling-policy POLICY" in text
+    assert "most requests running at once; default: 256" in text
+    args, config = parse_args(["--model", str(model_dir), "--scheduling-policy", "priority"])
+    assert config.scheduler_config.policy == "priority"
+
+
+def test_scheduling_policy_and_policy_must_agree(model_dir: Path) -> None:
+    from workbench.config import EngineConfig
+
+    config = EngineConfig.from_kwargs(str(model_dir), scheduling_policy="priority")
+    assert config.scheduler_config.policy == "priority"
+    with pytest.raises(ValueError, match=r"scheduling_policy \('priority'\) and policy "
+                                         r"\('fcfs'\) name the same knob"):
+        EngineConfig.from_kwargs(str(model_dir), scheduling_policy="priority", policy="fcfs")

@@ -1,0 +1,111 @@
+"""Engine knobs as command-line flags, from one source: the config dataclasses' fields.
+
+    engine_knobs()                      (name, type, default, help) of every knob
+                                        `EngineConfig.from_kwargs` accepts
+    add_engine_args(parser, defaults)   one flag per knob, spelled as vLLM does
+                                        (`--max-num-batched-tokens`, `--enable-prefix-caching`
+                                        / `--no-enable-prefix-caching`, `--speculative-config`
+                                        JSON); `defaults` overrides what a tool starts from
+    engine_kwargs(args)                 the knobs a parsed namespace sets, for from_kwargs
+
+`workbench serve` (and the router's replicas) and `workbench demo-engine` build their flags
+here, so a knob's name, type, default and help cannot drift between them (as vLLM's
+`EngineArgs.add_cli_args`). A field's help is its `config.knob(...)` metadata.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import types
+import typing
+from typing import Any
+
+from workbench.config import (
+    CacheConfig,
+    EngineConfig,
+    ModelConfig,
+    ParallelConfig,
+    SchedulerConfig,
+)
+
+_SKIP = {"model", "hf_config"}
+_TOP_LEVEL = {  # EngineConfig fields that are knobs (the sub-configs are expanded)
+    "speculative_config", "quantization", "enforce_eager", "device", "attention_backend",
+}
+ALIASES = {"policy": ["--scheduling-policy"]}  # vLLM's spelling beside ours
+
+
+@dataclasses.dataclass(frozen=True)
+class Knob:
+    name: str
+    type: Any
+    default: Any
+    help: str
+
+
+def engine_knobs() -> list[Knob]:
+    """Every engine knob `EngineConfig.from_kwargs` accepts, in config order."""
+    out: list[Knob] = []
+    seen: set[str] = set()
+    skip_sched = {"max_model_len"}
+    for cls, skip in ((ModelConfig, _SKIP), (CacheConfig, set()), (SchedulerConfig, skip_sched),
+                      (ParallelConfig, set()), (EngineConfig, None)):
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if skip is None and f.name not in _TOP_LEVEL:
+                continue
+            if (skip and f.name in skip) or f.name in seen:
+                continue
+            seen.add(f.name)
+            default = None if f.default is dataclasses.MISSING else f.default
+            out.append(Knob(f.name, hints[f.name], default, f.metadata.get("help", "")))
+    return out
+
+
+def _base_type(tp: Any) -> Any:
+    """int | None -> int; dict[str, Any] | None -> dict (also beside a dataclass: a config
+    given as a JSON object on the command line)."""
+    if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if any((typing.get_origin(a) or a) is dict for a in args):
+            return dict
+        tp = args[0] if len(args) == 1 else str
+    return typing.get_origin(tp) or tp
+
+
+def add_engine_args(
+    parser: argparse.ArgumentParser, defaults: dict[str, Any] | None = None,
+    title: str = "engine knobs",
+) -> argparse._ArgumentGroup:
+    """One flag per knob. A flag left out stays None (the engine's default applies) unless
+    `defaults` names the knob: then that value is the tool's default, shown in --help."""
+    defaults = defaults or {}
+    unknown = sorted(set(defaults) - {k.name for k in engine_knobs()})
+    if unknown:
+        raise ValueError(f"defaults for unknown engine knob(s) {', '.join(unknown)}")
+    group = parser.add_argument_group(title)
+    for k in engine_knobs():
+        flags = ["--" + k.name.replace("_", "-"), *ALIASES.get(k.name, [])]
+        base = _base_type(k.type)
+        start = defaults.get(k.name)
+        shown = (f"default: {start!r} (this tool's; the engine's: {k.default!r})"
+                 if k.name in defaults else f"default: {k.default!r}")
+        helptext = f"{k.help}; {shown}" if k.help else shown
+        if base is bool:
+            group.add_argument(*flags, dest=k.name, action=argparse.BooleanOptionalAction,
+                               default=start, help=helptext)
+        elif base is dict:
+            group.add_argument(*flags, dest=k.name, type=json.loads, default=start,
+                               metavar="JSON", help=helptext)
+        else:
+            conv = base if base in (int, float) else str
+            group.add_argument(*flags, dest=k.name, type=conv, default=start, help=helptext)
+    return group
+
+
+def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+    """The knobs the namespace sets (None = not given: the engine's default applies)."""
+    return {k.name: getattr(args, k.name) for k in engine_knobs()
+            if getattr(args, k.name, None) is not None}
