@@ -107,14 +107,16 @@ def test_plots_return_figures_with_labels(store: tuple[str, str], tmp_path: Path
     fig = plots.sweep_tradeoff(runs, x="max_num_batched_tokens")
     assert isinstance(fig, Figure) and len(fig.axes) == 3
     labels = [(ax.get_xlabel(), ax.get_ylabel()) for ax in fig.axes]
-    assert labels == [("max_num_batched_tokens", "p95_ttft_ms"),
-                      ("max_num_batched_tokens", "p95_itl_ms"), ("p95_ttft_ms", "p95_itl_ms")]
+    assert labels == [("max_num_batched_tokens", "p95_ttft_ms (ms)"),
+                      ("max_num_batched_tokens", "p95_itl_ms (ms)"),
+                      ("p95_ttft_ms (ms)", "p95_itl_ms (ms)")]  # units: the metric registry
 
     sat = pd.DataFrame({"concurrency": [1, 2, 4, 8], "output_throughput": [10, 19, 30, 31],
                         "p95_tpot_ms": [2.0, 2.1, 2.5, 5.0]})
     fig = plots.saturation_curve(sat, knee=4)
     assert [ax.get_xlabel() for ax in fig.axes] == ["concurrency", "concurrency"]
-    assert [ax.get_ylabel() for ax in fig.axes] == ["output_throughput", "p95_tpot_ms"]
+    assert [ax.get_ylabel() for ax in fig.axes] == ["output_throughput (tok/s)",
+                                                    "p95_tpot_ms (ms)"]
     assert any("max_num_seqs = 4" in t.get_text() for t in fig.axes[0].get_legend().get_texts())
 
     reqs = frames.request_frames(parent, uri)

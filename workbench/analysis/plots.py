@@ -12,8 +12,10 @@ works in a test, a script or a notebook (a notebook displays the returned Figure
     compare_plot      compare_frame -> relative change per metric with the noise band
     bar_compare, grid_heatmap, memory_split   small helpers for the notebooks' tables
 
-Column names may be given bare: "p95_ttft_ms" finds "metrics.p95_ttft_ms",
-"max_num_batched_tokens" finds "params.engine.max_num_batched_tokens" (see `column`).
+Axis labels carry the metric registry's unit ("p95_ttft_ms (ms)", "output_throughput
+(tok/s)"); other columns keep their name. Column names may be given bare: "p95_ttft_ms"
+finds "metrics.p95_ttft_ms", "max_num_batched_tokens" finds
+"params.engine.max_num_batched_tokens" (see `column`).
 Repeats are collapsed to their median; the band drawn around a line is their full range.
 """
 
@@ -29,6 +31,8 @@ import seaborn as sns
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+
+from workbench.bench.metric_registry import axis_label
 
 _BAND = ("pi", 100)  # the full range of the repeats, like the "spread" noise band
 
@@ -119,8 +123,8 @@ def sweep_tradeoff(frame: pd.DataFrame, x: str, ys: Sequence[str] = ("p95_ttft_m
     for ax, y in zip(axes, ys, strict=False):
         sns.lineplot(data=data, x=x, y=y, estimator="median", errorbar=_BAND, marker="o", ax=ax)
         _auto_log2(ax, data[x], logx)
-        ax.set_xlabel(x)
-        ax.set_ylabel(y)
+        ax.set_xlabel(axis_label(x))
+        ax.set_ylabel(axis_label(y))
     if trade:
         ax = axes[-1]
         med = data.groupby(x, sort=True)[list(ys)].median().reset_index()
@@ -130,8 +134,8 @@ def sweep_tradeoff(frame: pd.DataFrame, x: str, ys: Sequence[str] = ("p95_ttft_m
             ax.annotate(f"{xv:g}" if isinstance(xv, int | float) else str(xv),
                         (row[ys[0]], row[ys[1]]), textcoords="offset points", xytext=(4, 4),
                         fontsize=8)
-        ax.set_xlabel(ys[0])
-        ax.set_ylabel(ys[1])
+        ax.set_xlabel(axis_label(ys[0]))
+        ax.set_ylabel(axis_label(ys[1]))
         ax.set_title(f"trade-off (labels: {x})", fontsize=9)
     fig.suptitle(title or f"sweep over {x}")
     return fig
@@ -149,8 +153,8 @@ def saturation_curve(frame: pd.DataFrame, x: str = "concurrency",
         if knee is not None:
             ax.axvline(knee, color="tab:red", linestyle="--", label=f"max_num_seqs = {knee:g}")
             ax.legend(loc="best", fontsize=8)
-        ax.set_xlabel(x)
-        ax.set_ylabel(y)
+        ax.set_xlabel(axis_label(x))
+        ax.set_ylabel(axis_label(y))
     fig.suptitle(title or f"saturation: metrics vs {x}")
     return fig
 
@@ -219,8 +223,8 @@ def bar_compare(frame: pd.DataFrame, x: str, y: str, hue: str | None = None,
     for ax, panel in zip(axes, panels, strict=True):
         data = frame if panel is None else frame[frame[col] == panel]
         sns.barplot(data=data, x=x, y=y, hue=hue, estimator="median", errorbar=None, ax=ax)
-        ax.set_xlabel(x)
-        ax.set_ylabel(y)
+        ax.set_xlabel(axis_label(x))
+        ax.set_ylabel(axis_label(y))
         if panel is not None:
             ax.set_title(f"{col} = {panel}")
     if title:
@@ -233,9 +237,10 @@ def grid_heatmap(frame: pd.DataFrame, x: str, y: str, value: str, *, fmt: str = 
     """`value` over the grid of `x` by `y`, annotated."""
     grid = frame.pivot_table(index=y, columns=x, values=value, aggfunc="median")
     fig, (ax,) = _figure(1, width=5.6, height=3.8)
-    sns.heatmap(grid, annot=True, fmt=fmt, cmap="viridis", ax=ax, cbar_kws={"label": value})
-    ax.set_xlabel(x)
-    ax.set_ylabel(y)
+    sns.heatmap(grid, annot=True, fmt=fmt, cmap="viridis", ax=ax,
+                cbar_kws={"label": axis_label(value)})
+    ax.set_xlabel(axis_label(x))
+    ax.set_ylabel(axis_label(y))
     ax.set_title(title or value)
     return fig
 

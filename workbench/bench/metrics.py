@@ -3,7 +3,8 @@
 Place in the flow: a load generator fills one `RequestRecord` per request (client timestamps on
 one `time.perf_counter` clock, relative to the run start); `compute_metrics` turns a run into
 the flat dict vLLM's `vllm bench serve` saves; `records_frame` is the per-request artifact;
-`summary_table` prints the dict in the order of vLLM's "Serving Benchmark Result".
+`summary_table` prints the dict in the order of vLLM's "Serving Benchmark Result". Every key
+has a row (unit, direction, label) in `workbench.bench.metric_registry`; docs/metrics.md.
 
 Definitions (checked against vllm-project/vllm `vllm/benchmarks/serve.py::calculate_metrics`
 and `vllm/benchmarks/lib/endpoint_request_func.py`):
@@ -31,9 +32,15 @@ from dataclasses import asdict, dataclass, field, fields
 import numpy as np
 import pandas as pd
 
-DEFAULT_PERCENTILES: tuple[float, ...] = (50, 90, 95, 99)
-_LATENCY_METRICS = ("ttft", "tpot", "itl", "e2el")
-_SERVER_METRICS = ("queue", "prefill", "decode", "ttft", "e2e")
+from workbench.bench import metric_registry as registry
+from workbench.bench.metric_registry import DEFAULT_PERCENTILES, percentile_key
+
+__all__ = ["DEFAULT_PERCENTILES", "SLO", "RequestRecord", "compute_metrics", "percentile_key",
+           "records_frame", "summary_table"]
+
+# Names, units, directions and labels live in the metric registry (metric_registry.py).
+_LATENCY_METRICS = tuple(f.name for f in registry.families("client"))
+_SERVER_METRICS = tuple(f.name.removeprefix("server_") for f in registry.families("server"))
 
 
 @dataclass
@@ -133,11 +140,6 @@ class SLO:
         return True
 
 
-def percentile_key(q: float) -> str:
-    """vLLM's percentile word: 99 -> "99", 99.0 -> "99", 99.9 -> "99.9"."""
-    return str(int(q)) if int(q) == q else str(q)
-
-
 def _stats_ms(
     name: str, values_s: Sequence[float], percentiles: Sequence[float]
 ) -> dict[str, float]:
@@ -194,8 +196,10 @@ def compute_metrics(
     for name in _SERVER_METRICS:
         values = [v for r in ok if (v := getattr(r, f"server_{name}_s")) is not None]
         if values:
-            stats = _stats_ms(f"server_{name}", values, (95,))
-            metrics.update({k: v for k, v in stats.items() if not k.startswith("std_")})
+            family = registry.get_family(f"server_{name}")
+            stats = _stats_ms(family.name, values, registry.family_percentiles(family,
+                                                                               percentiles))
+            metrics.update({k: stats[k] for k in registry.expand(family, percentiles)})
     return metrics
 
 
@@ -240,43 +244,25 @@ def records_frame(records: list[RequestRecord]) -> pd.DataFrame:
     return frame.astype({name: "float64" for name in _OPTIONAL_FLOAT_FIELDS})
 
 
-_HEADER_ROWS: list[tuple[str, str, str]] = [
-    ("completed", "Successful requests", "{:d}"),
-    ("failed", "Failed requests", "{:d}"),
-    ("error_rate", "Error rate", "{:.4f}"),
-    ("duration", "Benchmark duration (s)", "{:.2f}"),
-    ("total_input_tokens", "Total input tokens", "{:d}"),
-    ("total_output_tokens", "Total generated tokens", "{:d}"),
-    ("request_throughput", "Request throughput (req/s)", "{:.2f}"),
-    ("request_goodput", "Request goodput (req/s)", "{:.2f}"),
-    ("output_throughput", "Output token throughput (tok/s)", "{:.2f}"),
-    ("total_token_throughput", "Total token throughput (tok/s)", "{:.2f}"),
-]
-_SECTIONS: list[tuple[str, str, str]] = [
-    ("ttft", "TTFT", "Time to First Token"),
-    ("tpot", "TPOT", "Time per Output Token (excl. 1st token)"),
-    ("itl", "ITL", "Inter-token Latency"),
-    ("e2el", "E2EL", "End-to-end Latency"),
-    ("server_queue", "server queue", "Server: queue (arrival -> scheduled)"),
-    ("server_prefill", "server prefill", "Server: prefill (scheduled -> first token)"),
-    ("server_decode", "server decode", "Server: decode (first token -> finished)"),
-    ("server_ttft", "server TTFT", "Server: time to first token"),
-    ("server_e2e", "server E2E", "Server: end-to-end"),
-]
+def _format(name: str, value: float) -> str:
+    """vLLM's formats: counts as integers, the error rate to 4 places, the rest to 2."""
+    unit = registry.get(name).unit
+    if unit in ("requests", "tokens"):
+        return f"{int(value):d}"
+    return f"{value:.4f}" if unit == "fraction" else f"{value:.2f}"
 
 
 def summary_table(metrics: dict[str, float]) -> str:
     """Markdown table in the order vLLM prints "Serving Benchmark Result" (missing keys skipped)."""
     lines = ["| Serving Benchmark Result | |", "|---|---:|"]
-    for key, label, fmt in _HEADER_ROWS:
-        if key in metrics:
-            value = metrics[key]
-            value = int(value) if fmt.endswith("d}") else value
-            lines.append(f"| {label} | {fmt.format(value)} |")
-    for name, short, header in _SECTIONS:
+    for row in registry.METRICS:
+        if row.source == "client" and not row.is_family and row.name in metrics:
+            lines.append(f"| {row.shown_label} | {_format(row.name, metrics[row.name])} |")
+    for family in registry.families():
+        name, short = family.name, family.abbrev
         if f"mean_{name}_ms" not in metrics:
             continue
-        lines.append(f"| **{header}** | |")
+        lines.append(f"| **{family.label}** | |")
         lines.append(f"| Mean {short} (ms) | {metrics[f'mean_{name}_ms']:.2f} |")
         lines.append(f"| Median {short} (ms) | {metrics[f'median_{name}_ms']:.2f} |")
         pct_keys = [k for k in metrics if k.startswith("p") and k.endswith(f"_{name}_ms")]

@@ -16,6 +16,10 @@ and the baseline engine config, then names exactly ONE variable:
     cache_state: warm-model
     quality_gate: {min_token_agreement: 1.0, num_prompts: 4}   # optional
 
+`objective.metric` and the `slo` keys are names of the metric registry
+(`workbench.bench.metric_registry`, docs/metrics.md); `objective.direction` defaults to the
+registry's direction for the metric.
+
 `quality_gate` (workbench.quality): thresholds `min_token_agreement`, `max_ppl_increase_pct`,
 `max_mean_kl`, `min_top1_agreement` and options `num_prompts`, `max_tokens`, `ppl_tokens`,
 `ppl_context`; a variant that misses a threshold is never adopted.
@@ -38,11 +42,13 @@ from typing import Any
 
 import yaml
 
+from workbench.bench.metric_registry import SLO_BOUNDS
+from workbench.bench.metric_registry import spec as metric_spec
 from workbench.errors import UserError
 
 CACHE_STATES = ("cold", "warm-model", "warm-prefix")
 DIRECTIONS = ("minimize", "maximize")
-SLO_KEYS = ("p95_ttft_ms", "p95_tpot_ms", "p95_itl_ms", "p95_e2el_ms", "max_error_rate")
+SLO_KEYS = tuple(SLO_BOUNDS)  # the metric registry's SLO bounds
 _TOP_KEYS = {
     "name", "question", "objective", "slo", "workload", "arrivals", "target", "baseline",
     "variable", "variants", "repeats", "cache_state", "quality_gate", "warmup_requests",
@@ -52,10 +58,15 @@ _TOP_KEYS = {
 
 @dataclass
 class Objective:
+    """The metric to improve; `direction` defaults to the metric registry's."""
+
     metric: str = "output_throughput"
-    direction: str = "maximize"
+    direction: str = None  # type: ignore[assignment]  # resolved in __post_init__
 
     def __post_init__(self) -> None:
+        if self.direction is None:
+            row = metric_spec(self.metric)
+            self.direction = (row.objective if row is not None else None) or "maximize"
         if self.direction not in DIRECTIONS:
             raise ValueError(
                 f"objective.direction ({self.direction!r}) must be one of {', '.join(DIRECTIONS)}"

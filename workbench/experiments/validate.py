@@ -113,10 +113,32 @@ def _check_scalars(data: dict[str, Any], out: list[str]) -> None:
         return
     for key in sorted(set(objective) - {"metric", "direction"}, key=str):
         out.append(f"unknown objective key {key!r}{did_you_mean(key, ['metric', 'direction'])}")
-    d = objective.get("direction", "maximize")
-    if d not in DIRECTIONS:
+    d = objective.get("direction")
+    if d is not None and d not in DIRECTIONS:
         out.append(f"objective.direction ({d!r}) must be one of {', '.join(DIRECTIONS)}"
                    f"{did_you_mean(d, DIRECTIONS)}")
+        d = None
+    _check_objective_metric(objective.get("metric", "output_throughput"), d,
+                            "direction" in objective, out)
+
+
+def _check_objective_metric(metric: Any, direction: str | None, given: bool,
+                            out: list[str]) -> None:
+    """The objective names a metric a run computes (the metric registry), and its direction
+    agrees with the registry's."""
+    from workbench.bench import metric_registry as registry
+
+    known = registry.metric_names()
+    row = registry.spec(metric, registry.DEFAULT_PERCENTILES) if isinstance(metric, str) else None
+    if row is None or row.source == "prometheus":
+        out.append(f"objective.metric ({metric!r}) is not a metric a run computes"
+                   f"{did_you_mean(metric, known)}; the metrics are listed in docs/metrics.md")
+    elif row.objective is None and not given:
+        out.append(f"objective.metric {metric} has no better direction (metric registry: "
+                   "direction none); give objective.direction: minimize|maximize")
+    elif row.objective is not None and direction is not None and direction != row.objective:
+        out.append(f"objective.direction ({direction!r}) contradicts the metric registry "
+                   f"({metric}: {row.direction} is better, so {row.objective})")
 
 
 def _number(v: Any) -> bool:

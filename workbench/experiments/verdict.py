@@ -24,24 +24,15 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from workbench.bench import metric_registry
+from workbench.bench.metric_registry import SLO_BOUNDS
 from workbench.experiments.template import Template
 
-DIRECTIONS: dict[str, str] = {
-    "output_throughput": "maximize",
-    "total_token_throughput": "maximize",
-    "request_throughput": "maximize",
-    "request_goodput": "maximize",
-    "error_rate": "minimize",
-}
 REPORTED = (
     "output_throughput", "request_throughput", "median_ttft_ms", "p95_ttft_ms",
     "median_tpot_ms", "p95_tpot_ms", "p95_itl_ms", "p95_e2el_ms", "error_rate",
 )
 MIN_VALID_REPEATS = 2  # valid runs needed per side once disturbed runs are left out
-_SLO_METRIC = {
-    "p95_ttft_ms": "p95_ttft_ms", "p95_tpot_ms": "p95_tpot_ms", "p95_itl_ms": "p95_itl_ms",
-    "p95_e2el_ms": "p95_e2el_ms", "max_error_rate": "error_rate",
-}
 
 
 def min_valid_repeats(repeats: int) -> int:
@@ -50,8 +41,10 @@ def min_valid_repeats(repeats: int) -> int:
 
 
 def direction(metric: str) -> str:
-    """Latencies (…_ms) are minimized, throughputs maximized."""
-    return DIRECTIONS.get(metric, "minimize" if metric.endswith("_ms") else "maximize")
+    """"minimize" | "maximize" from the metric registry; "none" for a metric with no better
+    direction (a count such as `duration`) or one the registry does not know."""
+    row = metric_registry.spec(metric)
+    return "none" if row is None or row.objective is None else row.objective
 
 
 @dataclass
@@ -63,7 +56,7 @@ class MetricVerdict:
     relative_effect: float  # delta / baseline median
     noise_low: float  # the band the delta must leave to count
     noise_high: float
-    verdict: str  # "better" | "no change" | "worse"
+    verdict: str  # "better" | "no change" | "worse"; "higher" | "lower" without a direction
 
 
 @dataclass
@@ -114,9 +107,12 @@ def compare_metric(metric: str, base: list[float], var: list[float], method: str
     delta = v - b
     lo, hi = noise_band(base, var, method)
     beyond = lo > 0 or hi < 0  # the band around the difference excludes zero
+    way = direction(metric)
     if not beyond:
         verdict = "no change"
-    elif (delta < 0) == (direction(metric) == "minimize"):
+    elif way == "none":
+        verdict = "lower" if delta < 0 else "higher"
+    elif (delta < 0) == (way == "minimize"):
         verdict = "better"
     else:
         verdict = "worse"
@@ -146,7 +142,7 @@ def decide(
                 mv[m] = compare_metric(m, base, var, template.noise)
         vv = VariantVerdict(template.variable_name, value, mv)
         for key, bound in template.slo.items():
-            metric = _SLO_METRIC[key]
+            metric = SLO_BOUNDS[key]
             vals = [r[metric] for r in runs if metric in r]
             med = statistics.median(vals) if vals else float("inf")
             if med > bound:
@@ -224,8 +220,9 @@ def _adopt(template: Template, vv: VariantVerdict) -> tuple[bool, str]:
         return False, "SLO: " + "; ".join(vv.slo_failures)
     if vv.quality_failures:
         return False, "quality: " + "; ".join(vv.quality_failures)
-    wanted = "better" if template.objective.direction == direction(obj.metric) else "worse"
-    if obj.verdict != wanted:
+    # Beyond noise and the way the template asks (for a registered direction this is
+    # "better" when the template agrees with the registry, which validation requires).
+    if obj.verdict == "no change" or not template.objective.better(obj.delta):
         return False, f"objective {obj.metric} {obj.verdict} ({obj.relative_effect:+.1%})"
     return True, f"objective {obj.metric} improves {obj.relative_effect:+.1%} beyond noise"
 

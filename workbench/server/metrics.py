@@ -38,6 +38,7 @@ import prometheus_client
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from workbench.bench import metric_registry
 from workbench.engine.async_engine import AsyncEngine
 from workbench.engine.llm_engine import LLMEngine
 from workbench.engine.request import RequestTimes
@@ -76,29 +77,25 @@ class ServerMetrics:
         self._live: dict[str, float] = {}
         self._steps_seen = 0
         tokens = build_1_2_5_buckets(max_model_len)
-        h = self._histogram
-        self.ttft = h("vllm:time_to_first_token_seconds", "Time to first token.", TTFT_BUCKETS)
-        self.itl = h("vllm:inter_token_latency_seconds", "Inter-token latency.", ITL_BUCKETS)
-        self.tpot = h("vllm:request_time_per_output_token_seconds",
-                      "Per-request decode time / (generation tokens - 1).", ITL_BUCKETS)
+        h = self._histogram  # help text: the metric registry's description
+        self.ttft = h("vllm:time_to_first_token_seconds", TTFT_BUCKETS)
+        self.itl = h("vllm:inter_token_latency_seconds", ITL_BUCKETS)
+        self.tpot = h("vllm:request_time_per_output_token_seconds", ITL_BUCKETS)
         lat = REQUEST_LATENCY_BUCKETS
-        self.e2e = h("vllm:e2e_request_latency_seconds", "End-to-end request latency.", lat)
-        self.queue = h("vllm:request_queue_time_seconds", "Time in the WAITING phase.", lat)
-        self.prefill = h("vllm:request_prefill_time_seconds", "Time in the PREFILL phase.", lat)
-        self.decode = h("vllm:request_decode_time_seconds", "Time in the DECODE phase.", lat)
-        self.inference = h("vllm:request_inference_time_seconds",
-                           "Time in the RUNNING phase.", lat)
-        self.prompt_tokens = h("vllm:request_prompt_tokens", "Prompt tokens per request.", tokens)
-        self.generation_tokens = h("vllm:request_generation_tokens",
-                                   "Generation tokens per request.", tokens)
-        self.params_n = h("vllm:request_params_n", "The n request parameter.", [1, 2, 5, 10, 20])
-        self.params_max_tokens = h("vllm:request_params_max_tokens",
-                                   "The max_tokens request parameter.", tokens)
-        self.iteration_tokens = h("vllm:iteration_tokens_total", "Tokens per engine step.",
-                                  ITERATION_TOKENS_BUCKETS)
+        self.e2e = h("vllm:e2e_request_latency_seconds", lat)
+        self.queue = h("vllm:request_queue_time_seconds", lat)
+        self.prefill = h("vllm:request_prefill_time_seconds", lat)
+        self.decode = h("vllm:request_decode_time_seconds", lat)
+        self.inference = h("vllm:request_inference_time_seconds", lat)
+        self.prompt_tokens = h("vllm:request_prompt_tokens", tokens)
+        self.generation_tokens = h("vllm:request_generation_tokens", tokens)
+        self.params_n = h("vllm:request_params_n", [1, 2, 5, 10, 20])
+        self.params_max_tokens = h("vllm:request_params_max_tokens", tokens)
+        self.iteration_tokens = h("vllm:iteration_tokens_total", ITERATION_TOKENS_BUCKETS)
         self.registry.register(_EngineCollector(self))
 
-    def _histogram(self, name: str, doc: str, buckets: list[float] | list[int]) -> Any:
+    def _histogram(self, name: str, buckets: list[float] | list[int]) -> Any:
+        doc = metric_registry.get(name).description
         hist = Histogram(name, doc, LABELS, buckets=buckets, registry=self.registry)
         return hist.labels(*self.label_values)
 
