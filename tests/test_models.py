@@ -19,8 +19,8 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 from workbench.attention import torch_backend
-from workbench.attention.backends import get_attention_backend
 from workbench.attention.metadata import AttentionMetadata
+from workbench.attention.selector import get_attention_backend
 from workbench.config import ModelConfig
 from workbench.layers.rotary import compute_inv_freq, get_rope_config
 from workbench.models import get_model_class, load_model, load_tokenizer

@@ -5,7 +5,7 @@
 x is fp16/bf16/fp32 (leading dims are flattened here), the products accumulate in fp32 and y
 comes back in x's dtype. The weight never exists in full precision in memory: each program
 loads a [BLOCK_N, BLOCK_K] tile of the quantized weight, dequantizes it in registers and feeds
-it to `tl.dot`. Formats (see workbench/layers/quantization/int8.py and int4.py):
+it to `tl.dot`. Formats (kernels/quant/int8.py and int4.py define them):
 
     int8   qweight int8 [N, K], scale f32 [N]         W' = q * scale[n]
     int4   qweight uint8 [N, K/2], scales, zeros f32 [N, K/G]
@@ -40,9 +40,9 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from kernels.quant import int4, int8
 from kernels.triton import INTERPRETED
 from kernels.triton.paged_decode import interpret_triton_stdlib
-from workbench.layers.quantization import int4, int8
 
 interpret_triton_stdlib()  # triton may have been imported before TRITON_INTERPRET was set
 

@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from workbench.attention.backends import get_attention_backend
 from workbench.attention.metadata import (
     FP8_KV_DTYPE,
     AttentionMetadata,
@@ -21,6 +20,7 @@ from workbench.attention.metadata import (
     attach_kv_scales,
     get_kv_scales,
 )
+from workbench.attention.selector import get_attention_backend
 from workbench.attention.torch_backend import TorchAttentionBackend
 from workbench.attention.triton_backend import TritonAttentionBackend
 

@@ -1,4 +1,4 @@
-"""Attention backends: the contract every implementation follows, and the name -> class switch.
+"""Attention backends: the contract every implementation follows.
 
 A backend does the paged part of attention for one layer and one flat batch:
 
@@ -15,7 +15,8 @@ masked positions get zero weight, and 0 * NaN would still poison the output.
 
 Backends: "torch" (`torch_backend`, the plain-PyTorch reference, default on CPU) and "triton"
 (`triton_backend`: the kernels in `kernels.triton`, default on CUDA; its decode path is
-CUDA-graph capturable, see that module's docstring for the contract).
+CUDA-graph capturable, see that module's docstring for the contract). `selector.py` maps a
+name to its class; this module imports neither implementation.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from abc import ABC, abstractmethod
 import torch
 
 from workbench.attention.metadata import AttentionMetadata
-from workbench.config import ATTENTION_BACKENDS  # ("torch", "triton")
 
 
 class AttentionBackend(ABC):
@@ -49,18 +49,3 @@ class AttentionBackend(ABC):
     ) -> torch.Tensor:
         """query [T, Hq, D], key/value [T, Hkv, D], kv_cache [2, num_blocks, block_size, Hkv, D]
         -> output [T, Hq, D]. Rows of padding tokens (beyond the last sequence) are zeros."""
-
-
-def get_attention_backend(name: str) -> type[AttentionBackend]:
-    """The backend class called `name` (one of ATTENTION_BACKENDS)."""
-    if name == "torch":
-        from workbench.attention.torch_backend import TorchAttentionBackend
-
-        return TorchAttentionBackend
-    if name == "triton":
-        from workbench.attention.triton_backend import TritonAttentionBackend
-
-        return TritonAttentionBackend
-    raise ValueError(
-        f"attention backend ({name!r}) is unknown; allowed: {', '.join(ATTENTION_BACKENDS)}"
-    )

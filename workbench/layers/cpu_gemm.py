@@ -51,12 +51,10 @@ def unavailable_reason(dtype: torch.dtype, device: torch.device | str) -> str | 
 
 
 def _packable(module: nn.Module) -> bool:
-    from workbench.layers.embedding import ParallelLMHead
-    from workbench.layers.linear import LinearBase
-
-    if isinstance(module, LinearBase):
-        return module.quant_method is None
-    return isinstance(module, ParallelLMHead)
+    """A layer opts in by having a `packed_weight` attribute (LinearBase, ParallelLMHead); a
+    quantized one (`quant_method` set) keeps its own forward. Duck-typed so this module imports
+    none of the layers that call `linear`."""
+    return hasattr(module, "packed_weight") and getattr(module, "quant_method", None) is None
 
 
 def pack_linear_weights(model: nn.Module) -> int:

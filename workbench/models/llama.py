@@ -17,8 +17,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from workbench.attention.backends import AttentionBackend, get_attention_backend
+from workbench.attention.backends import AttentionBackend
 from workbench.attention.metadata import AttentionMetadata
+from workbench.attention.selector import get_attention_backend
 from workbench.config import SUPPORTED_ARCHITECTURES, ModelConfig
 from workbench.layers.activation import SiluAndMul
 from workbench.layers.attention import Attention

@@ -1,0 +1,399 @@
+"""Layers that point one way: every import under workbench/ and kernels/, read from the source.
+
+The layers, top to bottom (docs/architecture.md draws them). A module may import its own layer
+or any layer below it, never one above:
+
+    entrypoints  ->  experiments  ->  harness  ->  engine  ->  executor  ->  worker  ->  model
+                                                                                          |
+                                                                                       kernels
+
+Shared leaves (LEAVES below) carry data across the boundaries (a request, a scheduler output,
+sampling params, configs, errors, calc helpers): any layer may import them, and they import
+only other leaves, the standard library and third-party packages.
+
+Every import counts: module level, inside functions (lazy) and under `if TYPE_CHECKING:`.
+The mapping lives here and nowhere else; a module no rule covers fails `test_every_module_
+has_a_layer`, so a new package has to be placed on purpose.
+"""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("workbench", "kernels")
+
+# Top to bottom. Each rule is a module name or a package prefix ("workbench.server" covers
+# workbench.server and workbench.server.*), except "<package>.__init__", which covers the
+# package's own __init__.py only. The longest matching rule wins, so a module can be
+# placed apart from its package (the worker-layer files still living in engine/ and
+# distributed/ are placed by role; docs/architecture.md lists the moves that will match the
+# folders to the layers).
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    # Processes and front doors: the CLI verbs, the OpenAI server, the router, the sweep and
+    # demo scripts, the bench CLI. Nothing imports them but each other.
+    ("entrypoints", (
+        "workbench.cli",
+        "workbench.calc_cli",
+        "workbench.demo",
+        "workbench.sweep",
+        "workbench.server",
+        "workbench.router",
+        "workbench.bench.cli",
+    )),
+    # Questions and answers: experiment templates, runner, verdicts, the quality gate;
+    # notebook helpers (analysis frames and plots, notebook parameter checks); MLflow tracking.
+    ("experiments", (
+        "workbench.experiments",
+        "workbench.analysis",
+        "workbench.tracking",
+        "workbench.quality",
+        "workbench.notebook_params",
+        "workbench.preflight",
+    )),
+    # The measuring library (workloads, arrivals, targets, runner, metrics, Prometheus, SSE,
+    # validity, join) and the benchmark scripts beside it (offline, peers, spec, quant,
+    # sched_micro, gpu_check; the KV-cache and collective micro-benchmarks).
+    ("harness", (
+        "workbench.bench",
+        "workbench.kv_cache.bench",
+        "workbench.distributed.collective_bench",
+    )),
+    # Request lifecycle: LLM, LLMEngine, AsyncEngine, Scheduler, request queue, stop checks,
+    # stats, outputs, the KV-cache manager; engine_args turns the config dataclasses into CLI
+    # flags (vLLM's EngineArgs). The package root `workbench/__init__.py` is the public facade
+    # (lazily re-exports LLM and the outputs), so it sits here too.
+    ("engine", (
+        "workbench.__init__",
+        "workbench.engine",
+        "workbench.engine_args",
+        "workbench.kv_cache",
+    )),
+    # How workers are started and reached: the multiprocess executor and the driver-side TP
+    # runner that fans a step out to it.
+    ("executor", (
+        "workbench.distributed.executor",
+        "workbench.distributed.main_module",
+        "workbench.distributed.tp_runner",
+    )),
+    # One device's forward: model runner, CUDA graphs, the TP worker process, speculative
+    # proposers (n-gram, draft model). Files still in engine/ and distributed/.
+    ("worker", (
+        "workbench.engine.model_runner",
+        "workbench.engine.cuda_graph",
+        "workbench.engine.cpu_malloc",
+        "workbench.distributed.worker",
+        "workbench.spec_decode",
+    )),
+    # Architectures and their building blocks: models/, layers/ (linear, norm, rotary,
+    # quantization, sampler), attention/ backends, the rejection sampler the sampler calls,
+    # and the TP group state and collectives the parallel layers call.
+    ("model", (
+        "workbench.models",
+        "workbench.layers",
+        "workbench.attention",
+        "workbench.spec_decode.rejection_sampler",
+        "workbench.distributed",  # parallel_state, communication_op (the package's rest is above)
+    )),
+    # Triton and C++ kernels with their torch twins and the quantized formats' references.
+    # Imports nothing from workbench/.
+    ("kernels", (
+        "kernels",
+    )),
+)
+
+# Shared leaves: importable from every layer; they import only other leaves.
+LEAVES: tuple[str, ...] = (
+    "workbench.engine.request",  # Request, RequestStatus: scheduler, KV manager, sampler
+    "workbench.engine.scheduler_output",  # SchedulerOutput: engine -> executor -> worker
+    "workbench.distributed.step_input",  # the pickled step the executor sends to TP workers
+    "workbench.sampling_params",
+    "workbench.config",
+    "workbench.named_models",  # model names -> paths (config resolves them)
+    "workbench.testing",  # tiny checkpoints named_models builds on demand
+    "workbench.errors",
+    "workbench.profiling",  # NVTX ranges, used from the engine down to the runner
+    "workbench.calc",  # shape and memory arithmetic
+    "workbench.bench.metric_registry",  # the metric table: harness, verdict, engine stats, server
+)
+
+# Upward imports that need a move larger than this test's change. (importer, imported), both
+# module names. The list may only shrink: a pair that no longer exists fails the test too.
+KNOWN_VIOLATIONS: frozenset[tuple[str, str]] = frozenset({
+    # The quantization benchmark runs the quality gate (experiments) on every variant; goes
+    # away when the gate is rebuilt on the public scoring API and the benchmark takes it as an
+    # argument (or its perplexity core moves into the harness).
+    ("workbench.bench.quant", "workbench.quality"),
+})
+
+# Import cycles (strongly connected groups of modules, every kind of import counted) not yet
+# broken; also shrink-only. template.py validates with validate.py, which reads template.py's
+# key tables lazily; moving those tables (top keys, SLO keys, directions, cache states) into a
+# small leaf both import removes it.
+KNOWN_CYCLES: tuple[tuple[str, ...], ...] = (
+    ("workbench.experiments.template", "workbench.experiments.validate"),
+)
+
+LAYER_NAMES = tuple(name for name, _ in LAYERS)
+
+
+@dataclass(frozen=True)
+class Import:
+    importer: str
+    imported: str
+    line: int
+
+
+def module_name(path: Path, root: Path = ROOT) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def all_modules(root: Path = ROOT) -> dict[str, Path]:
+    return {
+        module_name(p, root): p
+        for pkg in PACKAGES
+        for p in sorted((root / pkg).rglob("*.py"))
+    }
+
+
+def imports_of(module: str, source: str, is_package: bool, known: set[str]) -> list[Import]:
+    """The workbench/kernels modules `source` imports. `from a import b` names module `a.b`
+    when `a.b` is a known module, else `a`."""
+    out: list[Import] = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".") if is_package else module.split(".")[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            targets = [
+                f"{target}.{a.name}" if f"{target}.{a.name}" in known else target
+                for a in node.names
+            ]
+        else:
+            continue
+        for t in targets:
+            if t.split(".")[0] in PACKAGES and t != module:
+                out.append(Import(module, t, node.lineno))
+    return out
+
+
+def _covers(rule: str, module: str) -> bool:
+    if rule.endswith(".__init__"):
+        return module + ".__init__" == rule
+    return module == rule or module.startswith(rule + ".")
+
+
+def _match(module: str, rules: tuple[str, ...]) -> str | None:
+    hits = [r for r in rules if _covers(r, module)]
+    return max(hits, key=len) if hits else None
+
+
+def layer_of(module: str) -> str | None:
+    """'leaf', a name from LAYER_NAMES, or None when no rule covers `module`."""
+    best: tuple[int, str] | None = None
+    for name, rules in (*LAYERS, ("leaf", LEAVES)):
+        rule = _match(module, rules)
+        if rule is not None and (best is None or len(rule) > best[0]):
+            best = (len(rule), name)
+    return best[1] if best else None
+
+
+def violation(imp: Import) -> str | None:
+    """Why `imp` breaks the layering, or None when it is allowed."""
+    src, dst = layer_of(imp.importer), layer_of(imp.imported)
+    if src is None or dst is None:
+        return None  # reported by test_every_module_has_a_layer
+    if src == "leaf":
+        if dst != "leaf":
+            return f"shared leaf imports the {dst} layer"
+        return None
+    if dst == "leaf":
+        return None
+    if LAYER_NAMES.index(dst) < LAYER_NAMES.index(src):
+        return f"{src} imports {dst}, which sits above it"
+    return None
+
+
+def scan(root: Path = ROOT) -> list[Import]:
+    mods = all_modules(root)
+    known = set(mods)
+    return [
+        imp
+        for mod, path in mods.items()
+        for imp in imports_of(mod, path.read_text(), path.name == "__init__.py", known)
+    ]
+
+
+def check(imports: list[Import]) -> list[tuple[Import, str]]:
+    return [(imp, why) for imp in imports if (why := violation(imp)) is not None]
+
+
+def cycles(imports: list[Import]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    graph: dict[str, set[str]] = {}
+    for imp in imports:
+        graph.setdefault(imp.importer, set()).add(imp.imported)
+        graph.setdefault(imp.imported, set())
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+# --------------------------------------------------------------------------- the tree
+
+
+@pytest.fixture(scope="module")
+def tree_imports() -> list[Import]:
+    return scan()
+
+
+def test_every_module_has_a_layer() -> None:
+    missing = sorted(m for m in all_modules() if layer_of(m) is None)
+    assert not missing, f"place these modules in LAYERS or LEAVES of {__file__}: {missing}"
+
+
+def test_imports_point_down(tree_imports: list[Import]) -> None:
+    found = check(tree_imports)
+    new = [
+        f"{imp.importer}:{imp.line} -> {imp.imported} ({why})"
+        for imp, why in found
+        if (imp.importer, imp.imported) not in KNOWN_VIOLATIONS
+    ]
+    assert not new, "imports against the layers (see docs/architecture.md):\n" + "\n".join(new)
+
+
+def test_known_violations_still_exist(tree_imports: list[Import]) -> None:
+    present = {(imp.importer, imp.imported) for imp, _ in check(tree_imports)}
+    gone = sorted(KNOWN_VIOLATIONS - present)
+    assert not gone, f"fixed: remove these pairs from KNOWN_VIOLATIONS: {gone}"
+
+
+def test_kernels_import_nothing_from_workbench(tree_imports: list[Import]) -> None:
+    bad = [
+        f"{imp.importer}:{imp.line} -> {imp.imported}"
+        for imp in tree_imports
+        if imp.importer.split(".")[0] == "kernels" and imp.imported.split(".")[0] == "workbench"
+    ]
+    assert not bad, bad
+
+
+def test_no_import_cycles(tree_imports: list[Import]) -> None:
+    found = {tuple(c) for c in cycles(tree_imports)}
+    new = sorted(found - set(KNOWN_CYCLES))
+    assert not new, f"import cycles (break them with a leaf module or a selector): {new}"
+    gone = sorted(set(KNOWN_CYCLES) - found)
+    assert not gone, f"fixed: remove these from KNOWN_CYCLES: {gone}"
+
+
+# --------------------------------------------------------------------------- the checker itself
+
+
+def _plant(tmp_path: Path, files: dict[str, str]) -> list[Import]:
+    for rel, src in files.items():
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(src))
+    return scan(tmp_path)
+
+
+def test_planted_upward_import_is_reported(tmp_path: Path) -> None:
+    imports = _plant(tmp_path, {
+        "workbench/__init__.py": "",
+        "workbench/layers/__init__.py": "",
+        "workbench/layers/sampler.py": """
+            def sample():
+                from workbench.engine.scheduler import Scheduler  # lazy, still counted
+                return Scheduler
+        """,
+        "workbench/engine/__init__.py": "",
+        "workbench/engine/scheduler.py": "from workbench.engine import request\n",
+        "workbench/engine/request.py": "import torch\n",
+        "kernels/__init__.py": "",
+        "kernels/ref.py": "from workbench.layers.sampler import sample\n",
+    })
+    found = {(i.importer, i.imported): why for i, why in check(imports)}
+    assert found == {
+        ("workbench.layers.sampler", "workbench.engine.scheduler"):
+            "model imports engine, which sits above it",
+        ("kernels.ref", "workbench.layers.sampler"): "kernels imports model, which sits above it",
+    }
+
+
+def test_unplaced_module_has_no_layer() -> None:
+    assert layer_of("workbench") == "engine"  # the package root, by its exact rule
+    assert layer_of("workbench.newpackage.thing") is None  # not covered by the root's rule
+    assert layer_of("workbench.engine.model_runner") == "worker"  # longest rule wins
+    assert layer_of("workbench.engine.request") == "leaf"
+
+
+def test_planted_leaf_importing_a_layer_is_reported() -> None:
+    src = "from workbench.engine.scheduler import Scheduler\n"
+    imports = imports_of("workbench.errors", src, False, {"workbench.engine.scheduler"})
+    assert check(imports) == [
+        (Import("workbench.errors", "workbench.engine.scheduler", 1),
+         "shared leaf imports the engine layer"),
+    ]
+
+
+def test_planted_cycle_is_found(tmp_path: Path) -> None:
+    imports = _plant(tmp_path, {
+        "workbench/__init__.py": "",
+        "workbench/attention/__init__.py": "",
+        "workbench/attention/backends.py": "from .torch_backend import TorchBackend\n",
+        "workbench/attention/torch_backend.py": """
+            from typing import TYPE_CHECKING
+            if TYPE_CHECKING:
+                from workbench.attention.backends import AttentionBackend
+        """,
+    })
+    assert cycles(imports) == [
+        ["workbench.attention.backends", "workbench.attention.torch_backend"],
+    ]
+
+
+def test_from_package_import_submodule_resolves_to_the_submodule() -> None:
+    src = "from workbench import profiling, LLM\nfrom . import cpu_gemm\n"
+    known = {"workbench.profiling", "workbench.layers.cpu_gemm"}
+    got = {i.imported for i in imports_of("workbench.layers.linear", src, False, known)}
+    assert got == {"workbench.profiling", "workbench", "workbench.layers.cpu_gemm"}
