@@ -13,7 +13,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
-from workbench.models.demo import (
+from workbench.models.tokenizer import load_tokenizer
+from workbench.testing.demo_pair import (
     BUILD_INFO,
     DEMO_DRAFT_DIR,
     DEMO_TARGET_DIR,
@@ -21,7 +22,6 @@ from workbench.models.demo import (
     held_out_perplexity,
     stdlib_corpus,
 )
-from workbench.models.tokenizer import load_tokenizer
 
 PAIR = (DEMO_TARGET_DIR, DEMO_DRAFT_DIR)
 MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", BUILD_INFO)

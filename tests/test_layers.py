@@ -115,7 +115,7 @@ LEAVES: tuple[str, ...] = (
     "workbench.sampling_params",
     "workbench.config",
     "workbench.named_models",  # model names -> paths (config resolves them)
-    "workbench.testing",  # tiny checkpoints named_models builds on demand
+    "workbench.testing",  # tiny checkpoints named_models builds on demand; the demo pair trainer
     "workbench.errors",
     "workbench.profiling",  # NVTX ranges, used from the engine down to the runner
     "workbench.calc",  # shape and memory arithmetic

@@ -135,7 +135,7 @@ def test_gate_rules(model: str, ref: q.Reference) -> None:
 
 
 def test_held_out_ids_are_the_demo_stream() -> None:
-    from workbench.models import demo
+    from workbench.testing import demo_pair as demo
 
     if not (demo.DEMO_TARGET_DIR / "tokenizer.json").is_file():
         pytest.skip("the demo pair is not built")

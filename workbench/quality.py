@@ -9,11 +9,11 @@ Four figures, each measured through OUR engine's model (the quantized linear lay
 paged KV cache included), the candidate against the reference config on the same model:
 
 - **perplexity** on held-out text: the demo corpus's held-out split (every HOLDOUT_EVERY-th
-  `.py` file of this Python's standard library, see `workbench.models.demo`), tokenized with
+  `.py` file of this Python's standard library, see `workbench.testing.demo_pair`), tokenized with
   the model's own tokenizer (each file as "<s> ... </s>"), first `ppl_tokens` + 1 tokens, cut
   into non-overlapping windows of `context` tokens; every token after the first is predicted
   once. For the trained demo model this text was never trained on; for other models it is
-  just a fixed text that ships with Python. Same windows as `workbench.models.demo.score`.
+  just a fixed text that ships with Python. Same windows as `workbench.testing.demo_pair.score`.
 - **greedy agreement** on a golden prompt set: both configs generate `max_tokens` greedy
   tokens (ignore_eos) through `LLM.generate`; identical tokens at identical positions / all
   tokens, and the first divergence position per prompt (None = identical).
@@ -213,15 +213,15 @@ def score_sequences(
 
 def held_out_ids(model: str | Path, num_tokens: int = DEFAULT_PPL_TOKENS) -> list[int]:
     """The first `num_tokens` + 1 tokens of the held-out stdlib split (the demo corpus's:
-    every HOLDOUT_EVERY-th file of `workbench.models.demo.corpus_files()`), each file as
+    every HOLDOUT_EVERY-th file of `workbench.testing.demo_pair.corpus_files()`), each file as
     "<s> ... </s>" with `model`'s tokenizer (what the demo's `token_stream` does, so for the
     demo model these are the first tokens `held_out_stream` gives); fewer if the split is
     shorter. Files are read only until there are enough tokens."""
     import sysconfig
 
-    from workbench.models.demo import HOLDOUT_EVERY, corpus_files
     from workbench.models.tokenizer import load_tokenizer
     from workbench.named_models import resolve_model
+    from workbench.testing.demo_pair import HOLDOUT_EVERY, corpus_files
 
     tok = load_tokenizer(resolve_model(model))
     eos = tok.eos_token_id

@@ -169,8 +169,8 @@ def code_requests(model: str | Path, num_requests: int, seed: int, prompt_len: i
     saw): `num_requests` windows of `prompt_len` tokens at seeded offsets."""
     import random
 
-    from workbench.models.demo import held_out_stream
     from workbench.named_models import resolve_model
+    from workbench.testing.demo_pair import held_out_stream
 
     ids = held_out_stream(Path(resolve_model(model))).tolist()
     rng = random.Random(seed)

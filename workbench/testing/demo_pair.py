@@ -1,8 +1,8 @@
 """A trained demo pair for speculative decoding: a small Llama target and a smaller draft.
 
-    python -m workbench.models.demo build [--seed 0] [--out workbench/assets]
-                                          [--target-steps N] [--draft-steps N] [--sequential]
-    python -m workbench.models.demo eval [--dir workbench/assets] [--max-tokens N]
+    python -m workbench.testing.demo_pair build [--seed 0] [--out workbench/assets]
+                                               [--target-steps N] [--draft-steps N] [--sequential]
+    python -m workbench.testing.demo_pair eval [--dir workbench/assets] [--max-tokens N]
 
 Random weights make draft acceptance meaningless, so `build` trains both models from scratch
 on text that ships with Python: the standard library's own `.py` sources (a fixed, sorted file
@@ -595,7 +595,7 @@ def build_pair(
         log(f"scored in {time.perf_counter() - t:.1f}s: {json.dumps(scores)}")
     total = round(time.perf_counter() - t_start, 1)
     common = {
-        "command": f"python -m workbench.models.demo build --seed {seed}",
+        "command": f"python -m workbench.testing.demo_pair build --seed {seed}",
         "seed": seed,
         "python_version": platform.python_version(),
         "torch_version": torch.__version__,
@@ -661,7 +661,7 @@ def _summary(target_dir: Path, draft_dir: Path, scores: Mapping[str, Any]) -> st
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m workbench.models.demo",
+        prog="python -m workbench.testing.demo_pair",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -699,6 +699,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":  # run main from the imported module so workers can unpickle jobs
-    from workbench.models.demo import main as _main
+    from workbench.testing.demo_pair import main as _main
 
     raise SystemExit(_main())
