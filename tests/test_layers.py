@@ -132,12 +132,8 @@ KNOWN_VIOLATIONS: frozenset[tuple[str, str]] = frozenset({
 })
 
 # Import cycles (strongly connected groups of modules, every kind of import counted) not yet
-# broken; also shrink-only. template.py validates with validate.py, which reads template.py's
-# key tables lazily; moving those tables (top keys, SLO keys, directions, cache states) into a
-# small leaf both import removes it.
-KNOWN_CYCLES: tuple[tuple[str, ...], ...] = (
-    ("workbench.experiments.template", "workbench.experiments.validate"),
-)
+# broken; shrink-only. None left.
+KNOWN_CYCLES: tuple[tuple[str, ...], ...] = ()
 
 LAYER_NAMES = tuple(name for name, _ in LAYERS)
 

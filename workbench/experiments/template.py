@@ -42,18 +42,15 @@ from typing import Any
 
 import yaml
 
-from workbench.bench.metric_registry import SLO_BOUNDS
 from workbench.bench.metric_registry import spec as metric_spec
 from workbench.errors import UserError
-
-CACHE_STATES = ("cold", "warm-model", "warm-prefix")
-DIRECTIONS = ("minimize", "maximize")
-SLO_KEYS = tuple(SLO_BOUNDS)  # the metric registry's SLO bounds
-_TOP_KEYS = {
-    "name", "question", "objective", "slo", "workload", "arrivals", "target", "baseline",
-    "variable", "variants", "repeats", "cache_state", "quality_gate", "warmup_requests",
-    "noise", "percentiles", "sampling", "description", "max_other_cpu_share",
-}
+from workbench.experiments.template_keys import (  # noqa: F401 - re-exported names
+    _TOP_KEYS,
+    CACHE_STATES,
+    DIRECTIONS,
+    SLO_KEYS,
+    one_variable,
+)
 
 
 @dataclass
@@ -156,27 +153,6 @@ class Template:
         return raw
 
 
-def one_variable(baseline: dict[str, Any], variants: list[dict[str, Any]]) -> str:
-    """The single key every variant changes; ValueError naming the keys otherwise."""
-    changed: set[str] = set()
-    for i, variant in enumerate(variants):
-        diff = sorted(k for k in set(baseline) | set(variant)
-                      if baseline.get(k, _MISSING) != variant.get(k, _MISSING))
-        if len(diff) != 1:
-            raise ValueError(
-                f"variants[{i}] differs from the baseline in {len(diff)} keys "
-                f"({', '.join(diff) or 'none'}); an experiment changes exactly one variable"
-            )
-        changed.update(diff)
-    if len(changed) != 1:
-        raise ValueError(
-            f"variants change different keys ({', '.join(sorted(changed))}); an experiment "
-            "changes exactly one variable"
-        )
-    return changed.pop()
-
-
-_MISSING = object()
 
 
 class KnobValue(dict):  # type: ignore[type-arg]

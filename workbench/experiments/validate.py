@@ -53,7 +53,7 @@ def check_template(data: dict[str, Any], source: str = "template",
 
 def template_problems(data: Any) -> Checked:
     """Every problem in a raw template dict (nothing is run)."""
-    from workbench.experiments.template import _TOP_KEYS
+    from workbench.experiments.template_keys import _TOP_KEYS
 
     if not isinstance(data, dict):
         return Checked([f"a template must be a mapping of keys, not {type(data).__name__}"])
@@ -88,7 +88,7 @@ def _is_int(v: Any) -> bool:
 
 
 def _check_scalars(data: dict[str, Any], out: list[str]) -> None:
-    from workbench.experiments.template import CACHE_STATES, DIRECTIONS
+    from workbench.experiments.template_keys import CACHE_STATES, DIRECTIONS
 
     repeats = data.get("repeats", 3)
     if not _is_int(repeats) or repeats < 1:
@@ -147,7 +147,7 @@ def _number(v: Any) -> bool:
 
 def _check_mappings(data: dict[str, Any], out: list[str]) -> None:
     """slo and quality_gate: known keys, numbers."""
-    from workbench.experiments.template import SLO_KEYS
+    from workbench.experiments.template_keys import SLO_KEYS
 
     slo = data.get("slo") or {}
     if not isinstance(slo, dict):
@@ -180,7 +180,7 @@ def _check_mappings(data: dict[str, Any], out: list[str]) -> None:
 def _variable(data: dict[str, Any], baseline: dict[str, Any], out: list[str]
               ) -> tuple[str | None, list[Any]]:
     """(variable name, values) from `variable` or `variants`; problems appended."""
-    from workbench.experiments.template import one_variable
+    from workbench.experiments.template_keys import one_variable
 
     if "variable" in data and "variants" in data:
         out.append("give either 'variable' or 'variants', not both")
