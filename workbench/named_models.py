@@ -3,7 +3,7 @@
 these names work too.
 
     bundled      workbench/assets/tiny-llama    random 2-layer Llama, for tests and plumbing
-    demo         workbench/assets/demo-target   trained on Python's stdlib (issue 5's pair)
+    demo         workbench/assets/demo-target   trained on Python's stdlib (spec-decode pair)
     demo-draft   workbench/assets/demo-draft    its smaller draft, same tokenizer
 """
 

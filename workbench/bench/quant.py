@@ -1,4 +1,4 @@
-"""Quantized variants side by side (issue 6): memory readout, speed and the quality gate.
+"""Quantized variants side by side: memory readout, speed and the quality gate.
 
     cmp = compare_variants("demo", VARIANTS, concurrencies=(1, 32),
                            base_config={"dtype": "float32", "cpu_memory_budget_bytes": 96 << 20})
