@@ -262,18 +262,21 @@ def test_killing_a_replica_mid_stream_loses_no_request(handle: Handle,
             pytest.fail("replica 0 never held 2 requests while every stream was under way")
     router = handle.router
     assert not replica0.alive and replica0.failures_total == 1
-    assert replica0.retries_total == in_flight  # each in-flight request retried once
-    assert router.resumed_streams + router.restarted_requests == in_flight
-    # replicas alternate (short prompts: least outstanding), so replica 0 held a stream
-    # (resumed mid-way with prompt + tokens so far) and a JSON request (sent again)
-    assert router.resumed_streams >= 1 and router.restarted_requests >= 1
+    # each request replica 0 had not answered yet is retried once; one it had answered in
+    # full (bytes already on their way when the kill came) needs no retry
+    retried = replica0.retries_total
+    assert 1 <= retried <= in_flight
+    assert router.resumed_streams + router.restarted_requests == retried
+    # streams are resumed mid-way (prompt + tokens so far), JSON requests sent again; which
+    # kinds replica 0 held depends on arrival order (least outstanding), so only the sum is
+    # exact; every answer's text and token ids were checked against the references above
     assert router.failed_requests == 0 and replica0.outstanding == 0
     assert f"replica 0 ({replica0.base_url}, pid {replica0.pid}) failed" in caplog.text
-    assert f"its {in_flight} in-flight request(s) are retried" in caplog.text
+    assert f"its {retried} in-flight request(s) are retried" in caplog.text
     flat = prom.parse(httpx.get(handle.url + "/metrics").text)
     assert flat['router_replica_failures_total{replica="0"}'] == 1
     assert flat['router_replica_up{replica="0"}'] == 0
-    assert flat['router_retries_total{replica="0"}'] == in_flight
+    assert flat['router_retries_total{replica="0"}'] == retried
     # replica 0 is out of the rotation; the router still serves
     before = router.pool.replicas[1].requests_total
     post(handle.url, {**GREEDY, "prompt": "x = 1\n", "max_tokens": 4})
