@@ -50,7 +50,7 @@ class SamplingParams:
         _check_float("top_p", self.top_p, "a number in (0, 1]")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p ({self.top_p}) must be in (0, 1]")
-        if not _is_int(self.top_k) or self.top_k < -1:
+        if not is_int(self.top_k) or self.top_k < -1:
             raise ValueError(f"top_k ({self.top_k!r}) must be -1, 0 (disabled) or a positive int")
         if self.max_tokens is not None:
             _check_int("max_tokens", self.max_tokens, low=1)
@@ -64,7 +64,7 @@ class SamplingParams:
                 f"stop_token_ids ({self.stop_token_ids!r}) must be a list of token ids (ints)"
             )
         for i, t in enumerate(self.stop_token_ids):
-            if not _is_int(t) or t < 0:
+            if not is_int(t) or t < 0:
                 raise ValueError(
                     f"stop_token_ids[{i}] ({t!r}) must be a token id: an integer >= 0"
                 )
@@ -102,13 +102,13 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
-def _is_int(value: object) -> bool:
+def is_int(value: object) -> bool:
     """An int that is not a bool (JSON true would otherwise pass as 1)."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _check_int(name: str, value: object, low: int, high: int | None = None) -> None:
-    bad = not _is_int(value) or value < low  # type: ignore[operator]
+    bad = not is_int(value) or value < low  # type: ignore[operator]
     if bad or (high is not None and value > high):  # type: ignore[operator]
         allowed = f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]"
         raise ValueError(f"{name} ({value!r}) must be {allowed}")

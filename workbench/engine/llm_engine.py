@@ -24,7 +24,6 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-import numbers
 import time
 from collections import deque
 from typing import Any
@@ -42,7 +41,7 @@ from workbench.engine.scheduler_output import SchedulerOutput
 from workbench.engine.stat_logger import LoggingStatLogger, preemption_warning
 from workbench.engine.stats import EngineStats, StepRecord
 from workbench.models.tokenizer import load_tokenizer
-from workbench.sampling_params import SamplingParams
+from workbench.sampling_params import SamplingParams, is_int
 from workbench.spec_decode.draft_model import DraftModelProposer
 from workbench.spec_decode.ngram import NgramProposer
 
@@ -293,7 +292,7 @@ class LLMEngine:
                 f"n ({params.n}) must be <= max_num_seqs ({max_seqs}): every sequence of a "
                 "request runs as one scheduled sequence"
             )
-        if not _is_int(priority):
+        if not is_int(priority):
             raise ValueError(f"priority ({priority!r}) must be an integer")
         if cache_salt is not None and not isinstance(cache_salt, str):
             raise ValueError(f"cache_salt ({cache_salt!r}) must be a string or None")
@@ -386,9 +385,8 @@ class LLMEngine:
             c["vllm:prompt_tokens"] += sched.num_prompt_tokens_last_step
         for req in finished:
             self.runner.sampler.forget(req.request_id)
-        c["vllm:request_success"] += len(finished)
-        for req in finished:
             stats.record_finished(req.status.finish_reason)
+        c["vllm:request_success"] += len(finished)
         queries, hits = sched.kv_cache_manager.make_prefix_cache_stats()
         c["vllm:prefix_cache_queries"] += queries
         c["vllm:prefix_cache_hits"] += hits
@@ -539,16 +537,12 @@ class LLMEngine:
             pass
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
-
-
 def _token_ids(ids: Any) -> list[int]:
     """Prompt token ids as plain ints; anything but a sequence of integers is refused
     (int() would silently truncate 3.7 or parse "3")."""
     if not isinstance(ids, list | tuple):
         raise ValueError(f"prompt_token_ids ({ids!r}) must be a list of token ids (ints)")
     for i, t in enumerate(ids):
-        if not _is_int(t):
+        if not is_int(t):
             raise ValueError(f"prompt_token_ids[{i}] ({t!r}) must be an integer token id")
     return [int(t) for t in ids]

@@ -308,10 +308,8 @@ class ModelRunner:
             logits = self.model.compute_logits(hidden[logits_idx])
             if not spec:
                 tokens = self.sampler(logits, to_sample, failed=failed)
-                if not failed:
-                    return {r.request_id: [t] for r, t in zip(to_sample, tokens, strict=True)}
                 return {r.request_id: [t] for r, t in zip(to_sample, tokens, strict=True)
-                        if r.request_id not in failed}
+                        if not failed or r.request_id not in failed}
             drafts = [spec.get(r.request_id, []) for r in to_sample]
             accepted = self.sampler.verify(logits, to_sample, drafts, failed=failed)
         return {r.request_id: a for r, a in zip(to_sample, accepted, strict=True)

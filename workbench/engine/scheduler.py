@@ -81,10 +81,12 @@ class Scheduler:
             req = self.requests.get(rid)
             if req is None or (req.is_finished() and status != RequestStatus.FINISHED_ERROR):
                 continue
-            if req.status == RequestStatus.RUNNING or req in self.running:
+            if req.status == RequestStatus.RUNNING:
                 self.running.remove(req)
             elif not req.is_finished():
                 self.waiting.remove(req)
+            elif req in self.running:  # an update that failed after check_stop finished it
+                self.running.remove(req)
             req.status = status
             if errors is not None:
                 req.error = errors.get(rid)
@@ -248,62 +250,61 @@ class Scheduler:
         now = time.perf_counter()
         progressed: list[Request] = []
         finished: list[Request] = []
-        counts = [0, 0]  # tokens appended, prompt tokens of requests given their first token
+        max_model_len = self.max_model_len
+        num_sched = out.num_scheduled_tokens
+        spec = out.scheduled_spec_decode_tokens
+        generated = prompt_tokens = 0
         for req in out.scheduled_requests:
-            if failed is not None and req.request_id in failed:
+            rid = req.request_id
+            if failed is not None and rid in failed:
                 continue
+            # inline, not a per-request call: this loop runs for every request every step
             try:
-                self._update_one(req, out, sampled.get(req.request_id), now, progressed,
-                                 finished, counts)
+                new = sampled.get(rid)
+                num_rejected = 0
+                if req.spec_token_ids:
+                    req.spec_token_ids = []
+                    req.spec_token_probs = None
+                    drafts = spec.get(rid)
+                    if drafts and new:
+                        num_rejected = len(drafts) + 1 - len(new)
+                req.num_computed_tokens += num_sched[rid] - num_rejected
+                if not new:
+                    continue
+                token_times = req.times.token_times
+                before = len(req.output_token_ids)
+                for tok in new:
+                    req.output_token_ids.append(tok)
+                    req.all_token_ids.append(tok)
+                    token_times.append(now)
+                    if check_stop(req, max_model_len):
+                        break
+                generated += len(req.output_token_ids) - before
+                if before == 0 and req.parent_id is None:
+                    prompt_tokens += req.num_prompt_tokens
+                if req.times.first_token is None:
+                    req.times.first_token = now
+                progressed.append(req)
+                if req.sampling_params.n > 1 and req.parent_id is None:
+                    # fork first: the children share the parent's blocks, and a parent that
+                    # ends on its first token (max_tokens 1, EOS, a stop id) must still have
+                    # its n - 1 siblings
+                    self._fork_children(req)
+                if req.status >= RequestStatus.FINISHED_STOPPED:
+                    req.times.finished = now
+                    self.running.remove(req)
+                    self._free(req)
+                    finished.append(req)
             except Exception as e:
                 if failed is None:
                     raise
-                failed[req.request_id] = f"update failed: {type(e).__name__}: {e}"
+                failed[rid] = f"update failed: {type(e).__name__}: {e}"
                 for seen in (progressed, finished):
                     if req in seen:
                         seen.remove(req)
-        self.num_generated_last_step, self.num_prompt_tokens_last_step = counts
+        self.num_generated_last_step = generated
+        self.num_prompt_tokens_last_step = prompt_tokens
         return progressed, finished
-
-    def _update_one(
-        self, req: Request, out: SchedulerOutput, new: list[int] | None, now: float,
-        progressed: list[Request], finished: list[Request], counts: list[int],
-    ) -> None:
-        """One request's share of update_from_output."""
-        rid = req.request_id
-        num_rejected = 0
-        if req.spec_token_ids:
-            req.spec_token_ids = []
-            req.spec_token_probs = None
-            drafts = out.scheduled_spec_decode_tokens.get(rid)
-            if drafts and new:
-                num_rejected = len(drafts) + 1 - len(new)
-        req.num_computed_tokens += out.num_scheduled_tokens[rid] - num_rejected
-        if not new:
-            return
-        token_times = req.times.token_times
-        before = len(req.output_token_ids)
-        for tok in new:
-            req.output_token_ids.append(tok)
-            req.all_token_ids.append(tok)
-            token_times.append(now)
-            if check_stop(req, self.max_model_len):
-                break
-        counts[0] += len(req.output_token_ids) - before
-        if before == 0 and req.parent_id is None:
-            counts[1] += req.num_prompt_tokens
-        if req.times.first_token is None:
-            req.times.first_token = now
-        progressed.append(req)
-        if req.sampling_params.n > 1 and req.parent_id is None:
-            # fork first: the children share the parent's blocks, and a parent that ends
-            # on its first token (max_tokens 1, EOS, a stop id) must still have n - 1 siblings
-            self._fork_children(req)
-        if req.status >= RequestStatus.FINISHED_STOPPED:
-            req.times.finished = now
-            self.running.remove(req)
-            self._free(req)
-            finished.append(req)
 
     def _fork_children(self, parent: Request) -> None:
         """After the parent's prefill, start n - 1 children sharing its prompt blocks.
