@@ -173,7 +173,7 @@ class Generation:
             seq.done = True
             seq.finish_reason = ev.finish_reason
             if ev.finish_reason == "error":  # the engine failed this request alone
-                seq.error = getattr(ev, "error", None) or "the engine failed this request"
+                seq.error = ev.error or "the engine failed this request"
             params = self.requests[p].sampling_params
             last = seq.token_ids[-1] if seq.token_ids else None
             if ev.finish_reason == "stop" and last in params.stop_token_ids:

@@ -67,7 +67,7 @@ def warm_up(engine: LLMEngine) -> int:
         engine.step()
         steps += 1
     if req.status.finish_reason == "error":
-        raise RuntimeError(f"the warm-up request failed: {getattr(req, 'error', None)}")
+        raise RuntimeError(f"the warm-up request failed: {req.error}")
     if not engine.reset_prefix_cache():
         raise RuntimeError("the prefix cache could not be reset after the warm-up")
     engine.stats = EngineStats()
