@@ -66,12 +66,12 @@ from IPython.display import Markdown, display
 from workbench import LLM, SamplingParams
 from workbench.analysis import latency_ecdf, step_series
 from workbench.analysis.notebook import publish
-from workbench.bench.arrivals import ArrivalSpec
-from workbench.bench.metrics import records_frame, summary_table
+from workbench.harness.arrivals import ArrivalSpec
+from workbench.harness.metrics import records_frame, summary_table
 from workbench.bench.peer_metrics import peer_definitions
-from workbench.bench.runner import run, run_sync
-from workbench.bench.targets import InProcessTarget
-from workbench.bench.workloads import make_workload
+from workbench.harness.runner import run, run_sync
+from workbench.harness.targets import InProcessTarget
+from workbench.harness.workloads import make_workload
 from workbench.demo import make_prompts
 from workbench.named_models import resolve_model
 
@@ -352,11 +352,11 @@ import pandas as pd
 
 from workbench.analysis import bar_compare, latency_ecdf
 from workbench.analysis.notebook import publish
-from workbench.bench.arrivals import ArrivalSpec
-from workbench.bench.metrics import records_frame
-from workbench.bench.runner import run, run_sync
-from workbench.bench.targets import InProcessTarget
-from workbench.bench.workloads import make_workload
+from workbench.harness.arrivals import ArrivalSpec
+from workbench.harness.metrics import records_frame
+from workbench.harness.runner import run, run_sync
+from workbench.harness.targets import InProcessTarget
+from workbench.harness.workloads import make_workload
 from workbench.named_models import resolve_model
 from workbench.models.tokenizer import load_tokenizer
 
@@ -453,10 +453,10 @@ import pandas as pd
 
 from workbench.analysis import saturation_curve, step_series
 from workbench.analysis.notebook import publish
-from workbench.bench.arrivals import ArrivalSpec
-from workbench.bench.runner import run, run_sync
-from workbench.bench.targets import InProcessTarget
-from workbench.bench.workloads import make_workload
+from workbench.harness.arrivals import ArrivalSpec
+from workbench.harness.runner import run, run_sync
+from workbench.harness.targets import InProcessTarget
+from workbench.harness.workloads import make_workload
 from workbench.named_models import resolve_model
 from workbench.models.tokenizer import load_tokenizer
 
@@ -875,10 +875,10 @@ import workbench
 from workbench.analysis import bar_compare, latency_ecdf
 from workbench.analysis.frames import run_artifact_frame
 from workbench.analysis.notebook import ensure_experiment, publish, resolve_tracking_uri
-from workbench.bench.arrivals import ArrivalSpec
-from workbench.bench.metrics import records_frame
-from workbench.bench.workloads import make_workload
-from workbench.distributed.collective_bench import allreduce_latency, collectives_per_step
+from workbench.harness.arrivals import ArrivalSpec
+from workbench.harness.metrics import records_frame
+from workbench.harness.workloads import make_workload
+from workbench.bench.collective_bench import allreduce_latency, collectives_per_step
 from workbench.experiments.runner import run_experiment
 from workbench.experiments.template import parse_template
 from workbench.models.tokenizer import load_tokenizer
@@ -1088,8 +1088,8 @@ import workbench
 from workbench.analysis import bar_compare, latency_ecdf
 from workbench.analysis.frames import run_artifact_frame
 from workbench.analysis.notebook import ensure_experiment, publish, resolve_tracking_uri
-from workbench.bench.arrivals import ArrivalSpec
-from workbench.bench.workloads import make_workload
+from workbench.harness.arrivals import ArrivalSpec
+from workbench.harness.workloads import make_workload
 from workbench.experiments.runner import run_experiment
 from workbench.experiments.template import parse_template
 from workbench.models.tokenizer import load_tokenizer

@@ -2,7 +2,7 @@
 
 - Hypothesis profiles (tests/hypothesis_profiles.py): HYPOTHESIS_PROFILE=ci (default) | long.
 - A quiet CPU watch: every measured run judges the share of the CPUs other processes took
-  (workbench.bench.validity); the suite states that share as 0 through
+  (workbench.harness.validity); the suite states that share as 0 through
   WORKBENCH_OTHER_CPU_SHARE (also seen by subprocesses: notebooks, CLI runs), so no result
   depends on the machine's load. Tests of the disturbance logic inject `FixedCpuWatch` or a
   `CpuWatch` with scripted readings explicitly.
@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.hypothesis_profiles import load as load_hypothesis_profile
-from workbench.bench.validity import STATED_SHARE_ENV
+from workbench.harness.validity import STATED_SHARE_ENV
 
 HYPOTHESIS_PROFILE = load_hypothesis_profile()
 

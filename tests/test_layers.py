@@ -3,7 +3,7 @@
 The layers, top to bottom (docs/architecture.md draws them). A module may import its own layer
 or any layer below it, never one above:
 
-    entrypoints  ->  experiments  ->  harness  ->  engine  ->  executor  ->  worker  ->  model
+    entrypoints -> experiments -> benchmarks -> harness -> engine -> executor -> worker -> model
                                                                                           |
                                                                                        kernels
 
@@ -31,9 +31,8 @@ PACKAGES = ("workbench", "kernels")
 # Top to bottom. Each rule is a module name or a package prefix ("workbench.server" covers
 # workbench.server and workbench.server.*), except "<package>.__init__", which covers the
 # package's own __init__.py only. The longest matching rule wins, so a module can be
-# placed apart from its package (the worker-layer files still living in engine/ and
-# distributed/ are placed by role; docs/architecture.md lists the moves that will match the
-# folders to the layers).
+# placed apart from its package (the rejection sampler sits with the layers, below the rest of
+# spec_decode; parallel_state and communication_op sit with the layers too).
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # Processes and front doors: the CLI verbs, the OpenAI server, the router, the sweep and
     # demo scripts, the bench CLI. Nothing imports them but each other.
@@ -56,13 +55,15 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "workbench.notebook_params",
         "workbench.preflight",
     )),
-    # The measuring library (workloads, arrivals, targets, runner, metrics, Prometheus, SSE,
-    # validity, join) and the benchmark scripts beside it (offline, peers, spec, quant,
-    # sched_micro, gpu_check; the KV-cache and collective micro-benchmarks).
-    ("harness", (
+    # Benchmark scripts: the engine against its peers (offline, peers, spec, quant) and the
+    # micro-benchmarks (scheduler step, KV-cache bookkeeping, TP collectives, the GPU check).
+    ("benchmarks", (
         "workbench.bench",
-        "workbench.kv_cache.bench",
-        "workbench.distributed.collective_bench",
+    )),
+    # The measuring library: workloads, arrivals, targets, runner, metrics, Prometheus, SSE,
+    # validity, join, server processes.
+    ("harness", (
+        "workbench.harness",
     )),
     # Request lifecycle: LLM, LLMEngine, AsyncEngine, Scheduler, request queue, stop checks,
     # stats, outputs, the KV-cache manager; engine_args turns the config dataclasses into CLI
@@ -77,17 +78,12 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # How workers are started and reached: the multiprocess executor and the driver-side TP
     # runner that fans a step out to it.
     ("executor", (
-        "workbench.distributed.executor",
-        "workbench.distributed.main_module",
-        "workbench.distributed.tp_runner",
+        "workbench.executor",
     )),
     # One device's forward: model runner, CUDA graphs, the TP worker process, speculative
-    # proposers (n-gram, draft model). Files still in engine/ and distributed/.
+    # proposers (n-gram, draft model).
     ("worker", (
-        "workbench.engine.model_runner",
-        "workbench.engine.cuda_graph",
-        "workbench.engine.cpu_malloc",
-        "workbench.distributed.worker",
+        "workbench.worker",
         "workbench.spec_decode",
     )),
     # Architectures and their building blocks: models/, layers/ (linear, norm, rotary,
@@ -98,7 +94,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "workbench.layers",
         "workbench.attention",
         "workbench.spec_decode.rejection_sampler",
-        "workbench.distributed",  # parallel_state, communication_op (the package's rest is above)
+        "workbench.distributed",  # parallel_state, communication_op
     )),
     # Triton and C++ kernels with their torch twins and the quantized formats' references.
     # Imports nothing from workbench/.
@@ -119,7 +115,7 @@ LEAVES: tuple[str, ...] = (
     "workbench.errors",
     "workbench.profiling",  # NVTX ranges, used from the engine down to the runner
     "workbench.calc",  # shape and memory arithmetic
-    "workbench.bench.metric_registry",  # the metric table: harness, verdict, engine stats, server
+    "workbench.harness.metric_registry",  # the metric table: harness, verdict, engine stats, server
 )
 
 # Upward imports that need a move larger than this test's change. (importer, imported), both
@@ -359,7 +355,7 @@ def test_planted_upward_import_is_reported(tmp_path: Path) -> None:
 def test_unplaced_module_has_no_layer() -> None:
     assert layer_of("workbench") == "engine"  # the package root, by its exact rule
     assert layer_of("workbench.newpackage.thing") is None  # not covered by the root's rule
-    assert layer_of("workbench.engine.model_runner") == "worker"  # longest rule wins
+    assert layer_of("workbench.worker.model_runner") == "worker"  # longest rule wins
     assert layer_of("workbench.engine.request") == "leaf"
 
 

@@ -9,7 +9,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tests.test_sweep import _tiny_notebook
-from workbench.bench.validity import FixedCpuWatch
+from workbench.harness.validity import FixedCpuWatch
 from workbench.sweep import main, sweep
 
 

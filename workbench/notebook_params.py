@@ -155,15 +155,15 @@ class Model(Spec):
 
 @dataclass(frozen=True)
 class Fixture(Spec):
-    """A workload fixture name (workbench.bench.workloads.FIXTURES)."""
+    """A workload fixture name (workbench.harness.workloads.FIXTURES)."""
 
     def describe(self) -> str:
-        from workbench.bench.workloads import FIXTURES
+        from workbench.harness.workloads import FIXTURES
 
         return f"one of {', '.join(sorted(FIXTURES))}"
 
     def problem(self, value: Any) -> str | None:
-        from workbench.bench.workloads import FIXTURES
+        from workbench.harness.workloads import FIXTURES
 
         if isinstance(value, str) and value in FIXTURES:
             return None

@@ -119,7 +119,7 @@ def sweep(
     error, valid, other_cpu_share}. status is FINISHED, FAILED or (resume) SKIPPED.
     `max_other_cpu_share` (default validity.DEFAULT_MAX_OTHER_CPU_SHARE) and `cpu_watch`
     (default validity.default_cpu_watch()) judge each point's disturbance."""
-    from workbench.bench.validity import DEFAULT_MAX_OTHER_CPU_SHARE, default_cpu_watch
+    from workbench.harness.validity import DEFAULT_MAX_OTHER_CPU_SHARE, default_cpu_watch
     from workbench.tracking.mlflow_store import Store, tracking_uri
 
     if max_other_cpu_share is None:
@@ -185,7 +185,7 @@ def _run_point(ctx: dict[str, Any], value: Any, key: str, out: Path) -> dict[str
     import papermill
     from papermill.exceptions import PapermillExecutionError
 
-    from workbench.bench.validity import CpuShare, Validity, disturbed_line
+    from workbench.harness.validity import CpuShare, Validity, disturbed_line
 
     store, param, declared = ctx["store"], ctx["param"], ctx["declared"]
     run_id = store.create_run(f"{param}={_slug(value)}", parent_id=ctx["parent"], tags={

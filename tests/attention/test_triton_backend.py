@@ -280,7 +280,7 @@ def test_decode_graphs_replay_matches_eager(llama_path: Path, kv_cache_dtype: st
     with the eager engine token for token; the fp8 cache calibrates on the first prefill,
     after capture."""
     from workbench import LLM, SamplingParams
-    from workbench.engine.cuda_graph import eager_graph_factory
+    from workbench.worker.cuda_graph import eager_graph_factory
 
     rng = random.Random(1)
     prompts = [[rng.randrange(10, 1000) for _ in range(n)] for n in (5, 19, 11)]

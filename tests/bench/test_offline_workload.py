@@ -66,7 +66,7 @@ def test_non_special_token_range(tmp_path: Path) -> None:
 
 def test_mismatch_details_and_unstable_calls_are_reported() -> None:
     from workbench.bench.offline import RunPolicy, mismatch_details, timed
-    from workbench.bench.validity import FixedCpuWatch
+    from workbench.harness.validity import FixedCpuWatch
 
     ref = [[1, 2, 3], [4, 5], [6, 7, 8]]
     got = [[1, 2, 3], [4, 9], [6, 7]]
@@ -82,7 +82,7 @@ def test_mismatch_details_and_unstable_calls_are_reported() -> None:
 
 def test_disturbed_runs_are_redone_then_the_system_is_invalid() -> None:
     from workbench.bench.offline import RunPolicy, SystemResult, judge, table, timed
-    from workbench.bench.validity import FixedCpuWatch
+    from workbench.harness.validity import FixedCpuWatch
 
     # warm-up unmeasured; timed calls see 50%, 40% (both redone), 20% (kept), 10%, 30% (kept:
     # no retries left). The worst kept share is 30%.

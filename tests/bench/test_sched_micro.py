@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from workbench.bench import sched_micro
-from workbench.bench.validity import FixedCpuWatch
+from workbench.harness.validity import FixedCpuWatch
 
 
 def test_quiet_run_is_valid_and_reports_the_share() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from workbench.bench.spec import SpecPoint, run_point, table
-from workbench.bench.validity import FixedCpuWatch
+from workbench.harness.validity import FixedCpuWatch
 
 
 def _point(label: str, run_s: float, others: float, valid: bool = True) -> SpecPoint:

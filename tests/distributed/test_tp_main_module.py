@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from workbench.demo import bundled_checkpoint
-from workbench.distributed import main_module
+from workbench.executor import main_module
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +48,8 @@ def test_script_without_main_guard_gets_the_advice(model_dir: Path, tmp_path: Pa
                           timeout=300, cwd=tmp_path)
     assert proc.returncode == 1 and "built" not in proc.stdout
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("workbench.distributed.executor.WorkerDied: tensor-parallel worker "
-                           "rank 1 ")
+    assert last.startswith("workbench.executor.multiproc_executor.WorkerDied: "
+                           "tensor-parallel worker rank 1 ")
     assert last.endswith(
         " during start-up (its own error is on stderr above). A spawned worker first re-runs "
         "this program's main module, which must build the LLM only under `if __name__ == "

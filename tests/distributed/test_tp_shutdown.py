@@ -16,7 +16,7 @@ import psutil
 import pytest
 
 from workbench import LLM, SamplingParams
-from workbench.distributed.executor import WorkerError
+from workbench.executor.multiproc_executor import WorkerError
 from workbench.testing import tiny_checkpoint
 
 ENGINE = dict(dtype="float32", max_model_len=64, block_size=4, max_num_seqs=4,

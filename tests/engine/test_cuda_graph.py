@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from workbench.attention.metadata import AttentionMetadata
-from workbench.engine.cuda_graph import (
+from workbench.worker.cuda_graph import (
     DecodeGraphRunner,
     cudagraph_capture_sizes,
     eager_graph_factory,

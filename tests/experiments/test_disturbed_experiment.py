@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from mlflow.tracking import MlflowClient
 
-from workbench.bench.validity import FixedCpuWatch
 from workbench.experiments.runner import run_experiment
 from workbench.experiments.template import parse_template
+from workbench.harness.validity import FixedCpuWatch
 
 TEMPLATE: dict[str, Any] = {
     "name": "tiny-disturbed",

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.bench import metric_registry as registry
 from workbench.experiments import verdict
 from workbench.experiments.template import SLO_KEYS, Objective
 from workbench.experiments.validate import _check_objective_metric, _check_scalars
+from workbench.harness import metric_registry as registry
 
 
 @pytest.mark.parametrize("metric", registry.metric_names())

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from workbench.bench.workloads import FIXTURES
 from workbench.config import EngineConfig
 from workbench.demo import bundled_checkpoint
 from workbench.experiments.template import load_template
+from workbench.harness.workloads import FIXTURES
 from workbench.router.cli import ROUTER_KNOBS
 
 TEMPLATES = sorted((Path(__file__).parents[2] / "experiments").glob("*.yaml"))

@@ -36,9 +36,9 @@ from workbench.attention.torch_backend import (
 )
 from workbench.calc import fp8_kv_scale, kv_bytes_per_block
 from workbench.config import EngineConfig
-from workbench.engine.model_runner import ModelRunner
 from workbench.layers.attention import Attention
 from workbench.testing import tiny_checkpoint
+from workbench.worker.model_runner import ModelRunner
 
 E4M3_MAX = 448.0
 E4M3_MIN_NORMAL = 2.0**-6

@@ -19,9 +19,9 @@ import torch
 from workbench import LLM, SamplingParams
 from workbench.calc import cdiv, quantized_weight_bytes
 from workbench.config import EngineConfig
-from workbench.engine.model_runner import ModelRunner
 from workbench.layers.linear import LinearBase
 from workbench.testing import tiny_checkpoint
+from workbench.worker.model_runner import ModelRunner
 
 NUM_OUTPUT = 16
 MODES: dict[str, dict[str, Any]] = {

@@ -34,9 +34,9 @@ from workbench.calc import (
     quantized_weight_bytes,
 )
 from workbench.config import EngineConfig
-from workbench.engine.model_runner import LiveTensorPeak
 from workbench.layers.linear import LinearBase
 from workbench.testing import tiny_checkpoint
+from workbench.worker.model_runner import LiveTensorPeak
 
 BUDGET = 4 << 20
 BS, MAX_LEN = 16, 128
@@ -176,7 +176,7 @@ def test_the_least_budget_fits_exactly_one_request(ckpt: Path) -> None:
 
 
 def test_the_profile_run_scales_with_the_token_budget(ckpt: Path) -> None:
-    from workbench.engine.model_runner import ModelRunner
+    from workbench.worker.model_runner import ModelRunner
 
     runner = ModelRunner(EngineConfig.from_kwargs(ckpt, **ENGINE))
     peaks = [runner.profile_run(n, 16) for n in (64, 256, 1024)]

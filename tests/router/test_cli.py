@@ -57,7 +57,7 @@ def test_template_target_runs_with_this_interpreter_on_another_port() -> None:
     assert spec["model"] == spec["tokenizer"] == "bundled"
     assert t.target["command"][0] == "workbench"  # the template's own spec is left alone
     # the router parses what the runner appends (engine knobs and the routing policy)
-    from workbench.bench.server_process import server_command_for
+    from workbench.harness.server_process import server_command_for
 
     argv = server_command_for(spec, t.variant_config("prefix_aware"))[4:]
     _, config, serve, _ = parse_args(argv)
@@ -97,7 +97,7 @@ def test_a_tp_rank_takes_omp_num_threads_as_a_replica_does(
         monkeypatch: pytest.MonkeyPatch) -> None:
     import os
 
-    from workbench.distributed.executor import threads_per_rank
+    from workbench.executor.multiproc_executor import threads_per_rank
 
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     assert threads_per_rank(2) == 1 and threads_per_rank(1) == 1
@@ -111,8 +111,8 @@ def test_a_tp_rank_takes_omp_num_threads_as_a_replica_does(
 
 
 def test_tp_vs_replicas_template_changes_tp_at_a_fixed_worker_count() -> None:
-    from workbench.bench.server_process import server_command_for
     from workbench.experiments.template import load_template
+    from workbench.harness.server_process import server_command_for
     from workbench.router.experiment import local_target
 
     t = load_template(Path(__file__).parents[2] / "experiments" / "tp_vs_replicas.yaml")

@@ -8,8 +8,8 @@ import math
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from workbench.bench import prom
 from workbench.calc import scaling_efficiency
+from workbench.harness import prom
 from workbench.router.metrics import replica_families
 from workbench.router.summary import replica_summary, split_key
 

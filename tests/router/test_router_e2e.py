@@ -24,7 +24,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
-from workbench.bench import prom
+from workbench.harness import prom
 from workbench.models.tokenizer import load_tokenizer
 from workbench.router.app import build_router_app
 from workbench.router.config import RouterConfig

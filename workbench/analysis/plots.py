@@ -32,7 +32,7 @@ from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from workbench.bench.metric_registry import axis_label
+from workbench.harness.metric_registry import axis_label
 
 _BAND = ("pi", 100)  # the full range of the repeats, like the "spread" noise band
 

@@ -34,7 +34,7 @@ class AttentionBackend(ABC):
 
     name: str
     # True when a decode-only batch (max_query_len == 1) reads nothing but the metadata's
-    # device tensors and their shapes, so a CUDA graph can capture it (workbench.engine.cuda_graph)
+    # device tensors and their shapes, so a CUDA graph can capture it (workbench.worker.cuda_graph)
     cudagraph_safe: bool = False
 
     @abstractmethod

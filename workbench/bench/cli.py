@@ -32,8 +32,8 @@ from typing import Any
 
 import yaml
 
-from workbench.bench.arrivals import ArrivalSpec
-from workbench.bench.validity import DEFAULT_MAX_OTHER_CPU_SHARE
+from workbench.harness.arrivals import ArrivalSpec
+from workbench.harness.validity import DEFAULT_MAX_OTHER_CPU_SHARE
 
 
 def parse_arrivals(text: str, seed: int = 0, max_concurrency: int | None = None
@@ -111,7 +111,7 @@ def _model_dir(model: str) -> str | None:
 
 
 def _workload(args: argparse.Namespace) -> Any:
-    from workbench.bench.workloads import load_jsonl, make_workload
+    from workbench.harness.workloads import load_jsonl, make_workload
     from workbench.models.tokenizer import load_tokenizer
 
     tok_dir = args.tokenizer or _model_dir(args.model)
@@ -171,9 +171,9 @@ def server_report(side: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None, cpu_watch: Any = None) -> None:
     """`cpu_watch`: a `validity.CpuWatch` to measure with (tests inject a fake)."""
-    from workbench.bench.join import server_side
-    from workbench.bench.metrics import summary_table
-    from workbench.bench.server_process import run_variant
+    from workbench.harness.join import server_side
+    from workbench.harness.metrics import summary_table
+    from workbench.harness.server_process import run_variant
 
     ap = _parser()
     args = ap.parse_args(argv)
@@ -220,8 +220,8 @@ def _log_mlflow(args: argparse.Namespace, result: Any, metrics: dict[str, float]
                 workload: Any, target: Any) -> str:
     import pandas as pd
 
-    from workbench.bench.join import log_server_side
-    from workbench.bench.metrics import records_frame, summary_table
+    from workbench.harness.join import log_server_side
+    from workbench.harness.metrics import records_frame, summary_table
     from workbench.tracking.mlflow_store import Store
 
     store = Store(args.experiment, args.tracking_uri)

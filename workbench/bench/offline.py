@@ -48,7 +48,7 @@ from workbench.bench.roofline import (
     measure_fp32_gflops,
     workload_roofline,
 )
-from workbench.bench.validity import CpuWatch, cpu_reason, default_cpu_watch, disturbed_line
+from workbench.harness.validity import CpuWatch, cpu_reason, default_cpu_watch, disturbed_line
 
 DEFAULT_CKPT_DIR = Path(__file__).resolve().parents[2] / ".bench" / "offline" / "llama-30m"
 

@@ -52,7 +52,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from workbench.bench.metrics import RequestRecord
+from workbench.harness.metrics import RequestRecord
 
 PEER_TOOLS: tuple[str, ...] = ("vLLM", "GuideLLM", "AIPerf", "LLMPerf")
 PEER_COLUMNS: list[str] = [

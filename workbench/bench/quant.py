@@ -150,16 +150,16 @@ def compare_variants(
     """Measure every variant (see the module docstring); the first is the quality reference.
     `max_other_cpu_share` (default validity.DEFAULT_MAX_OTHER_CPU_SHARE) and `cpu_watch`
     (default validity.default_cpu_watch()) judge each run's disturbance."""
-    from workbench.bench.validity import DEFAULT_MAX_OTHER_CPU_SHARE, default_cpu_watch
+    from workbench.harness.validity import DEFAULT_MAX_OTHER_CPU_SHARE, default_cpu_watch
 
     threshold = (DEFAULT_MAX_OTHER_CPU_SHARE if max_other_cpu_share is None
                  else max_other_cpu_share)
     watch = cpu_watch if cpu_watch is not None else default_cpu_watch()
     from workbench import quality as wq
-    from workbench.bench.arrivals import ArrivalSpec
-    from workbench.bench.runner import run, run_sync
-    from workbench.bench.targets import InProcessTarget
-    from workbench.bench.workloads import make_workload
+    from workbench.harness.arrivals import ArrivalSpec
+    from workbench.harness.runner import run, run_sync
+    from workbench.harness.targets import InProcessTarget
+    from workbench.harness.workloads import make_workload
     from workbench.models.tokenizer import load_tokenizer
     from workbench.named_models import resolve_model
 

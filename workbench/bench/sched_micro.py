@@ -19,16 +19,16 @@ import statistics
 import sys
 import time
 
-from workbench.bench.validity import (
+from workbench.config import CacheConfig, SchedulerConfig
+from workbench.engine.request import Request
+from workbench.engine.scheduler import Scheduler
+from workbench.harness.validity import (
     DEFAULT_MAX_OTHER_CPU_SHARE,
     CpuWatch,
     Validity,
     default_cpu_watch,
     disturbed_line,
 )
-from workbench.config import CacheConfig, SchedulerConfig
-from workbench.engine.request import Request
-from workbench.engine.scheduler import Scheduler
 from workbench.sampling_params import SamplingParams
 
 

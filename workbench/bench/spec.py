@@ -34,14 +34,14 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
-from workbench.bench.validity import (
+from workbench.calc import spec_predicted_speedup
+from workbench.harness.validity import (
     DEFAULT_MAX_OTHER_CPU_SHARE,
     CpuWatch,
     Validity,
     default_cpu_watch,
     disturbed_line,
 )
-from workbench.calc import spec_predicted_speedup
 
 
 @dataclass
@@ -154,7 +154,7 @@ def run_point(
 
 def repetitive_requests(model: str | Path, num_requests: int, seed: int
                         ) -> tuple[list[list[int]], list[int]]:
-    from workbench.bench.workloads import make_workload
+    from workbench.harness.workloads import make_workload
     from workbench.models.tokenizer import load_tokenizer
     from workbench.named_models import resolve_model
 

@@ -33,17 +33,17 @@ import torch
 from workbench import profiling
 from workbench.calc import budget_num_blocks, cdiv, max_concurrency, num_blocks_for_budget
 from workbench.config import EngineConfig
-from workbench.distributed.tp_runner import create_model_runner
-from workbench.engine.model_runner import ModelRunner
 from workbench.engine.request import Request, RequestStatus
 from workbench.engine.scheduler import Scheduler
 from workbench.engine.scheduler_output import SchedulerOutput
 from workbench.engine.stat_logger import LoggingStatLogger, preemption_warning
 from workbench.engine.stats import EngineStats, StepRecord
+from workbench.executor.tp_runner import create_model_runner
 from workbench.models.tokenizer import load_tokenizer
 from workbench.sampling_params import SamplingParams, is_int
 from workbench.spec_decode.draft_model import DraftModelProposer
 from workbench.spec_decode.ngram import NgramProposer
+from workbench.worker.model_runner import ModelRunner
 
 PromptType = str | list[int] | dict[str, Any]
 MAX_ERROR_RECORDS = 100

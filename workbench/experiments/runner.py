@@ -76,7 +76,7 @@ def resolve_model(target: dict[str, Any]) -> str:
 
 
 def build_workload(template: Template, model: str) -> Any:
-    from workbench.bench.workloads import load_jsonl, make_workload
+    from workbench.harness.workloads import load_jsonl, make_workload
     from workbench.models.tokenizer import load_tokenizer
 
     tok = load_tokenizer(model)
@@ -101,12 +101,12 @@ def run_experiment(
     run-by-run failure path use it)."""
     if profile not in (None, "torch"):
         raise ValueError(f"profile ({profile!r}) must be None or 'torch'")
-    from workbench.bench.validity import default_cpu_watch
+    from workbench.harness.validity import default_cpu_watch
 
     threshold = disturbance_threshold(template, max_other_cpu_share)
     watch = cpu_watch if cpu_watch is not None else default_cpu_watch()
-    from workbench.bench.arrivals import ArrivalSpec
-    from workbench.bench.metrics import SLO
+    from workbench.harness.arrivals import ArrivalSpec
+    from workbench.harness.metrics import SLO
     from workbench.preflight import collect_preflight
     from workbench.tracking.mlflow_store import Store
 
@@ -232,8 +232,8 @@ def _run_one(
     profile: str | None = None, *, max_other_cpu_share: float | None = None,
     cpu_watch: Any = None,
 ) -> RunRecord:
-    from workbench.bench.runner import run, run_sync
-    from workbench.bench.server_process import make_target
+    from workbench.harness.runner import run, run_sync
+    from workbench.harness.server_process import make_target
 
     config = template.baseline if value is None else template.variant_config(value)
     run_id = store.create_run(f"{template.variable_name}={label} r{repeat}", parent_id=parent,
@@ -274,7 +274,7 @@ def _run_one(
         store.log_validity(run_id, v.valid, v.reasons, v.other_cpu_share, v.max_other_cpu_share)
         store.set_tags(run_id, {"open_loop": str(result.open_loop)})
         if v.disturbed:
-            from workbench.bench.validity import disturbed_line
+            from workbench.harness.validity import disturbed_line
 
             print(disturbed_line(f"run {template.variable_name}={label} repeat {repeat + 1}/"
                                  f"{template.repeats}", v.other_cpu_share, v.max_other_cpu_share),
@@ -292,7 +292,7 @@ def _run_one(
 def _log_run_artifacts(
     store: Any, run_id: str, result: Any, metrics: dict[str, float], target: Any = None
 ) -> None:
-    from workbench.bench.metrics import records_frame, summary_table
+    from workbench.harness.metrics import records_frame, summary_table
 
     files: dict[str, str | bytes] = {
         "requests.csv": records_frame(result.records).to_csv(index=False),
@@ -311,7 +311,7 @@ def _log_run_artifacts(
                           "decode_tokens"])
         store.log_metrics(run_id, phase_shares(result.step_trace))
     if (result.target or {}).get("kind") == "http":
-        from workbench.bench.join import log_server_side
+        from workbench.harness.join import log_server_side
 
         log_server_side(store, run_id, result, target)
     store.log_files(run_id, files)

@@ -17,7 +17,7 @@ and the baseline engine config, then names exactly ONE variable:
     quality_gate: {min_token_agreement: 1.0, num_prompts: 4}   # optional
 
 `objective.metric` and the `slo` keys are names of the metric registry
-(`workbench.bench.metric_registry`, docs/metrics.md); `objective.direction` defaults to the
+(`workbench.harness.metric_registry`, docs/metrics.md); `objective.direction` defaults to the
 registry's direction for the metric.
 
 `quality_gate` (workbench.quality): thresholds `min_token_agreement`, `max_ppl_increase_pct`,
@@ -42,7 +42,6 @@ from typing import Any
 
 import yaml
 
-from workbench.bench.metric_registry import spec as metric_spec
 from workbench.errors import UserError
 from workbench.experiments.template_keys import (  # noqa: F401 - re-exported names
     _TOP_KEYS,
@@ -51,6 +50,7 @@ from workbench.experiments.template_keys import (  # noqa: F401 - re-exported na
     SLO_KEYS,
     one_variable,
 )
+from workbench.harness.metric_registry import spec as metric_spec
 
 
 @dataclass

@@ -126,7 +126,7 @@ def _check_objective_metric(metric: Any, direction: str | None, given: bool,
                             out: list[str]) -> None:
     """The objective names a metric a run computes (the metric registry), and its direction
     agrees with the registry's."""
-    from workbench.bench import metric_registry as registry
+    from workbench.harness import metric_registry as registry
 
     known = registry.metric_names()
     row = registry.spec(metric, registry.DEFAULT_PERCENTILES) if isinstance(metric, str) else None
@@ -219,7 +219,7 @@ def _variable(data: dict[str, Any], baseline: dict[str, Any], out: list[str]
 
 # --------------------------------------------------------------------------- workload
 def _fixture_params(name: str) -> tuple[str, ...]:
-    from workbench.bench import workloads as w
+    from workbench.harness import workloads as w
 
     extra = w.IO_DEFAULTS.get(name) or {"shared-prefix": w.SHARED_PREFIX_DEFAULTS,
                                          "repetitive": w.REPETITIVE_DEFAULTS}.get(name, {})
@@ -228,7 +228,7 @@ def _fixture_params(name: str) -> tuple[str, ...]:
 
 def _check_workload(spec: Any, tokenizer: str | None, out: list[str]) -> Any:
     """The built workload, or None (problems appended)."""
-    from workbench.bench.workloads import FIXTURES, load_jsonl, make_workload
+    from workbench.harness.workloads import FIXTURES, load_jsonl, make_workload
 
     if spec is None:
         return None
@@ -277,7 +277,7 @@ def _check_workload(spec: Any, tokenizer: str | None, out: list[str]) -> Any:
 
 
 def _check_arrivals(spec: Any, out: list[str]) -> None:
-    from workbench.bench.arrivals import MODES, ArrivalSpec
+    from workbench.harness.arrivals import MODES, ArrivalSpec
 
     if not isinstance(spec, dict):
         out.append(f"arrivals must be a mapping with 'mode', not {spec!r}")

@@ -24,9 +24,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from workbench.bench import metric_registry
-from workbench.bench.metric_registry import SLO_BOUNDS
 from workbench.experiments.template import Template
+from workbench.harness import metric_registry
+from workbench.harness.metric_registry import SLO_BOUNDS
 
 REPORTED = (
     "output_throughput", "request_throughput", "median_ttft_ms", "p95_ttft_ms",
@@ -188,7 +188,7 @@ def judge_runs(
 def disturbance_threshold(template: Template, override: float | None = None) -> float:
     """The other-processes CPU share above which a run is invalid: `override` (the CLI's
     --max-other-cpu-share), else the template's `max_other_cpu_share`, else the default."""
-    from workbench.bench.validity import DEFAULT_MAX_OTHER_CPU_SHARE
+    from workbench.harness.validity import DEFAULT_MAX_OTHER_CPU_SHARE
 
     value = override if override is not None else template.raw.get(
         "max_other_cpu_share", DEFAULT_MAX_OTHER_CPU_SHARE)

@@ -5,7 +5,6 @@
     free_queue.py  FreeKVCacheBlockQueue (doubly linked LRU list)
     block_pool.py  BlockPool (null block, free queue, hash -> block map)
     manager.py     KVCacheManager (what the scheduler calls)
-    bench.py       `python -m workbench.kv_cache.bench`
 """
 
 from workbench.kv_cache.block import KVCacheBlock

@@ -79,7 +79,7 @@ LAYOUT_METRICS = ("output_throughput", "median_ttft_ms", "p95_ttft_ms", "p99_ttf
 
 def _measured(spec: dict[str, Any], config: dict[str, Any], workload: Any, arrival: Any,
               what: str, **run_kw: Any) -> Any:
-    from workbench.bench.server_process import run_variant
+    from workbench.harness.server_process import run_variant
 
     result, _ = run_variant(spec, config, workload, arrival, **run_kw)
     if result.error:

@@ -26,7 +26,7 @@ import anyio
 import httpx
 from fastapi.responses import JSONResponse, Response
 
-from workbench.bench.sse import SSEDecoder
+from workbench.harness.sse import SSEDecoder
 from workbench.router.config import RouterConfig
 from workbench.router.policies import NoLiveReplicaError, ReplicaLoad, RoutingPolicy
 from workbench.router.pool import Replica, ReplicaPool

@@ -25,7 +25,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from workbench.bench.server_process import ServerProcess
+from workbench.harness.server_process import ServerProcess
 
 logger = logging.getLogger(__name__)
 REPLICA_HOST = "127.0.0.1"

@@ -38,11 +38,11 @@ import prometheus_client
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from workbench.bench import metric_registry
 from workbench.engine.async_engine import AsyncEngine
 from workbench.engine.llm_engine import LLMEngine
 from workbench.engine.request import RequestTimes
 from workbench.engine.stats import GAUGES
+from workbench.harness import metric_registry
 
 TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
                 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]

@@ -23,13 +23,13 @@ from dataclasses import replace
 import torch
 
 from workbench.config import EngineConfig, ModelConfig
-from workbench.engine.model_runner import ModelRunner
 from workbench.engine.request import Request
 from workbench.engine.scheduler_output import SchedulerOutput
 from workbench.layers.sampler import Sampler
 from workbench.models.tokenizer import load_tokenizer
 from workbench.profiling import nvtx_range
 from workbench.spec_decode.ngram import max_draft_tokens
+from workbench.worker.model_runner import ModelRunner
 
 
 def check_draft_compatible(target: ModelConfig, draft: ModelConfig) -> None:

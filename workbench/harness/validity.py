@@ -40,8 +40,8 @@ from urllib.parse import urlsplit
 import numpy as np
 
 if TYPE_CHECKING:  # types only: importing metrics would pull pandas into every user
-    from workbench.bench.arrivals import ArrivalSpec
-    from workbench.bench.metrics import RequestRecord
+    from workbench.harness.arrivals import ArrivalSpec
+    from workbench.harness.metrics import RequestRecord
 
 MIN_RATE_FRACTION = 0.95
 DEFAULT_MAX_OTHER_CPU_SHARE = 0.25  # of all the machine's CPUs

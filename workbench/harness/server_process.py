@@ -32,7 +32,7 @@ from typing import IO, Any
 import httpx
 import psutil
 
-from workbench.bench.prom import root_url
+from workbench.harness.prom import root_url
 
 logger = logging.getLogger(__name__)
 
@@ -244,14 +244,14 @@ def make_target(target_spec: dict[str, Any], engine_config: dict[str, Any]
     """
     kind = str(target_spec.get("kind", "in-process")).replace("_", "-")
     if kind in ("in-process", "inprocess"):
-        from workbench.bench.targets import InProcessTarget
+        from workbench.harness.targets import InProcessTarget
         from workbench.named_models import resolve_model
 
         model = resolve_model(str(target_spec.get("model", "bundled")))
         return InProcessTarget(model, engine_kwargs=dict(engine_config)), contextlib.nullcontext()
     if kind not in ("http", "openai"):
         raise ValueError(f"target kind ({kind!r}) must be 'in-process' or 'http'")
-    from workbench.bench.http_target import OpenAITarget
+    from workbench.harness.http_target import OpenAITarget
 
     if "base_url" not in target_spec:
         raise ValueError("an http target needs base_url, e.g. http://127.0.0.1:8123/v1")
@@ -280,7 +280,7 @@ def run_variant(target_spec: dict[str, Any], engine_config: dict[str, Any], work
     """One measured run of one variant: build the target (`make_target`), start its server,
     `runner.run(...)`, stop the target, then the server. Returns (RunResult, target); the
     target still answers server_series() / server_rows() for `join.log_server_side`."""
-    from workbench.bench.runner import run, run_sync
+    from workbench.harness.runner import run, run_sync
 
     target, lifecycle = make_target(target_spec, engine_config)
     with lifecycle:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.bench import prom
+from workbench.harness import prom
 
 # The shape vLLM's prometheus_client output has (two data-parallel engines, two models).
 BEFORE = """\

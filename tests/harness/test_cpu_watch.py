@@ -12,11 +12,11 @@ from typing import Any
 
 import pytest
 
-from workbench.bench.arrivals import ArrivalSpec
-from workbench.bench.metrics import RequestRecord
-from workbench.bench.runner import run
-from workbench.bench.targets import Target
-from workbench.bench.validity import (
+from workbench.harness.arrivals import ArrivalSpec
+from workbench.harness.metrics import RequestRecord
+from workbench.harness.runner import run
+from workbench.harness.targets import Target
+from workbench.harness.validity import (
     DEFAULT_MAX_OTHER_CPU_SHARE,
     STATED_SHARE_ENV,
     CpuSample,
@@ -29,7 +29,7 @@ from workbench.bench.validity import (
     local_server_pids,
     tree_cpu_s,
 )
-from workbench.bench.workloads import BenchRequest, Workload
+from workbench.harness.workloads import BenchRequest, Workload
 
 
 def scripted(*samples: CpuSample) -> tuple[list[list[int]], Any]:

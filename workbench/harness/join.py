@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from workbench.bench import prom
-from workbench.bench.metrics import RequestRecord
+from workbench.harness import prom
+from workbench.harness.metrics import RequestRecord
 
 _SERVER_KEYS = ("server_queue_s", "server_prefill_s", "server_decode_s", "server_ttft_s",
                 "server_e2e_s")

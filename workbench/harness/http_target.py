@@ -35,11 +35,11 @@ from typing import Any, TypeVar
 
 import httpx
 
-from workbench.bench import prom
-from workbench.bench.metrics import RequestRecord
-from workbench.bench.sse import SSEDecoder, StreamParser
-from workbench.bench.targets import Target
-from workbench.bench.workloads import BenchRequest
+from workbench.harness import prom
+from workbench.harness.metrics import RequestRecord
+from workbench.harness.sse import SSEDecoder, StreamParser
+from workbench.harness.targets import Target
+from workbench.harness.workloads import BenchRequest
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -31,7 +31,7 @@ import codecs
 import json
 from typing import Any
 
-from workbench.bench.metrics import RequestRecord
+from workbench.harness.metrics import RequestRecord
 
 # RequestRecord field -> (name, seconds per unit) a server may use for it in an event.
 # `workbench serve` (and vLLM's per-request `metrics` object) send milliseconds; there

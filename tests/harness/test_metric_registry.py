@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.bench import metric_registry as registry
-from workbench.bench.metrics import SLO, RequestRecord, compute_metrics, summary_table
+from workbench.harness import metric_registry as registry
+from workbench.harness.metrics import SLO, RequestRecord, compute_metrics, summary_table
 
 
 def _records() -> list[RequestRecord]:
@@ -93,4 +93,5 @@ def test_docs_metrics_table_matches_the_registry() -> None:
     from pathlib import Path
 
     doc = (Path(__file__).parents[2] / "docs" / "metrics.md").read_text()
-    assert registry.markdown_table() in doc, "regenerate: python -m workbench.bench.metric_registry"
+    assert registry.markdown_table() in doc, (
+        "regenerate: python -m workbench.harness.metric_registry")

@@ -9,7 +9,7 @@ import statistics
 
 import pytest
 
-from workbench.bench.arrivals import ArrivalSpec, arrival_offsets, ramp_warp
+from workbench.harness.arrivals import ArrivalSpec, arrival_offsets, ramp_warp
 
 
 def _gaps(offsets: list[float]) -> list[float]:

@@ -13,7 +13,7 @@ import httpx
 import psutil
 import pytest
 
-from workbench.bench.server_process import (
+from workbench.harness.server_process import (
     ServerProcess,
     engine_flags,
     make_target,
@@ -126,8 +126,8 @@ def test_engine_config_as_server_flags() -> None:
 
 
 def test_make_target_per_kind() -> None:
-    from workbench.bench.http_target import OpenAITarget
-    from workbench.bench.targets import InProcessTarget
+    from workbench.harness.http_target import OpenAITarget
+    from workbench.harness.targets import InProcessTarget
 
     t, life = make_target({"kind": "in-process", "model": "/some/dir"}, {"dtype": "float32"})
     assert isinstance(t, InProcessTarget) and isinstance(life, contextlib.nullcontext)

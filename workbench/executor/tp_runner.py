@@ -24,16 +24,16 @@ import torch
 
 from workbench.config import EngineConfig
 from workbench.distributed.communication_op import broadcast_int_from_rank0
-from workbench.distributed.executor import MultiprocExecutor, threads_per_rank
 from workbench.distributed.parallel_state import (
     destroy_distributed_environment,
     get_tp_group,
     init_from_torchrun_env,
 )
 from workbench.distributed.step_input import StepInputEncoder
-from workbench.distributed.worker import rank_memory_info
-from workbench.engine.model_runner import ModelRunner
 from workbench.engine.scheduler_output import SchedulerOutput
+from workbench.executor.multiproc_executor import MultiprocExecutor, threads_per_rank
+from workbench.worker.model_runner import ModelRunner
+from workbench.worker.tp_worker import rank_memory_info
 
 
 def create_model_runner(config: EngineConfig) -> ModelRunner:

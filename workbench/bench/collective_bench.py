@@ -1,6 +1,6 @@
 """What one tensor-parallel collective costs on this machine: the floor under a TP step.
 
-    from workbench.distributed.collective_bench import allreduce_latency, collectives_per_step
+    from workbench.bench.collective_bench import allreduce_latency, collectives_per_step
     allreduce_latency(world_size=2, numels=(256, 65536))   # [{numel, bytes, median_us, ...}]
     collectives_per_step(num_hidden_layers=6)              # 14
 
@@ -68,7 +68,7 @@ def allreduce_latency(world_size: int = 2, numels: tuple[int, ...] = (256, 4096,
                       iters: int = 200, threads: int = 1) -> list[dict[str, Any]]:
     """Median / p90 microseconds per gloo all-reduce of fp32 tensors of each size, measured on
     rank 0 of `world_size` fresh processes."""
-    from workbench.distributed.executor import get_open_port
+    from workbench.executor.multiproc_executor import get_open_port
 
     if world_size < 2:
         raise ValueError(f"world_size ({world_size}) must be >= 2 to time a collective")

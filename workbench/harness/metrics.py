@@ -4,7 +4,7 @@ Place in the flow: a load generator fills one `RequestRecord` per request (clien
 one `time.perf_counter` clock, relative to the run start); `compute_metrics` turns a run into
 the flat dict vLLM's `vllm bench serve` saves; `records_frame` is the per-request artifact;
 `summary_table` prints the dict in the order of vLLM's "Serving Benchmark Result". Every key
-has a row (unit, direction, label) in `workbench.bench.metric_registry`; docs/metrics.md.
+has a row (unit, direction, label) in `workbench.harness.metric_registry`; docs/metrics.md.
 
 Definitions (checked against vllm-project/vllm `vllm/benchmarks/serve.py::calculate_metrics`
 and `vllm/benchmarks/lib/endpoint_request_func.py`):
@@ -32,8 +32,8 @@ from dataclasses import asdict, dataclass, field, fields
 import numpy as np
 import pandas as pd
 
-from workbench.bench import metric_registry as registry
-from workbench.bench.metric_registry import DEFAULT_PERCENTILES, percentile_key
+from workbench.harness import metric_registry as registry
+from workbench.harness.metric_registry import DEFAULT_PERCENTILES, percentile_key
 
 __all__ = ["DEFAULT_PERCENTILES", "SLO", "RequestRecord", "compute_metrics", "percentile_key",
            "records_frame", "summary_table"]

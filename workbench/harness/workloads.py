@@ -3,7 +3,7 @@
 A `Workload` is what a serving benchmark replays: requests as exact token ids (plus the text),
 the parameters that made them and a sha256 `checksum`, so two runs can prove they sent the
 same traffic. It comes from a named fixture (`make_workload`) or a user JSONL (`load_jsonl`).
-When requests are *sent* is `workbench.bench.arrivals`' job, not this module's.
+When requests are *sent* is `workbench.harness.arrivals`' job, not this module's.
 
 Fixture text is synthetic English-ish prose drawn from a fixed word list with
 `random.Random(seed)`, tokenized and made exactly the sampled number of tokens long (whole
@@ -47,7 +47,7 @@ from functools import cached_property, partial
 from pathlib import Path
 from typing import Any
 
-from workbench.bench.lengths import LengthDist
+from workbench.harness.lengths import LengthDist
 
 WORDS = tuple(
     "the of to and a in is for that return value list file data name type object default "

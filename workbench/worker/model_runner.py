@@ -16,7 +16,7 @@ KV cache dtype: the model dtype, or float8_e4m3fn with kv_cache_dtype="fp8" (one
 Tensor parallelism (`tensor_parallel_size` > 1): the model is built as this process's TP rank
 (its shard of every layer) and the KV cache holds this rank's KV heads
 (`calc.tp_kv_heads_per_rank`), so `bytes_per_block` is per rank; block ids are the same on
-every rank. The ranks are started by `workbench.distributed.tp_runner.create_model_runner`.
+every rank. The ranks are started by `workbench.executor.tp_runner.create_model_runner`.
 """
 
 from __future__ import annotations
@@ -42,8 +42,6 @@ from workbench.distributed.parallel_state import (
     rank_for_tensor_parallel_size,
     tensor_parallel_scope,
 )
-from workbench.engine.cpu_malloc import keep_freed_memory
-from workbench.engine.cuda_graph import DecodeGraphRunner, GraphFactory, cudagraph_capture_sizes
 from workbench.engine.request import Request
 from workbench.engine.scheduler_output import SchedulerOutput
 from workbench.layers.attention import Attention
@@ -51,6 +49,8 @@ from workbench.layers.cpu_gemm import pack_linear_weights
 from workbench.layers.sampler import Sampler
 from workbench.models.loader import load_model
 from workbench.profiling import nvtx_range
+from workbench.worker.cpu_malloc import keep_freed_memory
+from workbench.worker.cuda_graph import DecodeGraphRunner, GraphFactory, cudagraph_capture_sizes
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -233,7 +233,7 @@ class ModelRunner:
 
     def shutdown(self) -> None:
         """Release what outlives the model; the tensor-parallel runners stop their ranks
-        (workbench.distributed.tp_runner). Nothing to do for one process."""
+        (workbench.executor.tp_runner). Nothing to do for one process."""
 
     @torch.inference_mode()
     def profile_run(self, num_tokens: int, max_num_seqs: int) -> int:

@@ -7,7 +7,7 @@ import math
 import pandas as pd
 import pytest
 
-from workbench.bench.metrics import (
+from workbench.harness.metrics import (
     SLO,
     RequestRecord,
     compute_metrics,

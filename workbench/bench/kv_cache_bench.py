@@ -1,6 +1,6 @@
 """Micro-benchmark: µs per `allocate_slots` call for a batch of running decoding requests.
 
-    python -m workbench.kv_cache.bench [--num-requests 256] [--block-size 16] [--steps 200]
+    python -m workbench.bench.kv_cache_bench [--num-requests 256] [--block-size 16] [--steps 200]
 
 Prompt lengths are staggered (prompt_len + i % block_size) so that every step about
 1/block_size of the requests fill a block (allocation + hashing) and the rest take the fast

@@ -23,13 +23,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from workbench.bench import prom
-from workbench.bench.arrivals import ArrivalSpec
-from workbench.bench.http_target import OpenAITarget
-from workbench.bench.join import join_client_server, overhead_table, server_side
-from workbench.bench.metrics import RequestRecord
-from workbench.bench.runner import run, run_sync
-from workbench.bench.workloads import BenchRequest, Workload
+from workbench.harness import prom
+from workbench.harness.arrivals import ArrivalSpec
+from workbench.harness.http_target import OpenAITarget
+from workbench.harness.join import join_client_server, overhead_table, server_side
+from workbench.harness.metrics import RequestRecord
+from workbench.harness.runner import run, run_sync
+from workbench.harness.workloads import BenchRequest, Workload
 
 MODEL = "fake-model"
 
@@ -366,7 +366,7 @@ def test_poller_scrapes_every_interval(fake: tuple[FakeOpenAI, str]) -> None:
 
 
 def test_sse_parsing_rules() -> None:
-    from workbench.bench.sse import SSEDecoder, StreamParser
+    from workbench.harness.sse import SSEDecoder, StreamParser
 
     dec = SSEDecoder()
     raw = b'data: {"a": 1}\r\n\r\n: ping\n\nevent: x\ndata: {"b":\ndata: 2}\n\ndata: [DO'
@@ -440,8 +440,8 @@ def test_cli_flags_a_disturbed_run_on_the_console_and_in_mlflow(
     from mlflow.tracking import MlflowClient
 
     from workbench.bench.cli import main
-    from workbench.bench.validity import FixedCpuWatch
     from workbench.demo import bundled_checkpoint
+    from workbench.harness.validity import FixedCpuWatch
 
     _, url = fake
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -505,9 +505,9 @@ def test_against_workbench_serve(tmp_path: Any, caplog: pytest.LogCaptureFixture
     pytest.importorskip("workbench.server.app")
     import sys
 
-    from workbench.bench.server_process import make_target
-    from workbench.bench.workloads import make_workload
     from workbench.demo import bundled_checkpoint
+    from workbench.harness.server_process import make_target
+    from workbench.harness.workloads import make_workload
     from workbench.models.tokenizer import load_tokenizer
 
     ckpt = str(bundled_checkpoint())
@@ -546,7 +546,7 @@ def test_against_workbench_serve(tmp_path: Any, caplog: pytest.LogCaptureFixture
     assert "reset_prefix_cache() after the warm-up returned False" not in caplog.text
     # The same workload in-process: the report puts client TTFT beside server TTFT, so the
     # HTTP (and queue) overhead is visible.
-    from workbench.bench.targets import InProcessTarget
+    from workbench.harness.targets import InProcessTarget
 
     local = InProcessTarget(ckpt, engine_kwargs=config)
     try:

@@ -1,6 +1,6 @@
 """The metric registry: one row per metric with its name, unit, direction and source.
 
-Read by the harness (`workbench.bench.metrics`: which latency families exist, the summary
+Read by the harness (`workbench.harness.metrics`: which latency families exist, the summary
 table's labels and units), the verdict (better / worse), template validation (objective
 metric and slo keys, with "did you mean"), the analysis plots (axis labels with units) and the
 server's Prometheus histograms (their help text). Adding a metric is one row here plus its
@@ -294,5 +294,5 @@ def markdown_table() -> str:
     return "\n".join(lines) + "\n"
 
 
-if __name__ == "__main__":  # python -m workbench.bench.metric_registry > the table
+if __name__ == "__main__":  # python -m workbench.harness.metric_registry > the table
     print(markdown_table(), end="")

@@ -54,14 +54,14 @@ from typing import Any, NoReturn
 import torch
 
 from workbench.config import EngineConfig
-from workbench.distributed.main_module import MAIN_ADVICE, main_module_problem
 from workbench.distributed.parallel_state import (
     destroy_distributed_environment,
     init_distributed_environment,
     model_parallel_is_initialized,
 )
 from workbench.distributed.step_input import StepInput
-from workbench.distributed.worker import worker_main
+from workbench.executor.main_module import MAIN_ADVICE, main_module_problem
+from workbench.worker.tp_worker import worker_main
 
 STARTUP_TIMEOUT_S = 600.0  # a worker's imports + model load
 ERROR_GRACE_S = 0.5  # after a failed collective: how long to wait for a worker's traceback

@@ -17,12 +17,12 @@ import time
 from abc import ABC, abstractmethod
 from typing import Any
 
-from workbench.bench.metrics import RequestRecord
-from workbench.bench.workloads import BenchRequest
 from workbench.config import EngineConfig
 from workbench.engine.async_engine import AsyncEngine
 from workbench.engine.llm_engine import LLMEngine
 from workbench.engine.request import RequestTimes
+from workbench.harness.metrics import RequestRecord
+from workbench.harness.workloads import BenchRequest
 from workbench.sampling_params import SamplingParams
 
 

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from workbench.bench.lengths import LengthDist
-from workbench.bench.workloads import (
+from workbench.harness.lengths import LengthDist
+from workbench.harness.workloads import (
     FIXTURES,
     REPEAT_HEADER,
     BenchRequest,

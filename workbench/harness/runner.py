@@ -30,10 +30,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
-from workbench.bench.arrivals import ArrivalSpec, arrival_offsets
-from workbench.bench.metrics import SLO, RequestRecord, compute_metrics
-from workbench.bench.targets import Target
-from workbench.bench.validity import (
+from workbench.harness.arrivals import ArrivalSpec, arrival_offsets
+from workbench.harness.metrics import SLO, RequestRecord, compute_metrics
+from workbench.harness.targets import Target
+from workbench.harness.validity import (
     DEFAULT_MAX_OTHER_CPU_SHARE,
     CpuShare,
     CpuWatch,
@@ -42,7 +42,7 @@ from workbench.bench.validity import (
     default_cpu_watch,
     local_server_pids,
 )
-from workbench.bench.workloads import BenchRequest, Workload
+from workbench.harness.workloads import BenchRequest, Workload
 
 T = TypeVar("T")
 

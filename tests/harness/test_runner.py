@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 
 from workbench import LLM, SamplingParams
-from workbench.bench.arrivals import ArrivalSpec
-from workbench.bench.metrics import RequestRecord
-from workbench.bench.runner import RunResult, run
-from workbench.bench.targets import InProcessTarget
-from workbench.bench.validity import check_validity
-from workbench.bench.workloads import BenchRequest, Workload
+from workbench.harness.arrivals import ArrivalSpec
+from workbench.harness.metrics import RequestRecord
+from workbench.harness.runner import RunResult, run
+from workbench.harness.targets import InProcessTarget
+from workbench.harness.validity import check_validity
+from workbench.harness.workloads import BenchRequest, Workload
 from workbench.testing import tiny_checkpoint
 
 KW: dict[str, Any] = dict(dtype="float32", max_model_len=256, block_size=16)

@@ -34,8 +34,8 @@ from workbench.distributed.parallel_state import (
     init_distributed_environment,
 )
 from workbench.distributed.step_input import StepInputDecoder
-from workbench.engine.model_runner import ModelRunner
 from workbench.engine.request import Request
+from workbench.worker.model_runner import ModelRunner
 
 PARENT_POLL_S = 0.5
 

@@ -1,0 +1,7 @@
+"""How the engine reaches its workers (vLLM's executor layer).
+
+    tp_runner              create_model_runner: ModelRunner (one process), MultiprocModelRunner
+                           (rank 0 fanning each step out) or ExternalLauncherModelRunner
+    multiproc_executor     spawn the TP worker processes, send steps, collect errors, shut down
+    main_module            can spawned workers re-run this program's main module?
+"""
