@@ -107,6 +107,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 LEAVES: tuple[str, ...] = (
     "workbench.engine.request",  # Request, RequestStatus: scheduler, KV manager, sampler
     "workbench.engine.scheduler_output",  # SchedulerOutput: engine -> executor -> worker
+    "workbench.engine.runner_output",  # ModelRunnerOutput: worker -> executor -> engine
     "workbench.distributed.step_input",  # the pickled step the executor sends to TP workers
     "workbench.sampling_params",
     "workbench.config",

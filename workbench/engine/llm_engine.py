@@ -353,7 +353,8 @@ class LLMEngine:
                 out = sched.schedule()
             taint: dict[str, int] = {}  # failed in the forward: id -> tokens with valid KV
             try:
-                sampled: dict[str, list[int]] | None = self.runner.execute_model(out, failed)
+                sampled: dict[str, list[int]] | None = (
+                    self.runner.execute_model(out, failed).sampled_token_ids)
             except Exception as e:  # noqa: BLE001 - fails this step's requests, not the engine
                 if self.config.parallel_config.tensor_parallel_size > 1:
                     raise  # the executor has stopped every rank: this engine is done (vLLM's)
@@ -464,7 +465,7 @@ class LLMEngine:
                 num_prefill_tokens=n if prefill else 0, num_decode_tokens=0 if prefill else n,
             )
             try:
-                sampled.update(self.runner.execute_model(alone, failed))
+                sampled.update(self.runner.execute_model(alone, failed).sampled_token_ids)
             except Exception as e:  # noqa: BLE001 - this request's failure
                 failed[rid] = f"engine step failed: {type(e).__name__}: {e}"
                 taint[rid] = req.num_computed_tokens

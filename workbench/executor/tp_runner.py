@@ -30,6 +30,7 @@ from workbench.distributed.parallel_state import (
     init_from_torchrun_env,
 )
 from workbench.distributed.step_input import StepInputEncoder
+from workbench.engine.runner_output import ModelRunnerOutput
 from workbench.engine.scheduler_output import SchedulerOutput
 from workbench.executor.multiproc_executor import MultiprocExecutor, threads_per_rank
 from workbench.worker.model_runner import ModelRunner
@@ -91,7 +92,7 @@ class MultiprocModelRunner(ModelRunner):
 
     def execute_model(
         self, out: SchedulerOutput, failed: dict[str, str] | None = None
-    ) -> dict[str, list[int]]:
+    ) -> ModelRunnerOutput:
         if not out.is_empty:
             self.executor.send_step(self.encoder.encode(out))
         try:

@@ -43,6 +43,7 @@ from workbench.distributed.parallel_state import (
     tensor_parallel_scope,
 )
 from workbench.engine.request import Request
+from workbench.engine.runner_output import ModelRunnerOutput
 from workbench.engine.scheduler_output import SchedulerOutput
 from workbench.layers.attention import Attention
 from workbench.layers.cpu_gemm import pack_linear_weights
@@ -288,12 +289,12 @@ class ModelRunner:
     @torch.inference_mode()
     def execute_model(
         self, out: SchedulerOutput, failed: dict[str, str] | None = None
-    ) -> dict[str, list[int]]:
-        """The step's forward and sampling: request id -> accepted token ids. With `failed`,
+    ) -> ModelRunnerOutput:
+        """The step's forward and sampling (request id -> accepted token ids). With `failed`,
         a request whose own sampling raises is recorded there (id -> message) and left out
         of the result; an error in the batched forward raises (nobody can be blamed)."""
         if out.is_empty:
-            return {}
+            return ModelRunnerOutput()
         if out.blocks_to_copy:
             self.copy_blocks(out.blocks_to_copy)
         with nvtx_range("model_runner.prepare_inputs"):
@@ -302,18 +303,20 @@ class ModelRunner:
                         f"decode={out.num_decode_tokens}"):
             hidden = self.forward(input_ids, positions, meta)
         if not to_sample:
-            return {}
+            return ModelRunnerOutput()
         spec = out.scheduled_spec_decode_tokens
         with nvtx_range("model_runner.sample"):
             logits = self.model.compute_logits(hidden[logits_idx])
             if not spec:
                 tokens = self.sampler(logits, to_sample, failed=failed)
-                return {r.request_id: [t] for r, t in zip(to_sample, tokens, strict=True)
-                        if not failed or r.request_id not in failed}
-            drafts = [spec.get(r.request_id, []) for r in to_sample]
-            accepted = self.sampler.verify(logits, to_sample, drafts, failed=failed)
-        return {r.request_id: a for r, a in zip(to_sample, accepted, strict=True)
-                if not failed or r.request_id not in failed}
+                sampled = {r.request_id: [t] for r, t in zip(to_sample, tokens, strict=True)
+                           if not failed or r.request_id not in failed}
+            else:
+                drafts = [spec.get(r.request_id, []) for r in to_sample]
+                accepted = self.sampler.verify(logits, to_sample, drafts, failed=failed)
+                sampled = {r.request_id: a for r, a in zip(to_sample, accepted, strict=True)
+                           if not failed or r.request_id not in failed}
+        return ModelRunnerOutput(sampled_token_ids=sampled)
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         src = torch.tensor([s for s, _ in pairs], device=self.device)
