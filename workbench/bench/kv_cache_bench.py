@@ -74,14 +74,14 @@ def run(num_requests: int = 256, block_size: int = 16, prompt_len: int = 512,
     }
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num-requests", type=int, default=256)
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--prompt-len", type=int, default=512)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     results = [
         run(args.num_requests, args.block_size, args.prompt_len, args.steps)
         for _ in range(args.repeats)
