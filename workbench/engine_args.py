@@ -8,9 +8,10 @@
                                         JSON); `defaults` overrides what a tool starts from
     engine_kwargs(args)                 the knobs a parsed namespace sets, for from_kwargs
 
-`workbench serve` (and the router's replicas) and `workbench demo-engine` build their flags
-here, so a knob's name, type, default and help cannot drift between them (as vLLM's
-`EngineArgs.add_cli_args`). A field's help is its `config.knob(...)` metadata.
+`workbench serve` (and the router's replicas), `workbench demo-engine` and `workbench bench
+offline` build their flags here, so a knob's name, type, default and help cannot drift
+between them (as vLLM's `EngineArgs.add_cli_args`). A field's help is its `config.knob(...)`
+metadata.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import dataclasses
 import json
 import types
 import typing
+from collections.abc import Collection
 from typing import Any
 
 from workbench.config import (
@@ -77,16 +79,20 @@ def _base_type(tp: Any) -> Any:
 
 def add_engine_args(
     parser: argparse.ArgumentParser, defaults: dict[str, Any] | None = None,
-    title: str = "engine knobs",
+    title: str = "engine knobs", exclude: Collection[str] = (),
 ) -> argparse._ArgumentGroup:
     """One flag per knob. A flag left out stays None (the engine's default applies) unless
-    `defaults` names the knob: then that value is the tool's default, shown in --help."""
+    `defaults` names the knob: then that value is the tool's default, shown in --help.
+    `exclude`: knobs the tool fixes itself or whose flag it uses for something else (pass
+    the same to `engine_kwargs`)."""
     defaults = defaults or {}
-    unknown = sorted(set(defaults) - {k.name for k in engine_knobs()})
+    unknown = sorted((set(defaults) | set(exclude)) - {k.name for k in engine_knobs()})
     if unknown:
-        raise ValueError(f"defaults for unknown engine knob(s) {', '.join(unknown)}")
+        raise ValueError(f"unknown engine knob(s) {', '.join(unknown)}")
     group = parser.add_argument_group(title)
     for k in engine_knobs():
+        if k.name in exclude:
+            continue
         flags = ["--" + k.name.replace("_", "-"), *ALIASES.get(k.name, [])]
         base = _base_type(k.type)
         start = defaults.get(k.name)
@@ -105,7 +111,7 @@ def add_engine_args(
     return group
 
 
-def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
+def engine_kwargs(args: argparse.Namespace, exclude: Collection[str] = ()) -> dict[str, Any]:
     """The knobs the namespace sets (None = not given: the engine's default applies)."""
     return {k.name: getattr(args, k.name) for k in engine_knobs()
-            if getattr(args, k.name, None) is not None}
+            if k.name not in exclude and getattr(args, k.name, None) is not None}

@@ -48,6 +48,7 @@ from workbench.bench.roofline import (
     measure_fp32_gflops,
     workload_roofline,
 )
+from workbench.engine_args import add_engine_args, engine_kwargs
 from workbench.harness.validity import CpuWatch, cpu_reason, default_cpu_watch, disturbed_line
 
 DEFAULT_CKPT_DIR = Path(__file__).resolve().parents[2] / ".bench" / "offline" / "llama-30m"
@@ -162,7 +163,7 @@ def run_engine(ckpt: Path, reqs: list[OfflineRequest], single: OfflineRequest,
     from workbench import LLM, SamplingParams
 
     t0 = time.perf_counter()
-    llm = LLM(model=str(ckpt), dtype="float32", **engine_kwargs)
+    llm = LLM(model=str(ckpt), **{"dtype": "float32", **engine_kwargs})
     load_s = time.perf_counter() - t0
 
     def gen(rs: Sequence[OfflineRequest]) -> Callable[[], list[list[int]]]:
@@ -306,6 +307,9 @@ def table(results: list[SystemResult], roofline_tok_s: float) -> str:
     return "\n".join(lines)
 
 
+ENGINE_FIXED = ("seed",)  # greedy runs; `--seed` is the workload's
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="workbench bench offline", description=__doc__.split("\n")[0])
     p.add_argument("--runs", type=int, default=3, help="timed runs after one warm-up (median)")
@@ -321,12 +325,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--skip-vllm", action="store_true")
     p.add_argument("--vllm-configs", default="best,default", help="comma list of best,default")
     p.add_argument("--hf-batch-size", type=int, default=16)
-    p.add_argument("--max-num-seqs", type=int, default=64)
-    p.add_argument("--max-num-batched-tokens", type=int, default=None)
-    p.add_argument("--no-prefix-caching", action="store_true")
     p.add_argument("--gflops", type=float, default=None, help="state fp32 GFLOP/s (else measured)")
     p.add_argument("--json", type=Path, default=None, help="write the results here")
     p.add_argument("--strict", action="store_true", help="exit 2 when any tokens mismatch")
+    # the engine's knobs, as `workbench serve` spells them; vLLM peers get --max-num-seqs too
+    add_engine_args(p, defaults={"max_num_seqs": 64, "dtype": "float32"}, exclude=ENGINE_FIXED,
+                    title="engine knobs (the workbench engine's run)")
     return p.parse_args(argv)
 
 
@@ -350,11 +354,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     policy = RunPolicy(runs=args.runs, max_others=args.max_others, retries=args.retries)
     results: list[SystemResult] = []
     if not args.skip_engine:
-        kw: dict[str, Any] = {"max_num_seqs": args.max_num_seqs,
-                              "enable_prefix_caching": not args.no_prefix_caching}
-        if args.max_num_batched_tokens:
-            kw["max_num_batched_tokens"] = args.max_num_batched_tokens
-        results.append(run_engine(ckpt, reqs, single, policy, kw))
+        results.append(run_engine(ckpt, reqs, single, policy, engine_kwargs(args, ENGINE_FIXED)))
     if not args.skip_hf:
         results += run_hf(ckpt, reqs, single, policy, args.hf_batch_size)
     if not args.skip_vllm:
