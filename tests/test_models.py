@@ -23,7 +23,8 @@ from workbench.attention.metadata import AttentionMetadata
 from workbench.attention.selector import get_attention_backend
 from workbench.config import ModelConfig
 from workbench.layers.rotary import compute_inv_freq, get_rope_config
-from workbench.models import get_model_class, load_model, load_tokenizer
+from workbench.models.loader import get_model_class, load_model
+from workbench.models.tokenizer import load_tokenizer
 from workbench.testing import tiny_checkpoint
 
 CPU = torch.device("cpu")
@@ -322,3 +323,15 @@ def test_bfloat16_load(ckpt_dirs: dict[str, Path]) -> None:
     bf16 = Runner(model, mc, 4, 0).step(work)
     assert bf16[0].dtype == torch.float32  # compute_logits upcasts
     assert torch.nn.functional.cosine_similarity(bf16[0], fp32[0], dim=-1).min() > 0.99
+
+
+def test_every_registered_architecture_resolves_to_its_class() -> None:
+    """The registry is names only (config reads it without torch); each row must import."""
+    from workbench.models import llama, registry
+
+    for arch in registry.SUPPORTED_ARCHITECTURES:
+        cls = get_model_class(arch)
+        assert cls.__name__ == registry.MODELS[arch][1]
+        if cls is llama.LlamaForCausalLM:
+            assert arch in llama.FAMILIES  # LlamaArch resolves its per-family differences
+    assert set(llama.FAMILIES) <= set(registry.MODELS)

@@ -13,14 +13,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from workbench.models.registry import SUPPORTED_ARCHITECTURES
 from workbench.named_models import resolve_model
 
-SUPPORTED_ARCHITECTURES: dict[str, str] = {
-    "LlamaForCausalLM": "llama",
-    "Qwen2ForCausalLM": "qwen2",
-    "Qwen3ForCausalLM": "qwen3",
-    "MistralForCausalLM": "mistral",
-}
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATION_METHODS = ("int8", "int4", "fp8")
 INT4_GROUP_SIZES = (32, 64, 128)

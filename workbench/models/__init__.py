@@ -1,9 +1,5 @@
-"""Model definitions, the architecture registry, and the safetensors loader."""
+"""Model definitions (`llama.py`), the architecture registry (`registry.py`, a table of names),
+the safetensors loader (`loader.py`) and the tokenizer loader.
 
-from __future__ import annotations
-
-from workbench.models.loader import load_model
-from workbench.models.registry import get_model_class
-from workbench.models.tokenizer import load_tokenizer
-
-__all__ = ["get_model_class", "load_model", "load_tokenizer"]
+Nothing is imported here, so `workbench.config` can read the registry without loading torch.
+"""

@@ -20,13 +20,22 @@ from torch import nn
 from workbench.attention.backends import AttentionBackend
 from workbench.attention.metadata import AttentionMetadata
 from workbench.attention.selector import get_attention_backend
-from workbench.config import SUPPORTED_ARCHITECTURES, ModelConfig
+from workbench.config import ModelConfig
 from workbench.layers.activation import SiluAndMul
 from workbench.layers.attention import Attention
 from workbench.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from workbench.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from workbench.layers.norm import RMSNorm
 from workbench.layers.rotary import RotaryEmbedding, get_rope_config
+
+# The architectures this class serves (workbench/models/registry.py points them here) and the
+# per-family differences `LlamaArch` resolves.
+FAMILIES: dict[str, str] = {
+    "LlamaForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+    "MistralForCausalLM": "mistral",
+}
 
 
 @dataclass(frozen=True)
@@ -54,7 +63,7 @@ class LlamaArch:
     @classmethod
     def from_model_config(cls, mc: ModelConfig) -> LlamaArch:
         hf = mc.hf_config
-        family = SUPPORTED_ARCHITECTURES[mc.architecture]
+        family = FAMILIES[mc.architecture]
         if hf.get("hidden_act", "silu") != "silu":
             raise ValueError(f"hidden_act ({hf['hidden_act']!r}) is not supported; only 'silu'")
         window = hf.get("sliding_window") if hf.get("use_sliding_window", True) else None

@@ -14,6 +14,7 @@ layers are quantized online right after loading (`workbench.layers.quantization`
 from __future__ import annotations
 
 import contextlib
+import importlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +25,7 @@ from torch import nn
 
 from workbench.config import ModelConfig
 from workbench.layers.quantization import quantize_model
-from workbench.models.registry import get_model_class
+from workbench.models.registry import model_location
 
 Packed = dict[str, tuple[str, str | int]]
 
@@ -138,6 +139,12 @@ def load_weights(model: nn.Module, folder: str | Path) -> None:
             f"{len(missing)} weight(s) missing from the checkpoint in {folder}: "
             f"{', '.join(missing[:10])}"
         )
+
+
+def get_model_class(architecture: str) -> type[nn.Module]:
+    """The class the registry names for `architecture` (its module imported on demand)."""
+    module, name = model_location(architecture)
+    return getattr(importlib.import_module(f"workbench.models.{module}"), name)
 
 
 def load_model(

@@ -1,23 +1,28 @@
-"""Architecture name (config.json `architectures[0]`) -> model class."""
+"""The architecture registry: config.json `architectures[0]` -> (module, class), as vLLM's.
+
+One table, no torch: `workbench.config` validates a model's architecture against it before
+anything is built, and `workbench.models.loader.get_model_class` imports the module it names.
+Adding an architecture is a row here plus its module under `workbench/models/`.
+"""
 
 from __future__ import annotations
 
-from torch import nn
-
-from workbench.config import SUPPORTED_ARCHITECTURES
-from workbench.models.llama import LlamaForCausalLM
-
-# Every supported architecture is a Llama-family variant handled by one class.
-MODEL_REGISTRY: dict[str, type[nn.Module]] = {
-    arch: LlamaForCausalLM for arch in SUPPORTED_ARCHITECTURES
+# architecture -> (module under workbench/models/, class name)
+MODELS: dict[str, tuple[str, str]] = {
+    "LlamaForCausalLM": ("llama", "LlamaForCausalLM"),
+    "Qwen2ForCausalLM": ("llama", "LlamaForCausalLM"),
+    "Qwen3ForCausalLM": ("llama", "LlamaForCausalLM"),
+    "MistralForCausalLM": ("llama", "LlamaForCausalLM"),
 }
+SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(MODELS)
 
 
-def get_model_class(architecture: str) -> type[nn.Module]:
+def model_location(architecture: str) -> tuple[str, str]:
+    """(module, class) of `architecture`; ValueError naming the supported ones otherwise."""
     try:
-        return MODEL_REGISTRY[architecture]
+        return MODELS[architecture]
     except KeyError:
         raise ValueError(
             f"architecture ({architecture!r}) is not supported; supported architectures are "
-            f"{', '.join(MODEL_REGISTRY)}"
+            f"{', '.join(MODELS)}"
         ) from None
