@@ -17,6 +17,9 @@ from workbench.models.registry import SUPPORTED_ARCHITECTURES
 from workbench.named_models import resolve_model
 
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
+# The policies `workbench.engine.request_queue.REQUEST_QUEUES` implements (a test keeps the two
+# equal): the names SchedulerConfig accepts.
+SCHEDULING_POLICIES = ("fcfs", "priority")
 QUANTIZATION_METHODS = ("int8", "int4", "fp8")
 INT4_GROUP_SIZES = (32, 64, 128)
 DEFAULT_INT4_GROUP_SIZE = 128  # GPTQ's / AWQ's usual group_size
@@ -268,8 +271,9 @@ class SchedulerConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.max_num_seqs, int) or self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs ({self.max_num_seqs}) must be an integer >= 1")
-        if self.policy not in ("fcfs", "priority"):
-            raise ValueError(f"policy ({self.policy!r}) must be 'fcfs' or 'priority'")
+        if self.policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"policy ({self.policy!r}) must be one of "
+                             f"{', '.join(SCHEDULING_POLICIES)}")
         if self.long_prefill_token_threshold < 0:
             raise ValueError(
                 f"long_prefill_token_threshold ({self.long_prefill_token_threshold}) must be >= 0"

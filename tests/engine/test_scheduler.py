@@ -217,3 +217,14 @@ def test_n2_fork_shares_prompt_blocks_and_copies_on_write() -> None:
     assert out.num_scheduled_tokens == {"r": 1, "r#1": 1}
     assert out.blocks_to_copy == [(2, 3)]
     assert out.block_ids == {"r": [1, 3], "r#1": [1, 2]}
+
+
+def test_every_config_policy_has_a_queue_and_back() -> None:
+    from workbench.config import SCHEDULING_POLICIES
+    from workbench.engine.request_queue import REQUEST_QUEUES
+
+    assert tuple(REQUEST_QUEUES) == SCHEDULING_POLICIES
+    for cls in REQUEST_QUEUES.values():  # what the scheduler calls on a policy's queue
+        for method in ("add", "prepend", "peek", "pop", "remove", "__len__", "__iter__",
+                       "preemption_victim"):
+            assert callable(getattr(cls, method)), (cls.__name__, method)

@@ -173,7 +173,7 @@ def test_a_router_template_keeps_its_own_knobs_apart() -> None:
         "least_outstanding, prefix_aware (did you mean 'prefix_aware'?)"]
     # in-process, `policy` is the engine's scheduling policy
     assert problems(baseline=base, variable={"name": "max_num_seqs", "values": [4]}) == [
-        "baseline: policy ('round_robin') must be 'fcfs' or 'priority'"]
+        "baseline: policy ('round_robin') must be one of fcfs, priority"]
 
 
 def test_the_duplicated_names_match_their_owners() -> None:

@@ -1,8 +1,14 @@
-"""Waiting queues for the scheduler: FCFS (a deque) and priority (a heap).
+"""Scheduling policies: the scheduler's waiting queue, one class per policy.
 
-Priority follows vLLM: a *lower* `priority` value is served first, ties broken by arrival.
-A preempted request goes back to the front under FCFS, and back into the heap (where its
-priority and arrival decide) under the priority policy.
+    fcfs      FCFSRequestQueue (a deque): arrival order; a preempted request goes back to the
+              front; the newest running request is preempted first.
+    priority  PriorityRequestQueue (a heap): a *lower* `priority` value is served first, ties
+              broken by arrival (vLLM's rule); a preempted request goes back into the heap; the
+              running request with the highest (priority, arrival) is preempted first.
+
+A policy decides both orders: whom to serve next (`pop`) and whom to preempt when blocks run
+out (`preemption_victim`). Adding one is a class here with the same methods, a row in
+REQUEST_QUEUES, and its name in `workbench.config.SCHEDULING_POLICIES`.
 """
 
 from __future__ import annotations
@@ -40,6 +46,11 @@ class FCFSRequestQueue:
     def __iter__(self) -> Iterator[Request]:
         return iter(self._q)
 
+    @staticmethod
+    def preemption_victim(running: list[Request]) -> Request:
+        """The running request to preempt (removed from `running`): the newest one."""
+        return running.pop()
+
 
 class PriorityRequestQueue:
     def __init__(self) -> None:
@@ -69,6 +80,22 @@ class PriorityRequestQueue:
     def __iter__(self) -> Iterator[Request]:
         return (e[3] for e in sorted(self._heap))
 
+    @staticmethod
+    def preemption_victim(running: list[Request]) -> Request:
+        """The running request to preempt (removed from `running`): the one served last
+        under this policy (highest priority value, then latest arrival)."""
+        victim = max(running, key=lambda r: (r.priority, r.times.arrival))
+        running.remove(victim)
+        return victim
 
-def make_request_queue(policy: str) -> FCFSRequestQueue | PriorityRequestQueue:
-    return PriorityRequestQueue() if policy == "priority" else FCFSRequestQueue()
+
+RequestQueue = FCFSRequestQueue | PriorityRequestQueue
+REQUEST_QUEUES: dict[str, type[RequestQueue]] = {
+    "fcfs": FCFSRequestQueue,
+    "priority": PriorityRequestQueue,
+}
+
+
+def make_request_queue(policy: str) -> RequestQueue:
+    """The waiting queue of `policy` (one of REQUEST_QUEUES; config validated it)."""
+    return REQUEST_QUEUES[policy]()
