@@ -95,3 +95,39 @@ def test_docs_metrics_table_matches_the_registry() -> None:
     doc = (Path(__file__).parents[2] / "docs" / "metrics.md").read_text()
     assert registry.markdown_table() in doc, (
         "regenerate: python -m workbench.harness.metric_registry")
+
+
+def test_engine_stats_keys_are_the_registry_engine_rows() -> None:
+    from workbench.engine.stats import EngineStats
+
+    stats = EngineStats()
+    stats.record_spec(3, 2)  # the per-position counter appears once speculation ran
+    vllm_keys = {k for k in stats.snapshot() if k.startswith("vllm:")}
+    rows = {r.name for r in registry.METRICS if r.source == "engine"}
+    assert vllm_keys == rows
+    assert set(registry.engine_names("gauge")) == set(stats.gauges)
+    assert all(registry.get(k).kind == "counter" for k in stats.counters)
+
+
+def test_server_exports_engine_rows_with_the_registry_help_and_type() -> None:
+    from prometheus_client import generate_latest
+
+    from workbench.engine.stats import EngineStats
+    from workbench.server.metrics import ServerMetrics
+
+    class _Engine:  # what the collector reads at scrape time
+        stats = EngineStats().snapshot
+
+        class engine:  # noqa: N801 - the attribute chain ServerMetrics reads
+            num_blocks = 8
+
+            class config:  # noqa: N801
+                class cache_config:  # noqa: N801
+                    block_size, enable_prefix_caching, kv_cache_dtype = 16, True, "auto"
+
+    metrics = ServerMetrics(_Engine(), "m", 2048)  # type: ignore[arg-type]
+    text = generate_latest(metrics.registry).decode()
+    for row in registry.METRICS:
+        if row.source == "engine" and row.name != "vllm:spec_decode_num_accepted_tokens_per_pos":
+            name = row.name + ("_total" if row.kind == "counter" else "")  # the text format's
+            assert f"# HELP {name} {row.description}\n# TYPE {name} {row.kind}\n" in text, name

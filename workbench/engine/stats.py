@@ -11,28 +11,16 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from workbench.harness import metric_registry
+
 # A long-running server steps forever: keep the newest rows only (about 20 MB at most).
 MAX_STEP_TRACE_ROWS = 100_000
 
-COUNTERS = (
-    "vllm:num_preemptions",
-    "vllm:prefix_cache_queries",
-    "vllm:prefix_cache_hits",
-    "vllm:prompt_tokens",
-    "vllm:generation_tokens",
-    "vllm:request_success",
-    "vllm:spec_decode_num_drafts",
-    "vllm:spec_decode_num_draft_tokens",
-    "vllm:spec_decode_num_accepted_tokens",
-)
 PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos"
+# The metric registry's engine rows (vLLM's names): kept as counters and gauges here.
+COUNTERS = tuple(n for n in metric_registry.engine_names("counter") if n != PER_POS)
 FINISHED_REASONS = ("stop", "length", "abort", "error")
-GAUGES = (
-    "vllm:num_requests_running",
-    "vllm:num_requests_waiting",
-    "vllm:kv_cache_usage_perc",
-)
-
+GAUGES = metric_registry.engine_names("gauge")
 
 @dataclass
 class StepRecord:

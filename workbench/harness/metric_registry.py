@@ -2,10 +2,11 @@
 
 Read by the harness (`workbench.harness.metrics`: which latency families exist, the summary
 table's labels and units), the verdict (better / worse), template validation (objective
-metric and slo keys, with "did you mean"), the analysis plots (axis labels with units) and the
-server's Prometheus histograms (their help text). Adding a metric is one row here plus its
-computation; `tests/bench/test_metric_registry.py` fails when a computed metric has no row or
-a row is never computed.
+metric and slo keys, with "did you mean"), the analysis plots (axis labels with units), the
+engine's statistics (which counters and gauges it keeps) and the server's Prometheus
+collectors (help text and type). Adding a metric is one row here plus its computation;
+`tests/harness/test_metric_registry.py` fails when a computed metric has no row or a row is
+never computed.
 
 Two kinds of row:
 
@@ -19,8 +20,9 @@ Two kinds of row:
 Directions: "lower" (lower is better), "higher", or "none" (a count or a share that says
 nothing good or bad by itself, e.g. `duration`). Sources: "client" (the load generator's
 timestamps, vLLM's `vllm bench serve` definitions), "server" (engine timestamps the target
-returns per request), "run" (the run's validity and engine step trace), "prometheus" (the
-server's `/metrics`, vLLM's names).
+returns per request), "run" (the run's validity and engine step trace), "engine" (the engine's
+counters and gauges: `LLM.stats()` and the server's `/metrics`, vLLM's names; `kind` says
+which), "prometheus" (the server's `/metrics` histograms, vLLM's names).
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 DIRECTIONS = ("lower", "higher", "none")
-SOURCES = ("client", "server", "run", "prometheus")
+SOURCES = ("client", "server", "run", "engine", "prometheus")
+KINDS = ("", "counter", "gauge")  # an engine row's Prometheus type ("" for other sources)
 STATS = ("mean", "median", "std", "p")
 DEFAULT_PERCENTILES: tuple[float, ...] = (50, 90, 95, 99)
 # Units the summary table prints after a label ("Benchmark duration (s)"); counts do not.
@@ -42,17 +45,21 @@ class MetricSpec:
     name: str
     unit: str  # "ms", "s", "req/s", "tok/s", "requests", "tokens", "fraction", "1"
     direction: str  # "lower" | "higher" | "none"
-    source: str  # "client" | "server" | "run" | "prometheus"
+    source: str  # "client" | "server" | "run" | "engine" | "prometheus"
     description: str
     label: str = ""  # vLLM's printed label (summary table), or a family's section header
     abbrev: str = ""  # a latency family's short name ("TTFT")
     stats: tuple[str, ...] = ()  # a latency family's statistics (see the module docstring)
+    kind: str = ""  # "counter" | "gauge" for an engine row
 
     def __post_init__(self) -> None:
         if self.direction not in DIRECTIONS:
             raise ValueError(f"{self.name}: direction {self.direction!r} not in {DIRECTIONS}")
         if self.source not in SOURCES:
             raise ValueError(f"{self.name}: source {self.source!r} not in {SOURCES}")
+        if self.kind not in KINDS or (self.source == "engine") != bool(self.kind):
+            raise ValueError(f"{self.name}: kind {self.kind!r}: an engine row is a counter "
+                             "or a gauge, other rows have none")
 
     @property
     def is_family(self) -> bool:
@@ -77,6 +84,10 @@ class MetricSpec:
 def _lat(name: str, abbrev: str, label: str, description: str, source: str = "client",
          stats: tuple[str, ...] = STATS) -> MetricSpec:
     return MetricSpec(name, "ms", "lower", source, description, label, abbrev, stats)
+
+
+def _engine(name: str, unit: str, direction: str, kind: str, description: str) -> MetricSpec:
+    return MetricSpec(name, unit, direction, "engine", description, kind=kind)
 
 
 _SERVER_STATS = ("mean", "median", "p95")
@@ -138,6 +149,32 @@ METRICS: tuple[MetricSpec, ...] = (
                "Share of engine time in steps that carried prefill tokens."),
     MetricSpec("decode_only_step_share", "fraction", "none", "run",
                "Share of engine time in pure-decode steps."),
+    # ---- engine: counters and gauges (LLM.stats(), the server's /metrics; vLLM's names)
+    _engine("vllm:num_preemptions", "requests", "lower", "counter",
+            "Cumulative number of preemptions (a request's blocks freed to make room)."),
+    _engine("vllm:prefix_cache_queries", "tokens", "none", "counter",
+            "Prefix-cache queries: prompt tokens looked up."),
+    _engine("vllm:prefix_cache_hits", "tokens", "none", "counter",
+            "Prefix-cache hits: prompt tokens served from cached blocks."),
+    _engine("vllm:prompt_tokens", "tokens", "none", "counter", "Prefill tokens processed."),
+    _engine("vllm:generation_tokens", "tokens", "none", "counter",
+            "Generation tokens processed."),
+    _engine("vllm:request_success", "requests", "none", "counter",
+            "Finished requests by finish reason (stop, length, abort, error)."),
+    _engine("vllm:spec_decode_num_drafts", "1", "none", "counter",
+            "Speculative decoding: verification steps that carried drafts."),
+    _engine("vllm:spec_decode_num_draft_tokens", "tokens", "none", "counter",
+            "Speculative decoding: draft tokens proposed."),
+    _engine("vllm:spec_decode_num_accepted_tokens", "tokens", "higher", "counter",
+            "Speculative decoding: draft tokens accepted."),
+    _engine("vllm:spec_decode_num_accepted_tokens_per_pos", "tokens", "none", "counter",
+            "Speculative decoding: accepted tokens per draft position."),
+    _engine("vllm:num_requests_running", "requests", "none", "gauge",
+            "Requests in the running batch after the latest step."),
+    _engine("vllm:num_requests_waiting", "requests", "none", "gauge",
+            "Requests waiting to be scheduled after the latest step."),
+    _engine("vllm:kv_cache_usage_perc", "fraction", "none", "gauge",
+            "KV-cache usage: share of the block pool in use (1 = full)."),
     # ---- prometheus: the server's /metrics histograms (vLLM's names and help text)
     MetricSpec("vllm:time_to_first_token_seconds", "s", "lower", "prometheus",
                "Time to first token."),
@@ -177,6 +214,11 @@ _BY_NAME = {m.name: m for m in METRICS}
 if len(_BY_NAME) != len(METRICS):  # pragma: no cover - a duplicated row
     raise RuntimeError("metric registry: duplicate names")
 _FAMILY_NAME = re.compile(r"^(mean|median|std|p(\d+(?:\.\d+)?))_(.+)_ms$")
+
+
+def engine_names(kind: str) -> tuple[str, ...]:
+    """The engine's counter or gauge names, in table order (what `EngineStats` keeps)."""
+    return tuple(m.name for m in METRICS if m.source == "engine" and m.kind == kind)
 
 
 def percentile_key(q: float) -> str:

@@ -41,7 +41,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from workbench.engine.async_engine import AsyncEngine
 from workbench.engine.llm_engine import LLMEngine
 from workbench.engine.request import RequestTimes
-from workbench.engine.stats import GAUGES
+from workbench.engine.stats import FINISHED_REASONS as FINISH_REASONS
 from workbench.harness import metric_registry
 
 TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
@@ -51,7 +51,6 @@ ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.
 REQUEST_LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
                            50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
 ITERATION_TOKENS_BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384]
-FINISH_REASONS = ("stop", "length", "abort", "error")
 LABELS = ("model_name", "engine")
 
 
@@ -187,20 +186,22 @@ class _EngineCollector:
         for name, value in sorted(stats.items()):
             if not name.startswith("vllm:") or name == "vllm:request_success":
                 continue
-            if name in GAUGES:
-                g = GaugeMetricFamily(name, f"{name} (engine gauge).", labels=LABELS)
+            row = metric_registry.get(name)  # help text and type: the registry's engine row
+            if row.kind == "gauge":
+                g = GaugeMetricFamily(name, row.description, labels=LABELS)
                 g.add_metric(lv, float(value))
                 yield g
             elif isinstance(value, list | tuple):
-                c = CounterMetricFamily(name, f"{name} per position.", labels=(*LABELS, "position"))
+                c = CounterMetricFamily(name, row.description, labels=(*LABELS, "position"))
                 for pos, v in enumerate(value):
                     c.add_metric([*lv, str(pos)], float(v))
                 yield c
             else:
-                c = CounterMetricFamily(name, f"{name} (engine counter).", labels=LABELS)
+                c = CounterMetricFamily(name, row.description, labels=LABELS)
                 c.add_metric(lv, float(value))
                 yield c
-        c = CounterMetricFamily("vllm:request_success", "Finished requests by finish reason.",
+        c = CounterMetricFamily("vllm:request_success",
+                                metric_registry.get("vllm:request_success").description,
                                 labels=(*LABELS, "finished_reason"))
         for reason, count in m.success.items():
             c.add_metric([*lv, reason], float(count))
