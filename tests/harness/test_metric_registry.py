@@ -115,15 +115,13 @@ def test_server_exports_engine_rows_with_the_registry_help_and_type() -> None:
     from workbench.engine.stats import EngineStats
     from workbench.server.metrics import ServerMetrics
 
-    class _Engine:  # what the collector reads at scrape time
+    class _Engine:  # what the collector reads from AsyncEngine at scrape time
         stats = EngineStats().snapshot
+        num_gpu_blocks = 8
 
-        class engine:  # noqa: N801 - the attribute chain ServerMetrics reads
-            num_blocks = 8
-
-            class config:  # noqa: N801
-                class cache_config:  # noqa: N801
-                    block_size, enable_prefix_caching, kv_cache_dtype = 16, True, "auto"
+        class config:  # noqa: N801 - EngineConfig's attribute chain
+            class cache_config:  # noqa: N801
+                block_size, enable_prefix_caching, kv_cache_dtype = 16, True, "auto"
 
     metrics = ServerMetrics(_Engine(), "m", 2048)  # type: ignore[arg-type]
     text = generate_latest(metrics.registry).decode()

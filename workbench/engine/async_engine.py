@@ -30,8 +30,10 @@ from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
+from workbench.config import EngineConfig
 from workbench.engine.llm_engine import LLMEngine
 from workbench.engine.request import Request, RequestTimes
+from workbench.engine.stats import StepRecord
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -222,6 +224,29 @@ class AsyncEngine:
     def step_trace(self) -> list[dict[str, Any]]:
         return [r.as_dict() for r in list(self.engine.stats.step_trace)]
 
+    def step_records(self) -> tuple[int, list[StepRecord]]:
+        """(steps taken so far, the kept step-trace rows, oldest first; the trace is
+        bounded, so the rows may be fewer than the steps)."""
+        stats = self.engine.stats
+        return stats.num_steps, list(stats.step_trace)
+
+    def live_gauges(self) -> Future[dict[str, float]]:
+        """vLLM's running / waiting / KV-usage gauges, read between two steps."""
+        return self.submit(_live_gauges)
+
+    def memory_readout(self) -> dict[str, Any]:
+        """The engine's memory accounting (weights, KV pool, budget; fixed after start-up)."""
+        return self.engine.memory_readout()
+
+    @property
+    def config(self) -> EngineConfig:
+        return self.engine.config
+
+    @property
+    def num_gpu_blocks(self) -> int:
+        """Blocks in the KV pool (vLLM's name)."""
+        return self.engine.num_blocks
+
     def num_in_flight(self) -> int:
         with self._cond:
             return len(self._streams)
@@ -324,6 +349,15 @@ class AsyncEngine:
             ids = list(self._streams)
         for rid in ids:
             self._finish_stream(rid, f"engine step failed: {last}")
+
+
+def _live_gauges(engine: LLMEngine) -> dict[str, float]:
+    sched = engine.scheduler
+    return {
+        "vllm:num_requests_running": float(len(sched.running)),
+        "vllm:num_requests_waiting": float(len(sched.waiting)),
+        "vllm:kv_cache_usage_perc": float(sched.kv_cache_manager.usage),
+    }
 
 
 def _call(fn: Callable[[LLMEngine], T], engine: LLMEngine, fut: Future[T]) -> None:

@@ -177,8 +177,8 @@ class InProcessTarget(Target):
             },
         }
         if self.engine is not None:
-            out["memory"] = self.engine.engine.memory_readout()
-            out["device"] = str(self.engine.engine.config.device)
+            out["memory"] = self.engine.memory_readout()
+            out["device"] = str(self.engine.config.device)
         return out
 
 

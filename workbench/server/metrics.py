@@ -30,7 +30,6 @@ exposed as `<name>_total`; `_created` samples are disabled as vLLM does (process
 from __future__ import annotations
 
 import asyncio
-import itertools
 from collections.abc import Iterator
 from typing import Any
 
@@ -39,7 +38,6 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from workbench.engine.async_engine import AsyncEngine
-from workbench.engine.llm_engine import LLMEngine
 from workbench.engine.request import RequestTimes
 from workbench.engine.stats import FINISHED_REASONS as FINISH_REASONS
 from workbench.harness import metric_registry
@@ -142,31 +140,21 @@ class ServerMetrics:
     # ------------------------------------------------------------------ scrape
     async def refresh(self, timeout_s: float = 5.0) -> None:
         """Read the live scheduler gauges between steps, and new step-trace rows."""
-        fut = self.engine.submit(_live_gauges)
+        fut = self.engine.live_gauges()
         try:
             self._live = await asyncio.wait_for(asyncio.wrap_future(fut), timeout_s)
         except Exception:  # noqa: BLE001 - a timeout or a stopped engine: last-step gauges
             self._live = {}
-        stats = self.engine.engine.stats
-        total = stats.num_steps
+        total, trace = self.engine.step_records()
         if total < self._steps_seen:
             self._steps_seen = 0
-        new = min(total - self._steps_seen, len(stats.step_trace))  # the trace is bounded
-        for rec in list(itertools.islice(reversed(stats.step_trace), new))[::-1]:
+        new = min(total - self._steps_seen, len(trace))  # the trace is bounded
+        for rec in trace[len(trace) - new:]:
             self.iteration_tokens.observe(rec.prefill_tokens + rec.decode_tokens)
         self._steps_seen = total
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
-
-
-def _live_gauges(engine: LLMEngine) -> dict[str, float]:
-    sched = engine.scheduler
-    return {
-        "vllm:num_requests_running": float(len(sched.running)),
-        "vllm:num_requests_waiting": float(len(sched.waiting)),
-        "vllm:kv_cache_usage_perc": float(sched.kv_cache_manager.usage),
-    }
 
 
 class _EngineCollector:
@@ -206,9 +194,9 @@ class _EngineCollector:
         for reason, count in m.success.items():
             c.add_metric([*lv, reason], float(count))
         yield c
-        cc = m.engine.engine.config.cache_config
+        cc = m.engine.config.cache_config
         info = {
-            "block_size": str(cc.block_size), "num_gpu_blocks": str(m.engine.engine.num_blocks),
+            "block_size": str(cc.block_size), "num_gpu_blocks": str(m.engine.num_gpu_blocks),
             "enable_prefix_caching": str(cc.enable_prefix_caching),
             "cache_dtype": cc.kv_cache_dtype, "engine": "0",
         }
