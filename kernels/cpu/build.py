@@ -34,6 +34,10 @@ log = logging.getLogger(__name__)
 
 CFLAGS = ["-O3", "-march=native", "-mprefer-vector-width=512", "-fopenmp", "-DNDEBUG"]
 LDFLAGS = ["-fopenmp"]  # resolves to the libgomp.so.1 torch has already loaded
+# torch's build lock (a `lock` file in the build folder) is left behind when a building
+# process is killed, and every later process then waits on it forever. A build takes a few
+# minutes at most, so a lock this old is taken for a dead builder's and removed.
+STALE_LOCK_S = 900.0
 
 
 def cpu_tag() -> str:
@@ -115,6 +119,9 @@ class CpuExtension:
             t0 = time.perf_counter()
             sources = [p.read_text() for p in self.sources]
             self.module_name = f"workbench_{self.name}_{build_key(sources, self.cflags, LDFLAGS)}"
+            from torch.utils.cpp_extension import _get_build_directory
+
+            clear_stale_lock(Path(_get_build_directory(self.module_name, verbose=False)))
             module = load_inline(
                 name=self.module_name,
                 cpp_sources=sources,
@@ -129,3 +136,19 @@ class CpuExtension:
         except Exception as e:  # noqa: BLE001 - any build failure means "fall back"
             msg = str(e).strip().splitlines()
             return None, f"build failed: {type(e).__name__}: {msg[-1] if msg else ''}"
+
+
+def clear_stale_lock(build_dir: Path, now: float | None = None,
+                     max_age_s: float = STALE_LOCK_S) -> bool:
+    """Remove `build_dir/lock` when it is older than `max_age_s` (a killed build's); True
+    when one was removed. A younger lock is a build in progress: torch waits for it."""
+    lock = build_dir / "lock"
+    try:
+        age = (time.time() if now is None else now) - lock.stat().st_mtime
+    except FileNotFoundError:
+        return False
+    if age <= max_age_s:
+        return False
+    log.warning("removing a stale C++ build lock (%.0f s old, a killed build's): %s", age, lock)
+    lock.unlink(missing_ok=True)
+    return True

@@ -49,3 +49,16 @@ def test_loaded_kernel_is_named_by_its_sources() -> None:
     # torch's load_inline extends the flag lists it is given: ours must stay as written
     assert build.LDFLAGS == ["-fopenmp"]
     assert rotary.EXTENSION.cflags == build.CFLAGS + ["-ffp-contract=off"]
+
+
+def test_a_killed_builds_lock_is_removed_and_a_live_one_kept(tmp_path: Path) -> None:
+    from kernels.cpu.build import STALE_LOCK_S, clear_stale_lock
+
+    lock = tmp_path / "lock"
+    assert clear_stale_lock(tmp_path) is False  # no lock: nothing to do
+    lock.touch()
+    mtime = lock.stat().st_mtime
+    assert clear_stale_lock(tmp_path, now=mtime + STALE_LOCK_S) is False  # a build in progress
+    assert lock.exists()
+    assert clear_stale_lock(tmp_path, now=mtime + STALE_LOCK_S + 1) is True
+    assert not lock.exists()
