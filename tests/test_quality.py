@@ -1,4 +1,5 @@
-"""workbench.quality: the quality gate of a candidate engine config against the reference.
+"""workbench.experiments.quality: the quality gate of a candidate engine config against the
+reference, scored through the public prompt-logprobs API (workbench.harness.scoring).
 
 On the tiny random checkpoint (linear layers with 64 inputs, so int4 takes group size 32):
 an identical config is exact (KL 0, agreement 1, same perplexity), int4 drifts by amounts
@@ -17,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from workbench import LLM
-from workbench import quality as q
+from workbench.experiments import quality as q
 from workbench.testing import tiny_checkpoint
 
 BASE: dict[str, Any] = {"dtype": "float32", "max_model_len": 512, "max_num_seqs": 4}
@@ -91,23 +92,16 @@ def test_perplexity_equals_transformers(model: str, ref: q.Reference) -> None:
 
 
 def test_scoring_in_a_small_pool_batches_and_frees(model: str, ref: q.Reference) -> None:
-    """Windows that do not fit the pool at once are scored over several forwards; every block
-    goes back, and the figures match the big pool's."""
-    llm = LLM(model, **{**BASE, "num_gpu_blocks_override": 40})  # 39 usable: 2 windows of 256
+    """Windows (4 of 257 tokens) that do not fit the pool (39 blocks of 16) at once are
+    scored by the scheduler in chunks of 128 over several steps; every block goes back, and
+    the figures match the big pool's."""
+    llm = LLM(model, **{**BASE, "num_gpu_blocks_override": 40, "max_num_batched_tokens": 128})
     kv = llm.engine.scheduler.kv_cache_manager
     free = kv.num_free_blocks
-    forwards = 0
-    model_forward = llm.engine.runner.model.forward
-
-    def counting(*a: Any, **k: Any) -> Any:
-        nonlocal forwards
-        forwards += 1
-        return model_forward(*a, **k)
-
-    llm.engine.runner.model.forward = counting  # type: ignore[method-assign]
     score = q.score_text(llm, ref.text_ids or [], 256)
-    assert forwards == 2 and kv.num_free_blocks == free
-    assert ref.text is not None
+    assert kv.num_free_blocks == free and len(llm.step_trace()) >= 4 * 257 // 128
+    kv.check_integrity()
+    assert ref.text is not None and score.tokens == ref.text.tokens
     assert score.perplexity == pytest.approx(ref.text.perplexity, rel=1e-5)
     assert float((score.argmax == ref.text.argmax).float().mean()) > 0.99
     assert not llm.engine.has_unfinished_requests()
@@ -132,6 +126,35 @@ def test_gate_rules(model: str, ref: q.Reference) -> None:
     assert q.needs({"min_token_agreement": 1}) == {"kl": False, "perplexity": False}
     assert q.needs({"max_ppl_increase_pct": 1, "min_top1_agreement": 0.9}) == {
         "kl": True, "perplexity": True}
+
+
+def test_perplexity_equals_the_demo_pair_score(model: str, ref: q.Reference) -> None:
+    """`workbench.testing.demo_pair.score` (transformers, its own windows) gives the same
+    perplexity and argmax on the same tokens and context."""
+    from transformers import AutoModelForCausalLM
+
+    from workbench.testing.demo_pair import score
+
+    hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    with torch.no_grad():
+        pair = score([hf], torch.tensor(ref.text_ids), context=256)
+    assert ref.text is not None and pair.tokens == ref.text.tokens == 1024
+    assert ref.text.perplexity == pytest.approx(math.exp(pair.nll[0] / pair.tokens), rel=1e-5)
+    ids = torch.tensor(ref.text_ids)
+    assert int((ref.text.argmax == ids[1:]).sum()) == pair.correct[0]
+
+
+def test_old_figures_reproduced(model: str, ref: q.Reference) -> None:
+    """Figures the former implementation (a hand-built prefill through the engine's model)
+    gave on this checkpoint and these windows: the public API agrees to ~1e-6."""
+    assert ref.text is not None
+    assert ref.text.perplexity == pytest.approx(4086.6104815598396, rel=1e-5)
+    rep = q.evaluate(model, INT4, ref)
+    assert rep.perplexity == pytest.approx(3923.175857924295, rel=1e-5)
+    assert rep.mean_kl == pytest.approx(0.23584973812103271, rel=1e-4)
+    assert rep.max_kl == pytest.approx(1.166861653327942, rel=1e-4)
+    assert rep.top1_agreement == 0.453125 and rep.token_agreement == 0.0546875
+    assert rep.text_top1_agreement == pytest.approx(0.4423828125, abs=2 / 1024)
 
 
 def test_held_out_ids_are_the_demo_stream() -> None:

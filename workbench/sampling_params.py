@@ -27,6 +27,11 @@ class SamplingParams:
     n: number of output sequences for the prompt (forked after prefill, blocks shared
        copy-on-write).
     seed: per-request seed; the same seed gives the same tokens.
+    prompt_logprobs: None (default) or k: for every prompt position after the first, the
+       logprob and rank of the actual prompt token plus the k most likely tokens; 0 = the
+       actual token only, -1 = the whole vocabulary (vLLM's -1). k must not exceed the
+       vocabulary (checked at admission). Such a request reads no prefix-cache blocks: every
+       prompt position's logits are computed.
     """
 
     n: int = 1
@@ -39,6 +44,7 @@ class SamplingParams:
     ignore_eos: bool = False
     seed: int | None = None
     skip_special_tokens: bool = True
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         _check_int("n", self.n, low=1)
@@ -72,6 +78,13 @@ class SamplingParams:
         for name in ("ignore_eos", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} ({getattr(self, name)!r}) must be true or false")
+        if self.prompt_logprobs is not None and (
+            not is_int(self.prompt_logprobs) or self.prompt_logprobs < -1
+        ):
+            raise ValueError(
+                f"prompt_logprobs ({self.prompt_logprobs!r}) must be None, -1 (the whole "
+                "vocabulary) or an integer >= 0 (the top-k besides the prompt token)"
+            )
         if self.seed is not None:
             # n > 1 children draw with seed + index: every one must be a valid torch seed
             _check_int("seed", self.seed, low=-(2**63), high=2**64 - self.n)
@@ -79,6 +92,8 @@ class SamplingParams:
         self.n, self.top_k, self.min_tokens = int(self.n), int(self.top_k), int(self.min_tokens)
         self.max_tokens = None if self.max_tokens is None else int(self.max_tokens)
         self.seed = None if self.seed is None else int(self.seed)
+        if self.prompt_logprobs is not None:
+            self.prompt_logprobs = int(self.prompt_logprobs)
         self.temperature, self.top_p = float(self.temperature), float(self.top_p)
         if self.temperature < _EPS:
             # Greedy: the filters are meaningless, normalise them so the sampler's fast
@@ -88,8 +103,14 @@ class SamplingParams:
             self.top_k = 0
 
     def check_token_ids(self, vocab_size: int) -> None:
-        """Every token id this request names must exist in the model's vocabulary
-        (checked at admission, so a bad id is refused before it reaches the engine step)."""
+        """Every token id this request names must exist in the model's vocabulary, and
+        prompt_logprobs must not ask for more tokens than it has (checked at admission, so a
+        bad request is refused before it reaches the engine step)."""
+        if self.prompt_logprobs is not None and self.prompt_logprobs > vocab_size:
+            raise ValueError(
+                f"prompt_logprobs ({self.prompt_logprobs}) must be <= the vocabulary size "
+                f"({vocab_size}); use -1 for the whole vocabulary"
+            )
         for i, t in enumerate(self.stop_token_ids):
             if t >= vocab_size:
                 raise ValueError(

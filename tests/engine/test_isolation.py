@@ -359,16 +359,17 @@ def test_a_failing_proposer_costs_only_drafts(
 ) -> None:
     llm = _llm(checkpoints, speculative_config={"method": "ngram", "num_speculative_tokens": 3,
                                                 "prompt_lookup_max": 3, "prompt_lookup_min": 1})
-    proposer = llm.engine.ngram
+    proposer = llm.engine.runner.drafter
     assert proposer is not None
     real = proposer.propose
     calls = {"n": 0}
 
-    def propose(reqs: Any) -> None:
+    def propose(*args: Any) -> Any:
         calls["n"] += 1
-        real(reqs)  # drafts are set, then the proposer fails: they must be dropped
+        drafts = real(*args)  # drafts are made, then the proposer fails: they must be dropped
         if calls["n"] in (2, 3):
             raise RuntimeError("injected proposer failure")
+        return drafts
 
     monkeypatch.setattr(proposer, "propose", propose)
     outs = llm.generate(prompts, GREEDY)

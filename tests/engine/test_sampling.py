@@ -12,21 +12,33 @@ import torch
 from workbench import LLM, SamplingParams
 from workbench.engine.request import Request
 from workbench.layers.sampler import Sampler
+from workbench.layers.sampling_metadata import SamplingMetadata
+from workbench.worker.sampling_metadata_builder import SamplingMetadataBuilder
+
+CPU = torch.device("cpu")
 
 
 def _req(**params: Any) -> Request:
     return Request("r", [1, 2, 3], SamplingParams(**params), eos_token_id=2)
 
 
+def _meta(*reqs: Request, builder: SamplingMetadataBuilder | None = None) -> SamplingMetadata:
+    return (builder or SamplingMetadataBuilder(CPU)).build(list(reqs))
+
+
+def _probs(logits: torch.Tensor, req: Request) -> torch.Tensor:
+    return Sampler.sampling_probs(logits, _meta(req), [0])
+
+
 def test_top_k_and_top_p_probabilities_exact() -> None:
     logits = torch.log(torch.tensor([[0.1, 0.4, 0.2, 0.3]]))
-    p = Sampler.sampling_probs(logits.clone(), [_req(temperature=1.0, top_k=2)])
+    p = _probs(logits.clone(), _req(temperature=1.0, top_k=2))
     torch.testing.assert_close(p, torch.tensor([[0.0, 4 / 7, 0.0, 3 / 7]]))
     # top_p 0.6: 0.4 alone is < 0.6, so 0.3 joins; 0.2 and 0.1 are dropped.
-    p = Sampler.sampling_probs(logits.clone(), [_req(temperature=1.0, top_p=0.6)])
+    p = _probs(logits.clone(), _req(temperature=1.0, top_p=0.6))
     torch.testing.assert_close(p, torch.tensor([[0.0, 4 / 7, 0.0, 3 / 7]]))
     # temperature 0.5 squares the odds before normalising.
-    p = Sampler.sampling_probs(logits.clone(), [_req(temperature=0.5)])
+    p = _probs(logits.clone(), _req(temperature=0.5))
     sq = torch.tensor([0.01, 0.16, 0.04, 0.09])
     torch.testing.assert_close(p, (sq / sq.sum())[None])
 
@@ -35,9 +47,9 @@ def test_min_tokens_masks_eos_and_stop_ids() -> None:
     s = Sampler(0, torch.device("cpu"))
     logits = torch.tensor([[0.0, 0.0, 9.0, 8.0, 1.0]])
     req = _req(temperature=0.0, min_tokens=2, stop_token_ids=[3])
-    assert s(logits.clone(), [req]) == [4]  # eos (2) and stop (3) are masked
+    assert s(logits.clone(), _meta(req)) == [4]  # eos (2) and stop (3) are masked
     req.append_output_token_ids([4, 4])
-    assert s(logits.clone(), [req]) == [2]
+    assert s(logits.clone(), _meta(req)) == [2]
 
 
 def test_sampled_frequencies_follow_the_distribution() -> None:
@@ -45,9 +57,9 @@ def test_sampled_frequencies_follow_the_distribution() -> None:
     probs = torch.tensor([0.1, 0.4, 0.2, 0.3])
     logits = torch.log(probs)[None]
     counts = torch.zeros(4)
-    req = _req(temperature=1.0)
+    meta = _meta(_req(temperature=1.0))
     for _ in range(4000):
-        counts[s(logits.clone(), [req])[0]] += 1
+        counts[s(logits.clone(), meta)[0]] += 1
     chi2 = float((((counts - 4000 * probs) ** 2) / (4000 * probs)).sum())
     assert chi2 < 16.27  # chi-square, 3 dof, p = 0.001
 

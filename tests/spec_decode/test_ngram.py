@@ -49,21 +49,30 @@ def _req(tokens: list[int], max_tokens: int, num_output: int = 0) -> Request:
     return req
 
 
+def _drafts(prop: NgramProposer, req: Request, sampled: list[int]) -> list[int]:
+    return prop.propose([req], {req.request_id: sampled}).get(req.request_id, [])
+
+
 def test_k_is_capped_by_max_model_len_and_max_tokens() -> None:
     cfg = SpeculativeConfig(method="ngram", num_speculative_tokens=5, prompt_lookup_min=1,
                             prompt_lookup_max=2)
     tokens = [1, 2, 3, 4, 5, 6, 7, 1, 2]
     prop = NgramProposer(cfg, max_model_len=100)
-    req = _req(tokens, max_tokens=50, num_output=1)
-    prop.propose([req])
-    assert req.spec_token_ids == [3, 4, 5, 6, 7]
+    # the runner proposes before the sampled token (2) is appended to the request
+    req = _req(tokens[:-1], max_tokens=50)
+    assert _drafts(prop, req, [2]) == [3, 4, 5, 6, 7]
     # max_model_len 12: at most 3 more positions
-    NgramProposer(cfg, max_model_len=12).propose([req])
-    assert req.spec_token_ids == [3, 4, 5]
+    assert _drafts(NgramProposer(cfg, max_model_len=12), req, [2]) == [3, 4, 5]
     # max_tokens 4 with 1 output: 3 more tokens, the last one the bonus -> 2 drafts
-    req = _req(tokens, max_tokens=4, num_output=1)
-    prop.propose([req])
-    assert req.spec_token_ids == [3, 4]
+    req = _req(tokens[:-1], max_tokens=4)
+    assert _drafts(prop, req, [2]) == [3, 4]
+
+
+def test_only_requests_that_got_tokens_draft() -> None:
+    cfg = SpeculativeConfig(method="ngram", num_speculative_tokens=2, prompt_lookup_min=1,
+                            prompt_lookup_max=2)
+    a, b = Request("a", [1, 2, 3, 1], SamplingParams()), Request("b", [1, 2, 1], SamplingParams())
+    assert NgramProposer(cfg, max_model_len=100).propose([a, b], {"b": [2]}) == {"b": [1, 2]}
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import torch
+
 from tests.engine.test_scheduler import make_request, make_scheduler
+from workbench.engine.request import RequestStatus
 from workbench.engine.scheduler import Scheduler
 
 
@@ -107,3 +110,31 @@ def test_preemption_clears_drafts_and_draft_progress() -> None:
     s._preempt(req)
     assert req.spec_token_ids == [] and req.num_draft_computed_tokens == 0
     assert req.num_computed_tokens == 0
+
+
+def test_drafts_go_only_to_requests_still_running_after_the_update() -> None:
+    """The worker drafts for every request it sampled, before it knows which ones stop:
+    a request that finished in the same step (here on max_tokens) gets none."""
+    s = make_scheduler(block_size=4)
+    s.add_request(make_request("a", 7, max_tokens=50))
+    s.add_request(make_request("b", 7, max_tokens=1, start=40))
+    out = s.schedule()
+    _, finished = s.update_from_output(out, {"a": [99], "b": [98]})
+    assert [r.request_id for r in finished] == ["b"]
+    b = finished[0]
+    probs = {"a": torch.full((2, 4), 0.25), "b": torch.full((2, 4), 0.25)}
+    s.update_draft_token_ids({"a": [31, 32], "b": [33, 34], "gone": [1]}, probs)
+    assert s.requests["a"].spec_token_ids == [31, 32]
+    assert s.requests["a"].spec_token_probs is probs["a"]
+    assert b.spec_token_ids == [] and b.spec_token_probs is None
+    assert s.schedule().scheduled_spec_decode_tokens == {"a": [31, 32]}
+
+
+def test_finished_request_ids_reach_the_next_scheduler_output_once() -> None:
+    s = make_scheduler(block_size=4)
+    s.add_request(make_request("a", 7, max_tokens=1))
+    s.add_request(make_request("b", 7, max_tokens=50, start=40))
+    s.update_from_output(s.schedule(), {"a": [99], "b": [98]})
+    s.finish_requests(["b"], RequestStatus.FINISHED_ABORTED)
+    assert s.schedule().finished_req_ids == {"a", "b"}
+    assert s.schedule().finished_req_ids == set()

@@ -183,3 +183,36 @@ def test_sampled_tokens_follow_the_non_speculative_distribution(
         assert len(cats) >= 3  # a real distribution, not a point mass
         p_value = chi2_contingency(table)[1]
         assert p_value > 1e-3, (spec["method"], p_value, table)
+
+
+def test_a_request_finishing_in_the_step_gets_no_drafts(
+    target: Path, reference: list[list[int]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The runner drafts for every request it sampled, before the scheduler sees the stop
+    token; the drafts of a request that finished in that step are not kept."""
+    spec = {"method": "draft_model", "model": str(target), "num_speculative_tokens": 3}
+    engine = LLM(target, speculative_config=spec, **KNOBS).engine
+    outputs: list[Any] = []
+    real = engine.runner.execute_model
+
+    def execute_model(*args: Any) -> Any:
+        outputs.append(real(*args))
+        return outputs[-1]
+
+    monkeypatch.setattr(engine.runner, "execute_model", execute_model)
+    for i, p in enumerate(prompts()):
+        params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True,
+                                stop_token_ids=[reference[i][5]])
+        engine.add_request(engine.make_request({"prompt_token_ids": p}, params))
+    finished_with_drafts = 0
+    while engine.has_unfinished_requests():
+        n = len(outputs)
+        done = [r for r in engine.step() if r.is_finished()]
+        drafts = outputs[n].spec_token_ids if len(outputs) > n else {}
+        for req in done:
+            assert req.status.finish_reason == "stop"
+            assert req.spec_token_ids == [] and req.spec_token_probs is None
+            finished_with_drafts += req.request_id in drafts
+            ref = reference[int(req.request_id)]
+            assert req.output_token_ids == ref[: ref.index(req.output_token_ids[-1]) + 1]
+    assert finished_with_drafts > 0  # the case happened: drafts made, then dropped

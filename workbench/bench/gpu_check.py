@@ -276,8 +276,8 @@ def decode_step_roofline(cfg: CheckConfig, ckpt: Path) -> list[dict[str, Any]]:
             continue  # CUDA graphs need CUDA; the eager rows still exercise the path
         llm = _engine(cfg, ckpt, enforce_eager=not graphs, max_num_seqs=max_batch,
                       max_model_len=max_len)
-        runner = llm.engine.runner
-        mc = llm.engine.config.model_config
+        runner = llm.model_runner
+        mc = llm.config.model_config
         elem = torch.empty((), dtype=runner.dtype).element_size()
         per_token = kv_bytes_per_token(mc.num_layers, mc.num_kv_heads, mc.head_dim, elem)
         vocab = int(mc.hf_config["vocab_size"])
@@ -288,15 +288,15 @@ def decode_step_roofline(cfg: CheckConfig, ckpt: Path) -> list[dict[str, Any]]:
             llm.generate([{"prompt_token_ids": p} for p in prompts], params)  # warm-up
             llm.reset_prefix_cache()
             timer = ForwardTimer(runner, cfg.device)
-            steps_before = len(llm.engine.stats.step_trace)
+            steps_before = len(llm.step_trace())
             try:
                 llm.generate([{"prompt_token_ids": p} for p in prompts], params)
             finally:
                 timer.restore()
             fwd = timer.decode_times(batch)
-            trace = list(llm.engine.stats.step_trace)[steps_before:]
-            step_s = [r.duration_s for r in trace
-                      if r.prefill_tokens == 0 and r.decode_tokens == batch]
+            trace = llm.step_trace()[steps_before:]
+            step_s = [r["duration_s"] for r in trace
+                      if r["prefill_tokens"] == 0 and r["decode_tokens"] == batch]
             if not fwd:
                 raise RuntimeError(f"no decode-only forward of batch {batch} was seen")
             fwd_s = statistics.median(s for s, _ in fwd)
@@ -367,7 +367,7 @@ def throughput_vs_hf(cfg: CheckConfig, ckpt: Path) -> list[dict[str, Any]]:
             llm.reset_prefix_cache()
             return [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
 
-        status = llm.engine.runner.cudagraph_status
+        status = llm.memory_readout()["cuda_graphs"]
         return timed("engine", engine_run, f"attention_backend=triton, cuda graphs {status}")
 
     engine_ids = engine_side()

@@ -1,7 +1,9 @@
 """Quantized variants side by side: memory readout, speed and the quality gate.
 
+    from workbench.experiments.quality import judge_variants
     cmp = compare_variants("demo", VARIANTS, concurrencies=(1, 32),
-                           base_config={"dtype": "float32", "cpu_memory_budget_bytes": 96 << 20})
+                           base_config={"dtype": "float32", "cpu_memory_budget_bytes": 96 << 20},
+                           judge=judge_variants)
     cmp.side_by_side()        one row per variant: memory, quality, tok/s and TPOT per C
 
 For each variant (engine kwargs added to `base_config`): one in-process engine (max_num_seqs =
@@ -10,8 +12,11 @@ the largest concurrency) replays the SAME seeded workload closed-loop at each co
 its `memory_readout()` (weights, KV bytes, bytes per block, KV token capacity under the same
 budget) is read from the running engine, and `layer_timing` times one forward of its first
 MLP projection (`gate_up_proj`) at 1 and 32 tokens, the cost that dequantization adds. Then
-`workbench.quality` judges every variant against the first one (the reference, normally full
-precision): perplexity on held-out text, greedy agreement, KL and top-1 agreement.
+`judge` (the quality gate's `workbench.experiments.quality.judge_variants`, passed in: a
+benchmark sits below the experiments layer) judges every variant against the first one (the
+reference, normally full precision): perplexity on held-out text, greedy agreement, KL and
+top-1 agreement (scored by `workbench.harness.scoring`). Without a judge the quality table is
+empty.
 
 A variant the engine refuses (a knob it does not accept yet) is skipped with its error in
 `skipped`, and the others still run. Each run's `valid` and `other_cpu_share` (the share of
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -39,6 +45,10 @@ VARIANTS: dict[str, dict[str, Any]] = {
 MEMORY_COLUMNS = ("weight_bytes", "kv_bytes", "bytes_per_block", "kv_bytes_per_token",
                   "num_blocks", "kv_token_capacity", "max_concurrency",
                   "activation_peak_bytes", "reserve_bytes", "budget_bytes")
+# (model folder, {label: engine config}, gate=, num_prompts=, max_tokens=, ppl_tokens=,
+# context=) -> (one table row per label, {label: QualityReport}); the first config is the
+# reference
+QualityJudge = Callable[..., tuple[list[dict[str, Any]], dict[str, Any]]]
 PERF_COLUMNS = ("output_throughput", "median_tpot_ms", "p95_tpot_ms", "median_ttft_ms",
                 "mean_decode_step_ms")
 
@@ -57,9 +67,10 @@ class QuantComparison:
         and median TPOT at each concurrency (with the ratio to the reference's)."""
         out = self.memory[["variant", "weight_bytes", "kv_bytes_per_token",
                            "kv_token_capacity"]].copy()
-        q = self.quality[["variant", "perplexity", "ppl_increase_pct", "mean_kl",
-                          "top1_agreement", "token_agreement", "gate"]]
-        out = out.merge(q, on="variant", how="left")
+        if not self.quality.empty:
+            q = self.quality[["variant", "perplexity", "ppl_increase_pct", "mean_kl",
+                              "top1_agreement", "token_agreement", "gate"]]
+            out = out.merge(q, on="variant", how="left")
         ref = self.memory["variant"].iloc[0] if len(self.memory) else None
         perf = self.perf
         if "valid" in perf:  # an invalid run's speed is not reported
@@ -138,6 +149,7 @@ def compare_variants(
     min_requests: int = 4,
     warmup_requests: int = 2,
     seed: int = 0,
+    judge: QualityJudge | None = None,
     gate: dict[str, Any] | None = None,
     quality_prompts: int = 8,
     quality_max_tokens: int = 32,
@@ -155,7 +167,6 @@ def compare_variants(
     threshold = (DEFAULT_MAX_OTHER_CPU_SHARE if max_other_cpu_share is None
                  else max_other_cpu_share)
     watch = cpu_watch if cpu_watch is not None else default_cpu_watch()
-    from workbench import quality as wq
     from workbench.harness.arrivals import ArrivalSpec
     from workbench.harness.runner import run, run_sync
     from workbench.harness.targets import InProcessTarget
@@ -201,7 +212,7 @@ def compare_variants(
                                    **{k: readout.get(k) for k in MEMORY_COLUMNS},
                                    "kv_cache_dtype": readout.get("kv_cache_dtype", "auto")})
                     assert target.engine is not None
-                    for t, us in layer_timing(target.engine.engine.runner.model).items():
+                    for t, us in layer_timing(target.engine.model_runner.model).items():
                         layer.append({"variant": label, "tokens": t, "us_per_forward": us})
             configs[label] = config
         except Exception as e:  # noqa: BLE001 - the engine refused it: say so, go on
@@ -212,20 +223,13 @@ def compare_variants(
             layer = [r for r in layer if r["variant"] != label]
         finally:
             run_sync(target.stop)
-    quality_rows, reports = [], {}
-    if configs:
-        ref_label = next(iter(configs))
+    quality_rows: list[dict[str, Any]] = []
+    reports: dict[str, Any] = {}
+    if configs and judge is not None:
         t0 = time.perf_counter()
-        ref = wq.reference(folder, configs[ref_label], wq.golden_prompts(folder, quality_prompts),
-                           max_tokens=quality_max_tokens, ppl_tokens=ppl_tokens,
-                           context=ppl_context)
-        for label, config in configs.items():
-            rep = wq.evaluate(folder, config, ref)
-            reports[label] = rep
-            ok, reasons = rep.passes(gate or {})
-            quality_rows.append({"variant": label, **rep.row(),
-                                 "gate": ("pass" if ok else "FAIL") if gate else "-",
-                                 "gate_reasons": "; ".join(reasons)})
-        log(f"quality gate against {ref_label!r}: {time.perf_counter() - t0:.1f}s")
+        quality_rows, reports = judge(folder, configs, gate=gate, num_prompts=quality_prompts,
+                                      max_tokens=quality_max_tokens, ppl_tokens=ppl_tokens,
+                                      context=ppl_context)
+        log(f"quality gate against {next(iter(configs))!r}: {time.perf_counter() - t0:.1f}s")
     return QuantComparison(pd.DataFrame(perf), pd.DataFrame(memory),
                            pd.DataFrame(quality_rows), pd.DataFrame(layer), skipped, reports)

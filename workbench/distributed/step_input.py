@@ -7,7 +7,8 @@ NewRequestData / CachedRequestData idea), so a step costs O(scheduled tokens), n
 
 A request's token ids travel once: in full the first time it is scheduled, afterwards only the
 ids appended since (its sampled tokens). The worker keeps a `MirrorRequest` per request
-(request_id, all_token_ids, num_computed_tokens: what `prepare_inputs` reads) and drops it
+(request_id, all_token_ids, num_computed_tokens, and the prompt length and prompt_logprobs
+k that decide which rows score prompt logprobs: what the runner reads) and drops it
 when rank 0 lists it in `finished_req_ids` (rank 0 notices a finished request at the next
 step it encodes). Block tables are sent whole (a few ints per block).
 """
@@ -26,6 +27,8 @@ class ScheduledRequestData:
     num_computed_tokens: int
     new_token_ids: list[int]  # all token ids when is_new, else the ones appended since
     is_new: bool
+    num_prompt_tokens: int = 0  # sent when is_new
+    num_prompt_logprobs: int | None = None  # sent when is_new
 
 
 @dataclass
@@ -42,12 +45,19 @@ class StepInput:
 class MirrorRequest:
     """A worker's copy of the request fields the model runner reads."""
 
-    __slots__ = ("request_id", "all_token_ids", "num_computed_tokens")
+    __slots__ = ("request_id", "all_token_ids", "num_computed_tokens", "num_prompt_tokens",
+                 "num_prompt_logprobs")
 
-    def __init__(self, request_id: str, token_ids: list[int]) -> None:
+    def __init__(
+        self, request_id: str, token_ids: list[int], num_prompt_tokens: int = 0,
+        num_prompt_logprobs: int | None = None,
+    ) -> None:
         self.request_id = request_id
         self.all_token_ids = token_ids
         self.num_computed_tokens = 0
+        self.num_prompt_tokens = num_prompt_tokens
+        # the LM head's all-gather is a collective: every rank scores the same prompt rows
+        self.num_prompt_logprobs = num_prompt_logprobs
 
     @property
     def num_tokens(self) -> int:
@@ -72,7 +82,10 @@ class StepInputEncoder:
             ids = req.all_token_ids
             known = self._sent.get(rid)
             if known is None or known[0] is not req:  # new (or a reused id: start afresh)
-                reqs.append(ScheduledRequestData(rid, req.num_computed_tokens, list(ids), True))
+                reqs.append(ScheduledRequestData(
+                    rid, req.num_computed_tokens, list(ids), True, req.num_prompt_tokens,
+                    req.num_prompt_logprobs,
+                ))
             else:
                 reqs.append(
                     ScheduledRequestData(rid, req.num_computed_tokens, ids[known[1]:], False)
@@ -101,7 +114,8 @@ class StepInputDecoder:
         scheduled: list[MirrorRequest] = []
         for data in step.requests:
             if data.is_new:
-                mirror = MirrorRequest(data.request_id, data.new_token_ids)
+                mirror = MirrorRequest(data.request_id, data.new_token_ids,
+                                       data.num_prompt_tokens, data.num_prompt_logprobs)
                 self.requests[data.request_id] = mirror
             else:
                 mirror = self.requests[data.request_id]

@@ -243,6 +243,12 @@ class AsyncEngine:
         return self.engine.config
 
     @property
+    def model_runner(self) -> Any:
+        """Rank 0's model runner, for diagnostics that time or hook the forward (the
+        quantization benchmark's per-layer timing)."""
+        return self.engine.runner
+
+    @property
     def num_gpu_blocks(self) -> int:
         """Blocks in the KV pool (vLLM's name)."""
         return self.engine.num_blocks

@@ -9,7 +9,12 @@ from typing import Any
 
 from workbench.config import EngineConfig
 from workbench.engine.llm_engine import LLMEngine, PromptType
-from workbench.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from workbench.engine.outputs import (
+    CompletionOutput,
+    RequestMetrics,
+    RequestOutput,
+    collect_prompt_logprobs,
+)
 from workbench.engine.request import Request
 from workbench.sampling_params import SamplingParams
 
@@ -126,6 +131,7 @@ class LLM:
         return RequestOutput(
             request_id=req.request_id, prompt=prompt, prompt_token_ids=req.prompt_token_ids,
             outputs=outs, finished=True, metrics=outs[0].metrics if outs else None,
+            prompt_logprobs_tensors=collect_prompt_logprobs(req),
         )
 
     def stats(self) -> dict[str, float]:
@@ -139,6 +145,12 @@ class LLM:
 
     def memory_readout(self) -> dict[str, Any]:
         return self.engine.memory_readout()
+
+    @property
+    def model_runner(self) -> Any:
+        """Rank 0's model runner, for diagnostics that time or hook the forward (the device
+        check's forward timer, the quantization benchmark's per-layer timing)."""
+        return self.engine.runner
 
     def close(self) -> None:
         """Stop the tensor-parallel worker processes (tensor_parallel_size > 1); idempotent.

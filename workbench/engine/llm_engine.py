@@ -34,6 +34,7 @@ from workbench import profiling
 from workbench.calc import budget_num_blocks, cdiv, max_concurrency, num_blocks_for_budget
 from workbench.config import EngineConfig
 from workbench.engine.request import Request, RequestStatus
+from workbench.engine.runner_output import LogprobsTensors, ModelRunnerOutput
 from workbench.engine.scheduler import Scheduler
 from workbench.engine.scheduler_output import SchedulerOutput
 from workbench.engine.stat_logger import LoggingStatLogger, preemption_warning
@@ -41,9 +42,6 @@ from workbench.engine.stats import EngineStats, StepRecord
 from workbench.executor.tp_runner import create_model_runner
 from workbench.models.tokenizer import load_tokenizer
 from workbench.sampling_params import SamplingParams, is_int
-from workbench.spec_decode.draft_model import DraftModelProposer
-from workbench.spec_decode.ngram import NgramProposer
-from workbench.worker.model_runner import ModelRunner
 
 PromptType = str | list[int] | dict[str, Any]
 MAX_ERROR_RECORDS = 100
@@ -67,25 +65,20 @@ class LLMEngine:
         self.kv_pool_source = ""
         self.tokenizer = load_tokenizer(mc.model)
         # tensor_parallel_size > 1: this is TP rank 0's runner, driving the other ranks
-        self.runner: ModelRunner = create_model_runner(config)
+        # (it owns the speculative proposer, `runner.drafter`, and a draft model's runner)
+        self.runner = create_model_runner(config)
         spec = config.speculative_config
         assert not isinstance(spec, dict)
-        self.ngram: NgramProposer | None = None
-        self.drafter: DraftModelProposer | None = None
+        # a draft model writes k draft positions after each step: slots allocated ahead
         lookahead = 0
-        if spec is not None and spec.method == "ngram":
-            self.ngram = NgramProposer(spec, self.max_model_len)
-        elif spec is not None:
-            self.drafter = DraftModelProposer(config)
+        if spec is not None and spec.method != "ngram":
             lookahead = spec.num_speculative_tokens
         try:
             self.num_blocks = self._size_kv_pool()
         except BaseException:
             self.runner.shutdown()  # TP: stop the worker processes the runner started
             raise
-        self.runner.initialize_kv_cache(self.num_blocks)
-        if self.drafter is not None:
-            self.drafter.allocate_kv_cache(self.num_blocks)
+        self.runner.initialize_kv_cache(self.num_blocks)  # the draft model's blocks too
         self.scheduler = Scheduler(sc, cc, self.num_blocks, num_lookahead_tokens=lookahead)
         self.stats = EngineStats()
         self.vocab_size = int(mc.hf_config["vocab_size"])
@@ -101,8 +94,8 @@ class LLMEngine:
     @property
     def bytes_per_block(self) -> int:
         """KV bytes one block id costs: the target's layers, plus the draft model's."""
-        draft = self.drafter.bytes_per_block if self.drafter is not None else 0
-        return self.runner.bytes_per_block + draft
+        draft = self.runner.draft_runner
+        return self.runner.bytes_per_block + (draft.bytes_per_block if draft is not None else 0)
 
     def _size_kv_pool(self) -> int:
         cc, sc = self.config.cache_config, self.config.scheduler_config
@@ -144,7 +137,8 @@ class LLMEngine:
         cc, sc = self.config.cache_config, self.config.scheduler_config
         weights = self.memory_weight_bytes
         assert sc.max_num_batched_tokens is not None
-        runners = [self.runner] + ([self.drafter.runner] if self.drafter is not None else [])
+        draft = self.runner.draft_runner
+        runners = [self.runner] + ([draft] if draft is not None else [])
         activation = max(r.profile_run(sc.max_num_batched_tokens, sc.max_num_seqs)
                          for r in runners)
         # CUDA graphs: one capture of the largest decode size, measured (0 when graphs are off)
@@ -196,14 +190,19 @@ class LLMEngine:
     @property
     def packed_weight_bytes(self) -> int:
         """MKL-packed weight copies (CPU fp32, `workbench.layers.cpu_gemm`), target + draft."""
-        draft = self.drafter.runner.packed_weight_bytes if self.drafter is not None else 0
-        return self.runner.packed_weight_bytes + draft
+        draft = self.runner.draft_runner
+        return self.runner.packed_weight_bytes + (
+            draft.packed_weight_bytes if draft is not None else 0)
 
     @property
     def memory_weight_bytes(self) -> int:
         """Weight bytes in device memory: the target's, plus the draft model's."""
-        draft = self.drafter.runner.weight_bytes if self.drafter is not None else 0
-        return self.runner.weight_bytes + draft
+        return self.runner.weight_bytes + self._draft_weight_bytes
+
+    @property
+    def _draft_weight_bytes(self) -> int:
+        draft = self.runner.draft_runner
+        return draft.weight_bytes if draft is not None else 0
 
     def memory_readout(self) -> dict[str, Any]:
         """The memory table. budget_bytes / activation_peak_bytes / reserve_bytes /
@@ -214,7 +213,7 @@ class LLMEngine:
         bs = cc.block_size
         usable = self.num_blocks - 1
         bpb = self.bytes_per_block
-        draft_weights = self.drafter.runner.weight_bytes if self.drafter is not None else 0
+        draft_weights = self._draft_weight_bytes
         return {
             "weight_bytes": self.runner.weight_bytes + draft_weights,
             "draft_weight_bytes": draft_weights,
@@ -316,8 +315,7 @@ class LLMEngine:
 
     def abort_request(self, request_ids: list[str]) -> list[Request]:
         done = self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
-        for r in done:
-            self.runner.sampler.forget(r.request_id)
+        for _ in done:
             self.stats.record_finished("abort")
         return done
 
@@ -352,24 +350,32 @@ class LLMEngine:
             with profiling.range("scheduler.schedule"):
                 out = sched.schedule()
             taint: dict[str, int] = {}  # failed in the forward: id -> tokens with valid KV
+            output: ModelRunnerOutput | None
+            sampled: dict[str, list[int]] | None = None
             try:
-                sampled: dict[str, list[int]] | None = (
-                    self.runner.execute_model(out, failed).sampled_token_ids)
+                output = self.runner.execute_model(out, failed)
             except Exception as e:  # noqa: BLE001 - fails this step's requests, not the engine
                 if self.config.parallel_config.tensor_parallel_size > 1:
                     raise  # the executor has stopped every rank: this engine is done (vLLM's)
-                sampled = self._execute_one_by_one(out, failed, taint, e)
-                if sampled is None:
+                output = self._execute_one_by_one(out, failed, taint, e)
+                if output is None:
                     progressed = self._fail_step(out, e)
-            if sampled is not None:
+            if output is not None:
+                sampled = output.sampled_token_ids
+                if output.prompt_logprobs:
+                    self._add_prompt_logprobs(out, output.prompt_logprobs, failed)
                 with profiling.range("scheduler.update"):
                     progressed, finished = sched.update_from_output(out, sampled, failed)
                 if failed:
                     errored = self._fail_requests(failed, "request", taint)
                     progressed.extend(errored)
-                if self.ngram is not None or self.drafter is not None:
-                    with profiling.range("spec_decode.propose"):
-                        self._propose(out, progressed)
+                if output.spec_token_ids:  # the worker's drafts, for requests still running
+                    sched.update_draft_token_ids(output.spec_token_ids, output.spec_token_probs)
+                if output.spec_decode_error is not None:
+                    self.errors.append({
+                        "step": self.stats.num_steps, "scope": "propose", "request_ids": [],
+                        "message": output.spec_decode_error,
+                    })
         stats = self.stats
         spec_drafted = spec_accepted = 0
         for rid, drafts in out.scheduled_spec_decode_tokens.items():
@@ -385,7 +391,6 @@ class LLMEngine:
             c["vllm:generation_tokens"] += sched.num_generated_last_step
             c["vllm:prompt_tokens"] += sched.num_prompt_tokens_last_step
         for req in finished:
-            self.runner.sampler.forget(req.request_id)
             stats.record_finished(req.status.finish_reason)
         c["vllm:request_success"] += len(finished)
         queries, hits = sched.kv_cache_manager.make_prefix_cache_stats()
@@ -417,7 +422,7 @@ class LLMEngine:
         )
         for req in done:
             req.times.finished = req.times.finished or now
-            self.runner.sampler.forget(req.request_id)
+            req.prompt_logprobs = []  # nothing half-built survives a failure
             self.stats.record_finished("error")
             logger.warning("request %s failed (%s): %s", req.request_id, scope, req.error)
         self.errors.append({
@@ -430,7 +435,7 @@ class LLMEngine:
     def _execute_one_by_one(
         self, out: SchedulerOutput, failed: dict[str, str], taint: dict[str, int],
         error: Exception,
-    ) -> dict[str, list[int]] | None:
+    ) -> ModelRunnerOutput | None:
         """The batched forward raised: run each request of the step alone, in batch order
         (a prefix hit on a block its writer computes in this same step still reads it
         after the write), to find the request the failure belongs to. Those fail (in
@@ -452,7 +457,7 @@ class LLMEngine:
                 self.runner.copy_blocks(out.blocks_to_copy)
         except Exception:  # noqa: BLE001 - the step's failure, not a request's
             return None
-        sampled: dict[str, list[int]] = {}
+        result = ModelRunnerOutput()
         for req in reqs:
             rid = req.request_id
             spec = out.scheduled_spec_decode_tokens.get(rid)
@@ -465,7 +470,7 @@ class LLMEngine:
                 num_prefill_tokens=n if prefill else 0, num_decode_tokens=0 if prefill else n,
             )
             try:
-                sampled.update(self.runner.execute_model(alone, failed).sampled_token_ids)
+                result.merge(self.runner.execute_model(alone, failed))
             except Exception as e:  # noqa: BLE001 - this request's failure
                 failed[rid] = f"engine step failed: {type(e).__name__}: {e}"
                 taint[rid] = req.num_computed_tokens
@@ -481,8 +486,24 @@ class LLMEngine:
                 failed[rid] = ("engine step failed: it reads prefix-cache blocks that failed "
                                f"request(s) {sorted(taint)} did not write")
                 taint[rid] = req.num_computed_tokens
-                sampled.pop(rid, None)
-        return sampled
+                result.sampled_token_ids.pop(rid, None)
+                result.prompt_logprobs.pop(rid, None)
+        return result
+
+    def _add_prompt_logprobs(
+        self, out: SchedulerOutput, runs: dict[str, LogprobsTensors], failed: dict[str, str]
+    ) -> None:
+        """Hand each request its run of prompt logprobs (`Request.add_prompt_logprobs`);
+        a request whose run cannot be added fails alone (in `failed`)."""
+        for req in out.scheduled_requests:
+            rid = req.request_id
+            run = runs.get(rid)
+            if run is None or rid in failed:
+                continue
+            try:
+                req.add_prompt_logprobs(run)
+            except Exception as e:  # noqa: BLE001 - this request's failure
+                failed[rid] = f"prompt logprobs failed: {type(e).__name__}: {e}"
 
     def _fail_step(self, out: SchedulerOutput, error: Exception) -> list[Request]:
         """The batched forward raised: fail every request of the step; KV from position
@@ -496,30 +517,6 @@ class LLMEngine:
             {r.request_id: msg for r in reqs}, "step",
             {r.request_id: r.num_computed_tokens for r in reqs},
         )
-
-    def _propose(self, out: SchedulerOutput, progressed: list[Request]) -> None:
-        """Drafts for every running request that just received tokens (verified next step).
-
-        Drafts only save time: when the proposer raises, this step's drafts are dropped
-        (and the draft model's progress rolled back), the error is recorded, and every
-        request goes on without speculation for one step (tokens unchanged: lossless)."""
-        drafting = [r for r in progressed if r.status == RequestStatus.RUNNING]
-        before = {r.request_id: r.num_draft_computed_tokens for r in out.scheduled_requests}
-        try:
-            if self.ngram is not None:
-                self.ngram.propose(drafting)
-            elif self.drafter is not None:
-                self.drafter.propose(out, drafting)
-        except Exception as e:  # noqa: BLE001 - speculation is an optimisation: drop it
-            logger.warning("speculative proposer failed; no drafts this step", exc_info=e)
-            for req in out.scheduled_requests:
-                req.spec_token_ids = []
-                req.spec_token_probs = None
-                req.num_draft_computed_tokens = before[req.request_id]
-            self.errors.append({
-                "step": self.stats.num_steps, "scope": "propose", "request_ids": [],
-                "message": f"{type(e).__name__}: {e}",
-            })
 
     def reset_prefix_cache(self) -> bool:
         return self.scheduler.kv_cache_manager.reset_prefix_cache()

@@ -1,4 +1,4 @@
-"""Request: the one object that flows Scheduler -> KVCacheManager -> ModelRunner -> Sampler.
+"""Request: the one object that flows Scheduler -> KVCacheManager -> ModelRunner.
 
 As in vLLM V1 there is no prefill/decode phase flag: the scheduler only gives each request a
 number of new tokens, `num_tokens - num_computed_tokens` (plus speculative tokens, later).
@@ -7,6 +7,9 @@ number of new tokens, `num_tokens - num_computed_tokens` (plus speculative token
     num_computed_tokens:  tokens whose KV is in the cache
     spec_token_ids:  draft tokens proposed for the next step (not part of all_token_ids);
                      verified next step, then cleared (rejected ones roll back)
+    prompt_logprobs: runs of prompt logprobs received so far (SamplingParams.prompt_logprobs);
+                     `add_prompt_logprobs` keys them by position, so a recompute after
+                     preemption adds nothing twice
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from workbench.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
     import torch
+
+    from workbench.engine.runner_output import LogprobsTensors
 
 
 class RequestStatus(enum.IntEnum):
@@ -82,6 +87,7 @@ class Request:
         "stop_reason",
         "max_tokens",
         "error",
+        "prompt_logprobs",
     )
 
     def __init__(
@@ -126,6 +132,7 @@ class Request:
         self.max_tokens: int = limit if limit is not None else sys.maxsize
         # Why the engine finished this request with FINISHED_ERROR (None otherwise).
         self.error: str | None = None
+        self.prompt_logprobs: list[LogprobsTensors] = []
 
     @property
     def num_tokens(self) -> int:
@@ -138,6 +145,28 @@ class Request:
     @property
     def num_output_tokens(self) -> int:
         return len(self.output_token_ids)
+
+    @property
+    def num_prompt_logprobs(self) -> int | None:
+        """SamplingParams.prompt_logprobs (None: not requested; what the runner reads)."""
+        return self.sampling_params.prompt_logprobs
+
+    @property
+    def num_prompt_logprobs_received(self) -> int:
+        """Prompt positions whose logprobs arrived (complete at num_prompt_tokens - 1)."""
+        return sum(len(r) for r in self.prompt_logprobs)
+
+    def add_prompt_logprobs(self, run: LogprobsTensors) -> None:
+        """Append the part of `run` past the positions already received (a recompute after
+        preemption starts again at position 0)."""
+        have = self.num_prompt_logprobs_received
+        if run.start > have:
+            raise ValueError(
+                f"request {self.request_id!r}: prompt logprobs from position {run.start} "
+                f"arrived before positions {have}..{run.start - 1}"
+            )
+        if run.start + len(run) > have:
+            self.prompt_logprobs.append(run.slice(have - run.start, len(run)))
 
     @property
     def num_tokens_with_spec(self) -> int:

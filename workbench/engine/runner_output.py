@@ -3,21 +3,101 @@
 A shared leaf like `SchedulerOutput`: the worker fills it, the engine and the scheduler read
 it. Request ids key every field; a request missing from `sampled_token_ids` got no token this
 step (a prefill chunk that does not reach the end of the prompt, or a request that failed).
+
+Prompt logprobs (`SamplingParams.prompt_logprobs`) travel as `LogprobsTensors`, one run of
+consecutive prompt positions per request and step (a prefill chunk's positions):
+
+    prompt        t0  t1  t2  t3  t4          chunk 1 computes t0 t1 t2, chunk 2 t3 t4
+    row of        t0  t1  t2 | t3             (t4's row predicts the first output token)
+    scores        t1  t2  t3 | t4             start = 0, then start = 3
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
+
+@dataclass
+class LogprobsTensors:
+    """Log-probabilities of prompt tokens at positions start+1 .. start+len (vLLM's name).
+
+    Row i is the distribution computed at position start + i, scoring the prompt token at
+    start + i + 1 (float32 log_softmax of the logits, on the CPU).
+
+    logprob_token_ids: [n, 1 + k] int64; column 0 the actual prompt token, then the top-k
+        (descending logprob). With k = -1 only column 0: the whole vocabulary is in
+        `full_logprobs`.
+    logprobs: [n, 1 + k] float32, the same layout.
+    selected_token_ranks: [n] int64, the actual token's rank: 1 + the number of tokens with a
+        strictly greater logprob (1 = the argmax; vLLM's definition).
+    full_logprobs: [n, vocab] float32 indexed by token id (k = -1 only, else None).
+    """
+
+    start: int
+    logprob_token_ids: torch.Tensor
+    logprobs: torch.Tensor
+    selected_token_ranks: torch.Tensor
+    full_logprobs: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return int(self.selected_token_ranks.shape[0])
+
+    @property
+    def token_logprobs(self) -> torch.Tensor:
+        """[n] the actual tokens' logprobs."""
+        return self.logprobs[:, 0]
+
+    def slice(self, begin: int, end: int) -> LogprobsTensors:
+        """Rows begin..end-1 (positions start+begin ..), as a new run."""
+        full = self.full_logprobs
+        return LogprobsTensors(
+            self.start + begin, self.logprob_token_ids[begin:end], self.logprobs[begin:end],
+            self.selected_token_ranks[begin:end], None if full is None else full[begin:end],
+        )
+
+    @staticmethod
+    def concat(runs: list[LogprobsTensors]) -> LogprobsTensors:
+        """Consecutive runs (each starting where the previous ends) as one."""
+        for a, b in zip(runs, runs[1:], strict=False):
+            if b.start != a.start + len(a):
+                raise ValueError(f"runs are not consecutive: {a.start}+{len(a)} != {b.start}")
+        if len(runs) == 1:
+            return runs[0]
+        full = [r.full_logprobs for r in runs]
+        return LogprobsTensors(
+            runs[0].start,
+            torch.cat([r.logprob_token_ids for r in runs]),
+            torch.cat([r.logprobs for r in runs]),
+            torch.cat([r.selected_token_ranks for r in runs]),
+            None if any(f is None for f in full) else torch.cat(full),  # type: ignore[misc]
+        )
+
 
 @dataclass
 class ModelRunnerOutput:
     """sampled_token_ids: request id -> the tokens accepted this step (one when sampling; with
-    speculative decoding the accepted drafts plus the bonus or recovered token)."""
+    speculative decoding the accepted drafts plus the bonus or recovered token).
+    prompt_logprobs: request id -> this step's run of prompt logprobs, for requests with
+    `SamplingParams.prompt_logprobs` whose scheduled tokens include prompt positions that
+    score a prompt token; empty otherwise (no cost for other requests).
+    spec_token_ids: request id -> the drafts the worker's proposer made for the next step
+    (from this step's tokens); the scheduler keeps them only for requests still running.
+    spec_token_probs: request id -> [k, vocab] distributions the drafts were drawn from
+    (draft model, sampled requests); absent: one-hot drafts (n-gram, greedy).
+    spec_decode_error: why this step has no drafts (the proposer raised); None otherwise."""
 
     sampled_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    prompt_logprobs: dict[str, LogprobsTensors] = field(default_factory=dict)
+    spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    spec_token_probs: dict[str, torch.Tensor] = field(default_factory=dict)
+    spec_decode_error: str | None = None
 
     def merge(self, other: ModelRunnerOutput) -> None:
         """Add `other`'s requests (the engine's one-by-one re-run after a failed batch)."""
         self.sampled_token_ids.update(other.sampled_token_ids)
-
+        self.prompt_logprobs.update(other.prompt_logprobs)
+        self.spec_token_ids.update(other.spec_token_ids)
+        self.spec_token_probs.update(other.spec_token_probs)
+        self.spec_decode_error = self.spec_decode_error or other.spec_decode_error

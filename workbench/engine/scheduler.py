@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from workbench.config import CacheConfig, SchedulerConfig
 from workbench.engine.request import Request, RequestStatus
@@ -25,6 +26,9 @@ from workbench.engine.request_queue import make_request_queue
 from workbench.engine.scheduler_output import SchedulerOutput
 from workbench.engine.stop import check_stop
 from workbench.kv_cache import KVCacheManager
+
+if TYPE_CHECKING:
+    import torch
 
 
 class Scheduler:
@@ -48,6 +52,8 @@ class Scheduler:
         self.waiting = make_request_queue(scheduler_config.policy)
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
+        # Finished since the last schedule(); handed to the worker in the next SchedulerOutput.
+        self.finished_req_ids: set[str] = set()
         self.num_preemptions_last_step = 0
         # Set by update_from_output: tokens appended (stops truncate a verification's
         # tokens) and prompt tokens of requests that got their first token (n > 1 children
@@ -94,6 +100,7 @@ class Scheduler:
                 req, None if num_valid_tokens is None else num_valid_tokens.get(rid)
             )
             self.requests.pop(rid, None)
+            self.finished_req_ids.add(rid)
             done.append(req)
         return done
 
@@ -102,6 +109,8 @@ class Scheduler:
         cfg = self.config
         kv = self.kv_cache_manager
         out = SchedulerOutput()
+        if self.finished_req_ids:
+            out.finished_req_ids, self.finished_req_ids = self.finished_req_ids, set()
         budget: int = cfg.max_num_batched_tokens  # type: ignore[assignment]
         threshold = cfg.long_prefill_token_threshold
         scheduled = out.scheduled_requests
@@ -135,7 +144,7 @@ class Scheduler:
                 spec_out[req.request_id] = req.spec_token_ids[:num_spec]
             while kv.allocate_slots(req, num_new, num_lookahead_tokens=lookahead) is None:
                 victim = self._pick_victim()
-                if victim.request_id in num_sched:  # only possible under the priority policy
+                if victim.request_id in num_sched:  # a policy that preempts out of order
                     budget += num_sched.pop(victim.request_id)
                     scheduled.remove(victim)
                     del block_ids[victim.request_id]
@@ -211,11 +220,7 @@ class Scheduler:
             budget -= num_new
 
     def _pick_victim(self) -> Request:
-        if self.config.policy == "priority":
-            victim = max(self.running, key=lambda r: (r.priority, r.times.arrival))
-            self.running.remove(victim)
-            return victim
-        return self.running.pop()
+        return self.waiting.preemption_victim(self.running)  # the policy's choice
 
     def _preempt(self, req: Request) -> None:
         self.kv_cache_manager.free(req)
@@ -230,6 +235,7 @@ class Scheduler:
     def _free(self, req: Request) -> None:
         self.kv_cache_manager.free(req)
         self.requests.pop(req.request_id, None)
+        self.finished_req_ids.add(req.request_id)
 
     # ------------------------------------------------------------------ update
     def update_from_output(
@@ -306,6 +312,20 @@ class Scheduler:
         self.num_prompt_tokens_last_step = prompt_tokens
         return progressed, finished
 
+    def update_draft_token_ids(
+        self, spec_token_ids: dict[str, list[int]],
+        spec_token_probs: dict[str, torch.Tensor] | None = None,
+    ) -> None:
+        """Store the worker's drafts (verified next step) on the requests still running after
+        this step's update (vLLM's name); a request that finished, failed or left gets none."""
+        requests = self.requests
+        for rid, drafts in spec_token_ids.items():
+            req = requests.get(rid)
+            if req is None or req.status != RequestStatus.RUNNING:
+                continue
+            req.spec_token_ids = drafts
+            req.spec_token_probs = spec_token_probs.get(rid) if spec_token_probs else None
+
     def _fork_children(self, parent: Request) -> None:
         """After the parent's prefill, start n - 1 children sharing its prompt blocks.
 
@@ -315,8 +335,9 @@ class Scheduler:
         """
         params = parent.sampling_params
         for idx in reversed(range(1, params.n)):  # prepended: end up in index order
-            child_params = replace(
-                params, n=1, seed=None if params.seed is None else params.seed + idx
+            child_params = replace(  # prompt logprobs belong to the parent's output
+                params, n=1, seed=None if params.seed is None else params.seed + idx,
+                prompt_logprobs=None,
             )
             child = Request(
                 request_id=f"{parent.request_id}#{idx}",

@@ -18,6 +18,9 @@ class SchedulerOutput:
         request's spec_token_ids, trimmed to the budget); only requests with drafts appear.
     blocks_to_copy: copy-on-write operations (src block id, dst block id) to run before the
         forward pass.
+    finished_req_ids: requests finished (or aborted, or failed) since the previous
+        schedule(): the worker drops its per-request state (sampling generators) for them
+        before this step's batch, so a reused request id starts afresh.
     """
 
     scheduled_requests: list[Request] = field(default_factory=list)
@@ -26,6 +29,7 @@ class SchedulerOutput:
     scheduled_spec_decode_tokens: dict[str, list[int]] = field(default_factory=dict)
     blocks_to_copy: list[tuple[int, int]] = field(default_factory=list)
     preempted_request_ids: list[str] = field(default_factory=list)
+    finished_req_ids: set[str] = field(default_factory=set)
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
 

@@ -1,37 +1,192 @@
-"""The experiment's quality gate: does the variant still say what the baseline says?
+"""The quality gate: does a candidate engine config still say what the reference config says?
 
-The template's `quality_gate` block holds thresholds and options (`workbench.quality`):
+    ref  = reference("demo", {"dtype": "float32"})               # once per baseline
+    rep  = evaluate("demo", {"dtype": "float32", "quantization": "int4"}, ref)
+    ok, reasons = rep.passes({"min_token_agreement": 0.9, "max_ppl_increase_pct": 2.0,
+                              "max_mean_kl": 0.02, "min_top1_agreement": 0.95})
+
+Four figures, each measured through OUR engine's public API (`LLM.generate` with
+`SamplingParams(prompt_logprobs=k)`, so the quantized linear layers and the paged KV cache are
+in them), the candidate against the reference config on the same model. The scoring itself is
+`workbench.harness.scoring`:
+
+- **perplexity** on held-out text: the demo corpus's held-out split (every HOLDOUT_EVERY-th
+  `.py` file of this Python's standard library, see `workbench.testing.demo_pair`), tokenized with
+  the model's own tokenizer (each file as "<s> ... </s>"), first `ppl_tokens` + 1 tokens, cut
+  into non-overlapping windows of `context` tokens (at most max_model_len - 1); every token
+  after the first is predicted once, from the actual token's prompt logprob. For the trained
+  demo model this text was never trained on; for other models it is just a fixed text that
+  ships with Python. Same windows as `workbench.testing.demo_pair.score`.
+- **greedy agreement** on a golden prompt set: both configs generate `max_tokens` greedy
+  tokens (ignore_eos) through `LLM.generate`; identical tokens at identical positions / all
+  tokens, and the first divergence position per prompt (None = identical).
+- **mean KL(p_ref || p_cand)** and **top-1 agreement** of the next-token distributions at the
+  positions of the reference's greedy continuations, teacher-forced: prompt + the
+  reference's tokens go through both models with prompt_logprobs=-1 (the whole vocabulary),
+  so a divergence does not change what is scored. Also the top-1 agreement over the held-out
+  text positions (more positions, less noise).
+
+Teacher-forced continuation positions are scored by a prefill where generation scored them by
+decode steps: the same math over the same cached K/V, in a different kernel (on CPU the
+decode path may be a C++ kernel whose float sums differ in the last bits).
+
+Thresholds and options: `workbench.experiments.quality_report`. In an experiment template the
+`quality_gate` block holds them:
 
     quality_gate: {min_token_agreement: 0.9, max_ppl_increase_pct: 1.0, max_mean_kl: 0.01,
                    min_top1_agreement: 0.95, num_prompts: 4, max_tokens: 16,
                    ppl_tokens: 4096, ppl_context: 512}
 
-Greedy agreement on a golden prompt set (the workload's first `num_prompts` prompts): both
-configs generate `max_tokens` greedy tokens (ignore_eos) for the same prompts; agreement =
-identical tokens at identical positions / all tokens, plus the first divergence position per
-prompt. KL / top-1 agreement (teacher-forced on the baseline's continuations) and held-out
-perplexity are measured only when the gate has a threshold on them. Engine knobs that only
-change scheduling (budgets, caching, block size) must give agreement 1.0; lossy ones
-(quantization, an fp8 KV cache) are judged against the thresholds. A variant that misses one
-is never adopted (`verdict._adopt`).
+There the golden prompt set is the workload's first `num_prompts` prompts; KL / top-1
+agreement and held-out perplexity are measured only when the gate has a threshold on them.
+Engine knobs that only change scheduling (budgets, caching, block size) must give agreement
+1.0; lossy ones (quantization, an fp8 KV cache) are judged against the thresholds. A variant
+that misses one is never adopted (`verdict._adopt`).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from workbench.quality import (
+import torch
+
+from workbench.experiments.quality_report import (
+    GATE_KEYS,
+    OPTIONS,
+    THRESHOLDS,
+    QualityReport,
+    check_gate,
+    needs,
+)
+from workbench.harness.scoring import (
     DEFAULT_CONTEXT,
     DEFAULT_PPL_TOKENS,
-    QualityReport,
+    GOLDEN_PROMPTS,
+    TextScore,
     agreement,
-    evaluate,
+    continuation_logprobs,
+    generate_greedy,
+    golden_prompts,
     greedy_tokens,
-    needs,
-    reference,
+    held_out_ids,
+    kl_and_top1,
+    score_text,
 )
 
-__all__ = ["agreement", "gate_reports", "greedy_tokens", "quality_failures"]
+if TYPE_CHECKING:
+    from workbench.engine.llm import LLM
+
+__all__ = [
+    "DEFAULT_CONTEXT", "DEFAULT_MAX_TOKENS", "DEFAULT_PPL_TOKENS", "GATE_KEYS", "GOLDEN_PROMPTS",
+    "OPTIONS", "THRESHOLDS", "QualityReport", "Reference", "TextScore", "agreement",
+    "check_gate", "evaluate", "gate_reports", "generate_greedy", "golden_prompts",
+    "greedy_tokens", "held_out_ids", "judge_variants", "needs", "quality_failures",
+    "reference", "score_text",
+]
+
+DEFAULT_MAX_TOKENS = 32
+
+
+@dataclass
+class Reference:
+    """What the reference config produced; reused against every candidate."""
+
+    model: str
+    config: dict[str, Any]
+    prompts: list[list[int]]
+    max_tokens: int
+    tokens: list[list[int]]  # its greedy continuations
+    logprobs: list[torch.Tensor] | None = field(default=None, repr=False)  # teacher-forced
+    text: TextScore | None = None  # held-out text score (None: perplexity not measured)
+    text_ids: list[int] | None = field(default=None, repr=False)
+    context: int = DEFAULT_CONTEXT
+    seconds: float = 0.0
+
+
+def _llm(model: str, config: dict[str, Any] | LLM) -> tuple[LLM, dict[str, Any]]:
+    from workbench import LLM
+
+    if isinstance(config, LLM):
+        return config, {}
+    return LLM(model, **config), dict(config)
+
+
+def reference(
+    model: str | Path,
+    config: dict[str, Any] | LLM | None = None,
+    prompts: Sequence[Sequence[int]] | None = None,
+    *,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+    ppl_tokens: int | None = DEFAULT_PPL_TOKENS,
+    context: int = DEFAULT_CONTEXT,
+    kl: bool = True,
+) -> Reference:
+    """Run the reference config (default: the model in float32, unquantized): its greedy
+    continuations of `prompts` (default: `golden_prompts`), their teacher-forced
+    log-probabilities (when `kl`) and its held-out text score (`ppl_tokens` None: skipped)."""
+    t0 = time.perf_counter()
+    model = str(model)
+    llm, cfg = _llm(model, {"dtype": "float32"} if config is None else config)
+    prompts = golden_prompts(model) if prompts is None else [list(p) for p in prompts]
+    tokens = generate_greedy(llm, prompts, max_tokens)
+    ref = Reference(model, cfg, prompts, max_tokens, tokens, context=context)
+    if kl:
+        ref.logprobs = continuation_logprobs(llm, prompts, tokens)
+    if ppl_tokens:
+        ref.text_ids = held_out_ids(model, ppl_tokens)
+        ref.text = score_text(llm, ref.text_ids, context)
+    ref.seconds = time.perf_counter() - t0
+    return ref
+
+
+def evaluate(
+    model: str | Path,
+    candidate: dict[str, Any] | LLM,
+    ref: Reference | None = None,
+    *,
+    baseline: dict[str, Any] | None = None,
+    prompts: Sequence[Sequence[int]] | None = None,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+    ppl_tokens: int | None = DEFAULT_PPL_TOKENS,
+    context: int = DEFAULT_CONTEXT,
+    kl: bool = True,
+) -> QualityReport:
+    """The candidate config (or a built, idle LLM) against `ref` (built here from `baseline`,
+    default float32 unquantized, when not given; the keyword options then apply). What the
+    reference measured is what the report holds."""
+    model = str(model)
+    if ref is None:
+        ref = reference(model, baseline, prompts, max_tokens=max_tokens, ppl_tokens=ppl_tokens,
+                        context=context, kl=kl)
+    t0 = time.perf_counter()
+    llm, cfg = _llm(model, candidate)
+    tokens = generate_greedy(llm, ref.prompts, ref.max_tokens)
+    agr = agreement(ref.tokens, tokens)
+    rep = QualityReport(
+        model=model, reference_config=ref.config, candidate_config=cfg,
+        num_prompts=len(ref.prompts), max_tokens=ref.max_tokens,
+        token_agreement=agr["token_agreement"], first_divergence=agr["first_divergence"],
+        identical_sequences=agr["identical_sequences"],
+    )
+    if ref.logprobs is not None:
+        cand = continuation_logprobs(llm, ref.prompts, ref.tokens)
+        rep.mean_kl, rep.max_kl, rep.top1_agreement = kl_and_top1(ref.logprobs, cand)
+    if ref.text is not None and ref.text_ids is not None:
+        text = score_text(llm, ref.text_ids, ref.context)
+        rep.ppl_tokens = text.tokens
+        rep.reference_perplexity = ref.text.perplexity
+        rep.perplexity = text.perplexity
+        rep.text_top1_agreement = (
+            float((text.argmax == ref.text.argmax).float().mean()) if text.tokens else 1.0)
+    rep.seconds = time.perf_counter() - t0
+    return rep
+
+
+# ----------------------------------------------------------------------------- experiments
 
 
 def quality_failures(result: QualityReport | dict[str, Any], gate: dict[str, Any]) -> list[str]:
@@ -82,3 +237,30 @@ def gate_reports(
         failures[value] = quality_failures(rep, gate)
         reports[value] = rep.as_dict()
     return failures, reports
+
+
+def judge_variants(
+    model: str | Path,
+    configs: dict[str, dict[str, Any]],
+    *,
+    gate: dict[str, Any] | None = None,
+    num_prompts: int = len(GOLDEN_PROMPTS),
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+    ppl_tokens: int | None = DEFAULT_PPL_TOKENS,
+    context: int = DEFAULT_CONTEXT,
+) -> tuple[list[dict[str, Any]], dict[str, QualityReport]]:
+    """Every config against the first (the reference) on `golden_prompts`: one table row per
+    config (`QualityReport.row()` plus "gate": pass / FAIL / - without a gate, and
+    "gate_reasons") and the reports. The quality judge `workbench.bench.quant` takes."""
+    labels = list(configs)
+    ref = reference(model, configs[labels[0]], golden_prompts(model, num_prompts),
+                    max_tokens=max_tokens, ppl_tokens=ppl_tokens, context=context)
+    rows, reports = [], {}
+    for label in labels:
+        rep = evaluate(model, configs[label], ref)
+        reports[label] = rep
+        ok, reasons = rep.passes(gate or {})
+        rows.append({"variant": label, **rep.row(),
+                     "gate": ("pass" if ok else "FAIL") if gate else "-",
+                     "gate_reasons": "; ".join(reasons)})
+    return rows, reports

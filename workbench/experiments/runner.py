@@ -329,7 +329,7 @@ def _quality(
     template: Template, model: str, workload: Any
 ) -> tuple[dict[Any, list[str]], dict[Any, dict[str, Any]]]:
     """({value: gate failures}, {value: QualityReport dict}): each variant against the
-    baseline on the workload's first `num_prompts` prompts (workbench.quality)."""
+    baseline on the workload's first `num_prompts` prompts (`workbench.experiments.quality`)."""
     gate = template.quality_gate or {}
     n = int(gate.get("num_prompts", 4))
     prompts = [list(r.prompt_token_ids) for r in workload.requests[:n]]

@@ -20,9 +20,9 @@ and the baseline engine config, then names exactly ONE variable:
 (`workbench.harness.metric_registry`, docs/metrics.md); `objective.direction` defaults to the
 registry's direction for the metric.
 
-`quality_gate` (workbench.quality): thresholds `min_token_agreement`, `max_ppl_increase_pct`,
-`max_mean_kl`, `min_top1_agreement` and options `num_prompts`, `max_tokens`, `ppl_tokens`,
-`ppl_context`; a variant that misses a threshold is never adopted.
+`quality_gate` (workbench.experiments.quality): thresholds `min_token_agreement`,
+`max_ppl_increase_pct`, `max_mean_kl`, `min_top1_agreement` and options `num_prompts`,
+`max_tokens`, `ppl_tokens`, `ppl_context`; a variant that misses a threshold is never adopted.
 
 Instead of `variable`, `variants:` may list full engine configs; each must differ from the
 baseline in the same single key, and anything else is refused naming the keys.
@@ -115,7 +115,7 @@ class Template:
                 raise ValueError(
                     f"quality_gate ({self.quality_gate!r}) must be a mapping of thresholds"
                 )
-            from workbench.quality import check_gate
+            from workbench.experiments.quality_report import check_gate
 
             check_gate(self.quality_gate)
 

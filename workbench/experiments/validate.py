@@ -165,7 +165,7 @@ def _check_mappings(data: dict[str, Any], out: list[str]) -> None:
     if not isinstance(gate, dict):
         out.append(f"quality_gate ({gate!r}) must be a mapping of thresholds")
         return
-    from workbench.quality import GATE_KEYS, OPTIONS, THRESHOLDS
+    from workbench.experiments.quality_report import GATE_KEYS, OPTIONS, THRESHOLDS
 
     for key, v in gate.items():
         if key not in GATE_KEYS:

@@ -83,9 +83,11 @@ class KVCacheManager:
         """Longest chain of cached full blocks from block 0 (takes no references).
 
         At most (num_tokens - 1) // block_size blocks are looked up, so the last token is
-        always recomputed and the prefill produces logits.
+        always recomputed and the prefill produces logits. A request with prompt_logprobs
+        gets no hit (and counts no query), as in vLLM: the logits of cached positions are
+        never computed. Its blocks are still offered to the cache as they fill.
         """
-        if not self.enable_caching:
+        if not self.enable_caching or request.sampling_params.prompt_logprobs is not None:
             return [], 0
         st = self._reqs.get(request.request_id)
         if st is None:

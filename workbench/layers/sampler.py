@@ -1,16 +1,18 @@
-"""Sampler: logits of the rows that need a token -> one token id per row.
+"""Sampler: logits of the rows that need a token + SamplingMetadata -> one token id per row.
 
 Greedy rows take the argmax. Sampled rows apply temperature, top-k, then top-p, and draw with
-the request's own `torch.Generator` (seeded from `SamplingParams.seed`, so the same seed gives
-the same tokens whatever else is in the batch) or the engine's generator when unseeded.
-`min_tokens` suppresses EOS and stop tokens until enough tokens exist.
+the request's own `torch.Generator` (`SamplingMetadata.generators`: seeded from
+`SamplingParams.seed`, kept by the model runner from step to step, so the same seed gives the
+same tokens whatever else is in the batch) or the sampler's generator when unseeded.
+`min_tokens` suppresses EOS and stop tokens until enough tokens exist. The sampler reads only
+tensors and the metadata (`workbench.layers.sampling_metadata`), never a Request.
 """
 
 from __future__ import annotations
 
 import torch
 
-from workbench.engine.request import Request
+from workbench.layers.sampling_metadata import SamplingMetadata
 from workbench.spec_decode.rejection_sampler import greedy_verify, rejection_sample
 
 
@@ -23,57 +25,44 @@ def greedy_ids(logits: torch.Tensor) -> list[int]:
 class Sampler:
     def __init__(self, seed: int, device: torch.device) -> None:
         self.device = device
+        # Draws of the sampled rows without a seed of their own.
         self.engine_generator = torch.Generator(device=device)
         self.engine_generator.manual_seed(seed)
-        self._generators: dict[str, torch.Generator] = {}
 
-    def forget(self, request_id: str) -> None:
-        self._generators.pop(request_id, None)
-
-    def _generator(self, req: Request) -> torch.Generator:
-        seed = req.sampling_params.seed
-        if seed is None:
-            return self.engine_generator
-        gen = self._generators.get(req.request_id)
-        if gen is None:
-            gen = torch.Generator(device=self.device)
-            gen.manual_seed(seed)
-            self._generators[req.request_id] = gen
-        return gen
+    def _generator(self, metadata: SamplingMetadata, row: int) -> torch.Generator:
+        return metadata.generators.get(row, self.engine_generator)
 
     def __call__(
-        self, logits: torch.Tensor, requests: list[Request],
+        self, logits: torch.Tensor, metadata: SamplingMetadata,
         failed: dict[str, str] | None = None,
     ) -> list[int]:
-        """logits: [len(requests), vocab] float32. Returns one token id per request.
+        """logits: [num_reqs, vocab] float32. Returns one token id per row.
 
         With `failed`, an error in one request's own processing (its penalties, filters or
         draw) is recorded there as request id -> message and that row's token is -1; the
         other rows are sampled as if it were not in the batch. Without it, errors raise."""
-        self._apply_min_tokens(logits, requests, failed=failed)
+        self._apply_min_tokens(logits, metadata, failed=failed)
         out = greedy_ids(logits)
-        if not all(r.sampling_params.greedy for r in requests):
-            rows = [i for i, r in enumerate(requests)
-                    if not r.sampling_params.greedy
-                    and (failed is None or r.request_id not in failed)]
-            probs = self._rows_probs(logits, requests, rows, failed)
+        ids = metadata.request_ids
+        if not metadata.all_greedy:
+            rows = [i for i in metadata.random_rows if failed is None or ids[i] not in failed]
+            probs = self._rows_probs(logits, metadata, rows, failed)
             for i in rows:
                 p = probs.get(i)
                 if p is None:
                     continue
-                req = requests[i]
                 try:
                     # Exponential race (as vLLM): argmax(p / E), E ~ Exp(1), is a draw from p.
-                    q = torch.empty_like(p).exponential_(generator=self._generator(req))
+                    q = torch.empty_like(p).exponential_(generator=self._generator(metadata, i))
                     out[i] = int((p / q).argmax())
                 except Exception as e:
-                    _record(failed, req, e)
+                    _record(failed, ids[i], e)
         if failed:
-            out = [-1 if r.request_id in failed else t for r, t in zip(requests, out, strict=True)]
+            out = [-1 if rid in failed else t for rid, t in zip(ids, out, strict=True)]
         return out
 
     def _rows_probs(
-        self, logits: torch.Tensor, requests: list[Request], rows: list[int],
+        self, logits: torch.Tensor, metadata: SamplingMetadata, rows: list[int],
         failed: dict[str, str] | None,
     ) -> dict[int, torch.Tensor]:
         """Row index -> sampling probabilities, one batched call; if that raises and failures
@@ -81,7 +70,7 @@ class Sampler:
         if not rows:
             return {}
         try:
-            probs = self.sampling_probs(logits[rows], [requests[i] for i in rows])
+            probs = self.sampling_probs(logits[rows], metadata, rows)
             return {i: probs[j] for j, i in enumerate(rows)}
         except Exception:
             if failed is None:
@@ -89,104 +78,118 @@ class Sampler:
         out = {}
         for i in rows:
             try:
-                out[i] = self.sampling_probs(logits[i : i + 1], [requests[i]])[0]
+                out[i] = self.sampling_probs(logits[i : i + 1], metadata, [i])[0]
             except Exception as e:
-                _record(failed, requests[i], e)
+                _record(failed, metadata.request_ids[i], e)
         return out
 
     @staticmethod
-    def sampling_probs(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
-        """Temperature, top-k, top-p applied; returns probabilities [rows, vocab] float32."""
-        temps = torch.tensor(
-            [r.sampling_params.temperature for r in requests], dtype=torch.float32,
-            device=logits.device,
-        )
+    def sampling_probs(
+        logits: torch.Tensor, metadata: SamplingMetadata, index: list[int]
+    ) -> torch.Tensor:
+        """Row j of `logits` processed with request index[j]'s temperature, top-k and top-p
+        (index[j] must be a sampled row); returns probabilities [len(index), vocab] float32."""
+        assert metadata.temperature is not None, "sampling_probs of an all-greedy batch"
+        temps = metadata.temperature[index]
         logits = logits.float() / temps[:, None]
         vocab = logits.shape[-1]
-        top_ks = [r.sampling_params.top_k for r in requests]
-        if any(0 < k < vocab for k in top_ks):
-            k = torch.tensor(
-                [k if 0 < k < vocab else vocab for k in top_ks], device=logits.device
-            )
-            sorted_desc = logits.sort(dim=-1, descending=True).values
-            kth = sorted_desc.gather(1, (k - 1)[:, None])
-            logits = logits.masked_fill(logits < kth, float("-inf"))
-        top_ps = [r.sampling_params.top_p for r in requests]
-        if any(p < 1.0 for p in top_ps):
-            p = torch.tensor(top_ps, dtype=torch.float32, device=logits.device)
-            sorted_logits, idx = logits.sort(dim=-1, descending=True)
-            sorted_probs = sorted_logits.softmax(dim=-1)
-            # Drop a token when the mass strictly before it already reaches top_p.
-            mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-            drop_sorted = mass_before >= p[:, None]
-            drop = torch.zeros_like(drop_sorted).scatter(1, idx, drop_sorted)
-            logits = logits.masked_fill(drop, float("-inf"))
+        if metadata.top_k is not None:
+            k = metadata.top_k[index]
+            keep = (k > 0) & (k < vocab)
+            if bool(keep.any()):
+                k = torch.where(keep, k, vocab)
+                sorted_desc = logits.sort(dim=-1, descending=True).values
+                kth = sorted_desc.gather(1, (k - 1)[:, None])
+                logits = logits.masked_fill(logits < kth, float("-inf"))
+        if metadata.top_p is not None:
+            p = metadata.top_p[index]
+            if bool((p < 1.0).any()):
+                sorted_logits, idx = logits.sort(dim=-1, descending=True)
+                sorted_probs = sorted_logits.softmax(dim=-1)
+                # Drop a token when the mass strictly before it already reaches top_p.
+                mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+                drop_sorted = mass_before >= p[:, None]
+                drop = torch.zeros_like(drop_sorted).scatter(1, idx, drop_sorted)
+                logits = logits.masked_fill(drop, float("-inf"))
         return logits.softmax(dim=-1)
 
     def verify(
-        self, logits: torch.Tensor, requests: list[Request], drafts: list[list[int]],
+        self, logits: torch.Tensor, metadata: SamplingMetadata,
         failed: dict[str, str] | None = None,
     ) -> list[list[int]]:
-        """Speculative verification. Request i owns len(drafts[i]) + 1 consecutive rows of
-        logits (the target at its last confirmed token and at each draft); returns its
-        accepted drafts plus one token (the correction, or the bonus when all are accepted).
-        Greedy requests accept while draft == argmax; sampled ones use the rejection sampler
-        with q = the request's spec_token_probs (draft model) or one-hot (n-gram).
+        """Speculative verification. Request i owns len(spec_token_ids[i]) + 1 consecutive
+        rows of logits (the target at its last confirmed token and at each draft); returns
+        its accepted drafts plus one token (the correction, or the bonus when all are
+        accepted). Greedy requests accept while draft == argmax; sampled ones use the
+        rejection sampler with q = draft_probs[i] (draft model) or one-hot (n-gram).
         With `failed`, a request whose verification raises is recorded there and gets []."""
-        row_reqs = [r for r, d in zip(requests, drafts, strict=True) for _ in range(len(d) + 1)]
-        offsets = [j for d in drafts for j in range(len(d) + 1)]
-        self._apply_min_tokens(logits, row_reqs, offsets, failed=failed)
+        drafts = metadata.spec_token_ids
+        assert drafts is not None, "verify needs SamplingMetadata.spec_token_ids"
+        self._apply_min_tokens(logits, metadata, failed=failed)
         argmax = greedy_ids(logits)
+        random = set(metadata.random_rows)
+        draft_probs = metadata.draft_probs
         out: list[list[int]] = []
         row = 0
-        for req, draft in zip(requests, drafts, strict=True):
+        for i, (rid, draft) in enumerate(zip(metadata.request_ids, drafts, strict=True)):
             n = len(draft) + 1
             try:
-                if failed is not None and req.request_id in failed:
+                if failed is not None and rid in failed:
                     out.append([])
-                elif req.sampling_params.greedy:
+                elif i not in random:
                     out.append(greedy_verify(draft, argmax[row : row + n]))
                 else:
-                    probs = self.sampling_probs(logits[row : row + n], [req] * n)
-                    q = req.spec_token_probs
+                    probs = self.sampling_probs(logits[row : row + n], metadata, [i] * n)
+                    q = draft_probs[i] if draft_probs is not None else None
                     out.append(rejection_sample(
                         draft, probs, None if q is None else q[: len(draft)],
-                        self._generator(req),
+                        self._generator(metadata, i),
                     ))
             except Exception as e:
                 if failed is None:
                     raise
-                _record(failed, req, e)
+                _record(failed, rid, e)
                 out.append([])
             row += n
         return out
 
     @staticmethod
     def _apply_min_tokens(
-        logits: torch.Tensor, requests: list[Request], offsets: list[int] | None = None,
-        failed: dict[str, str] | None = None,
+        logits: torch.Tensor, metadata: SamplingMetadata, failed: dict[str, str] | None = None,
     ) -> None:
-        """Ban EOS/stop ids on rows whose token would come before min_tokens (row i's token
-        would be output number num_output_tokens + offsets[i])."""
-        for i, r in enumerate(requests):
-            params = r.sampling_params
-            if r.num_output_tokens + (offsets[i] if offsets else 0) >= params.min_tokens:
-                continue
-            banned = list(params.stop_token_ids)
-            if r.eos_token_id is not None:
-                banned.append(r.eos_token_id)
-            if not banned:
-                continue
+        """Ban EOS/stop ids on rows whose token would come before min_tokens. Without drafts
+        row i is request i; when verifying, request i's rows start after the rows of the
+        requests before it, and its j-th row is its output number (outputs so far) + j."""
+        if not metadata.min_tokens:
+            return
+        drafts = metadata.spec_token_ids
+        starts: list[int] = []
+        if drafts is not None:
+            row = 0
+            for d in drafts:
+                starts.append(row)
+                row += len(d) + 1
+        for i, (remaining, banned) in metadata.min_tokens.items():
             try:
-                logits[i, banned] = float("-inf")
+                if drafts is None:
+                    logits[i, banned] = float("-inf")
+                else:
+                    first = starts[i]
+                    logits[first : first + min(remaining, len(drafts[i]) + 1), banned] = (
+                        float("-inf"))
             except Exception as e:
                 if failed is None:
                     raise
-                _record(failed, r, e)
+                _record(failed, metadata.request_ids[i], e)
 
 
-def _record(failed: dict[str, str] | None, req: Request, error: Exception) -> None:
+def _record(failed: dict[str, str] | None, request_id: str, error: Exception) -> None:
     """Attribute a per-request failure (re-raised when failures are not being collected)."""
     if failed is None:
         raise error
-    failed.setdefault(req.request_id, f"sampling failed: {type(error).__name__}: {error}")
+    failed.setdefault(request_id, sampling_error(error))
+
+
+def sampling_error(error: Exception) -> str:
+    """The message a request's failed sampling is recorded with."""
+    return f"sampling failed: {type(error).__name__}: {error}"

@@ -1,27 +1,37 @@
 """Draft-model proposer: a smaller model with its own paged KV cache beside the target's.
 
+The model runner owns it and calls `propose` inside `execute_model`, right after sampling
+(vLLM V1's drafter), before the scheduler appends the sampled tokens: a request's tokens are
+`all_token_ids + sampled[id]`, and its computed tokens after the step are
+`num_computed_tokens + scheduled - rejected drafts`.
+
 The draft's KV tensors have the target's shape in blocks and are indexed by the *same* block
 ids (the target's KVCacheManager owns the block tables; the scheduler allocates k lookahead
-slots so the draft can write ahead). After every engine step:
+slots so the draft can write ahead; the target runner's `copy_blocks` copies the draft's
+blocks too). Every step:
 
     1. catch-up: one draft forward over every scheduled request's tokens the draft has not
-       seen, [num_draft_computed_tokens, num_computed_tokens), plus, for requests that now
-       need drafts, their newest token (its logits give draft 1). So every token the target
-       computed has draft KV in the same step, and prefix-cache hits are valid for both.
+       seen, [num_draft_computed_tokens, computed tokens after the step), plus, for requests
+       that got tokens and may draft, their newest token (its logits give draft 1). So every
+       token the target computed has draft KV in the same step, and prefix-cache hits are
+       valid for both.
     2. k - 1 single-token draft forwards (drafts 2..k), batched over the drafting requests.
 
 Drafts of greedy requests are the draft's argmax; sampled requests draw from the draft's
-processed distribution q (temperature/top-k/top-p applied) and keep q for the rejection
+processed distribution q (temperature/top-k/top-p applied) and return q for the rejection
 sampler. Drafted positions are not counted in num_draft_computed_tokens: whatever the target
-accepts is recomputed by the next catch-up, so rejected drafts need no rollback here.
+accepts is recomputed by the next catch-up, so rejected drafts need no rollback here. Drafts
+of a request that finishes in this step are dropped by the scheduler.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Protocol
 
 import torch
 
+from workbench.attention.metadata import AttentionMetadata
 from workbench.config import EngineConfig, ModelConfig
 from workbench.engine.request import Request
 from workbench.engine.scheduler_output import SchedulerOutput
@@ -29,7 +39,19 @@ from workbench.layers.sampler import Sampler
 from workbench.models.tokenizer import load_tokenizer
 from workbench.profiling import nvtx_range
 from workbench.spec_decode.ngram import max_draft_tokens
-from workbench.worker.model_runner import ModelRunner
+from workbench.worker.sampling_metadata_builder import make_sampling_metadata
+
+
+class DraftRunner(Protocol):
+    """What the proposer uses of the draft model's runner (a `ModelRunner`)."""
+
+    device: torch.device
+    model: torch.nn.Module
+
+    def build_batch(
+        self, token_ids: list[int], starts: list[int], q_lens: list[int],
+        block_ids: list[list[int]],
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]: ...
 
 
 def check_draft_compatible(target: ModelConfig, draft: ModelConfig) -> None:
@@ -50,99 +72,127 @@ def check_draft_compatible(target: ModelConfig, draft: ModelConfig) -> None:
         )
 
 
-class DraftModelProposer:
-    def __init__(self, config: EngineConfig) -> None:
-        spec = config.speculative_config
-        assert spec is not None and spec.model is not None and not isinstance(spec, dict)
-        target = config.model_config
-        draft_max_pos = ModelConfig(model=spec.model).max_model_len
-        assert draft_max_pos is not None and target.max_model_len is not None
-        if draft_max_pos < target.max_model_len:
-            raise ValueError(
-                f"speculative_config model ({spec.model!r}) supports {draft_max_pos} "
-                f"positions, fewer than the target's max_model_len ({target.max_model_len}); "
-                "lower max_model_len"
-            )
-        draft_mc = ModelConfig(
-            model=spec.model, dtype=target.dtype, max_model_len=target.max_model_len,
-            seed=target.seed,
+def draft_engine_config(config: EngineConfig) -> EngineConfig:
+    """The draft model's runner config: the target's, with the draft's model (same dtype,
+    max_model_len and seed) and no speculation; validated against the target."""
+    spec = config.speculative_config
+    assert spec is not None and spec.model is not None and not isinstance(spec, dict)
+    target = config.model_config
+    draft_max_pos = ModelConfig(model=spec.model).max_model_len
+    assert draft_max_pos is not None and target.max_model_len is not None
+    if draft_max_pos < target.max_model_len:
+        raise ValueError(
+            f"speculative_config model ({spec.model!r}) supports {draft_max_pos} "
+            f"positions, fewer than the target's max_model_len ({target.max_model_len}); "
+            "lower max_model_len"
         )
-        check_draft_compatible(target, draft_mc)
+    draft_mc = ModelConfig(
+        model=spec.model, dtype=target.dtype, max_model_len=target.max_model_len,
+        seed=target.seed,
+    )
+    check_draft_compatible(target, draft_mc)
+    return replace(config, model_config=draft_mc, speculative_config=None)
+
+
+class DraftModelProposer:
+    def __init__(self, config: EngineConfig, runner: DraftRunner) -> None:
+        """`runner`: the draft model's runner, built from `draft_engine_config(config)`."""
+        spec = config.speculative_config
+        assert spec is not None and not isinstance(spec, dict)
+        assert config.model_config.max_model_len is not None
         self.k = spec.num_speculative_tokens
-        self.max_model_len = target.max_model_len
-        self.runner = ModelRunner(replace(config, model_config=draft_mc, speculative_config=None))
-        self.generator = torch.Generator(device=self.runner.device)
-        self.generator.manual_seed(target.seed + 1)
-
-    @property
-    def bytes_per_block(self) -> int:
-        return self.runner.bytes_per_block
-
-    def allocate_kv_cache(self, num_blocks: int) -> None:
-        self.runner.allocate_kv_cache(num_blocks)
+        self.max_model_len = config.model_config.max_model_len
+        self.runner = runner
+        self.generator = torch.Generator(device=runner.device)
+        self.generator.manual_seed(config.model_config.seed + 1)
 
     @torch.inference_mode()
-    def propose(self, out: SchedulerOutput, drafting: list[Request]) -> None:
-        """Catch the draft KV up on this step's tokens; set drafts on `drafting` requests."""
-        runner = self.runner
-        if out.blocks_to_copy:
-            runner.copy_blocks(out.blocks_to_copy)
-        want = {r.request_id: max_draft_tokens(r, self.k, self.max_model_len) for r in drafting}
+    def propose(
+        self, out: SchedulerOutput, sampled: dict[str, list[int]],
+        failed: dict[str, str] | None = None,
+    ) -> tuple[dict[str, list[int]], dict[str, torch.Tensor]]:
+        """Catch the draft KV up on this step's tokens; draft for the requests in `sampled`.
+        Returns (request id -> drafts, request id -> their distributions [k, vocab]); a
+        request with no drafts, or greedy drafts (one-hot), is absent from the second."""
+        spec = out.scheduled_spec_decode_tokens
+        num_sched = out.num_scheduled_tokens
         token_ids: list[int] = []
         starts: list[int] = []
         q_lens: list[int] = []
         tables: list[list[int]] = []
         rows: list[int] = []  # flat row of each drafting request's newest token
-        rows_reqs: list[Request] = []
+        reqs: list[Request] = []
+        want: list[int] = []  # drafts each drafting request may have
+        first_pos: list[int] = []  # position of each drafting request's first draft
+        draft_tables: list[list[int]] = []
         for req in out.scheduled_requests:
             rid = req.request_id
+            if failed and rid in failed:
+                continue
+            all_ids = req.all_token_ids
+            computed = req.num_computed_tokens + num_sched[rid]
+            new = sampled.get(rid) or []
+            k = 0
+            if new:
+                drafts = spec.get(rid)
+                if drafts:
+                    computed -= len(drafts) + 1 - len(new)
+                k = max_draft_tokens(req, self.k, self.max_model_len, len(new))
             start = req.num_draft_computed_tokens
-            end = req.num_computed_tokens + (1 if want.get(rid, 0) > 0 else 0)
+            end = computed + (1 if k > 0 else 0)
             if end <= start:
                 continue
-            token_ids.extend(req.all_token_ids[start:end])
+            if end <= len(all_ids):
+                token_ids.extend(all_ids[start:end])
+            else:  # the newest tokens are this step's, not appended yet
+                token_ids.extend(all_ids[start:])
+                token_ids.extend(new[: end - len(all_ids)])
             starts.append(start)
             q_lens.append(end - start)
             tables.append(out.block_ids[rid])
             req.num_draft_computed_tokens = end
-            if want.get(rid, 0) > 0:
+            if k > 0:
                 rows.append(len(token_ids) - 1)
-                rows_reqs.append(req)
-        for req in drafting:
-            req.spec_token_ids = []
-            req.spec_token_probs = None
+                reqs.append(req)
+                want.append(k)
+                first_pos.append(end)
+                draft_tables.append(out.block_ids[rid])
         if not q_lens:
-            return
+            return {}, {}
         with nvtx_range(f"draft.catch_up tokens={len(token_ids)}"):
             logits = self._forward(token_ids, starts, q_lens, tables, rows)
-        if not rows_reqs:
-            return
-        reqs = rows_reqs
-        k_max = max(want[r.request_id] for r in reqs)
+        if not reqs:
+            return {}, {}
+        meta = make_sampling_metadata(reqs, self.runner.device)
+        random = set(meta.random_rows)
         drafts: list[list[int]] = [[] for _ in reqs]
         probs: list[list[torch.Tensor]] = [[] for _ in reqs]
         active = list(range(len(reqs)))
-        for j in range(k_max):
+        for j in range(max(want)):
             if j > 0:
-                active = [i for i in active if want[reqs[i].request_id] > j]
+                active = [i for i in active if want[i] > j]
                 if not active:
                     break
                 with nvtx_range(f"draft.step {j} seqs={len(active)}"):
                     logits = self._forward(
                         [drafts[i][-1] for i in active],
-                        [reqs[i].num_tokens - 1 + j for i in active],
+                        [first_pos[i] - 1 + j for i in active],
                         [1] * len(active),
-                        [out.block_ids[reqs[i].request_id] for i in active],
+                        [draft_tables[i] for i in active],
                         list(range(len(active))),
                     )
-            tokens, q = self._sample(logits, [reqs[i] for i in active])
+            tokens = logits.argmax(dim=-1).tolist()
+            sel = [row for row, i in enumerate(active) if i in random]
+            if sel:
+                q = Sampler.sampling_probs(logits[sel], meta, [active[row] for row in sel])
+                for s, row in enumerate(sel):
+                    tokens[row] = int(torch.multinomial(q[s], 1, generator=self.generator))
+                    probs[active[row]].append(q[s])
             for row, i in enumerate(active):
                 drafts[i].append(tokens[row])
-                if q is not None and q[row] is not None:
-                    probs[i].append(q[row])
-        for i, req in enumerate(reqs):
-            req.spec_token_ids = drafts[i]
-            req.spec_token_probs = torch.stack(probs[i]) if probs[i] else None
+        ids = {r.request_id: d for r, d in zip(reqs, drafts, strict=True)}
+        dists = {r.request_id: torch.stack(p) for r, p in zip(reqs, probs, strict=True) if p}
+        return ids, dists
 
     def _forward(
         self, token_ids: list[int], starts: list[int], q_lens: list[int],
@@ -155,17 +205,3 @@ class DraftModelProposer:
             return hidden[:0]
         idx = torch.tensor(rows, dtype=torch.int64, device=runner.device)
         return runner.model.compute_logits(hidden[idx])
-
-    def _sample(
-        self, logits: torch.Tensor, reqs: list[Request]
-    ) -> tuple[list[int], list[torch.Tensor | None] | None]:
-        out = logits.argmax(dim=-1).tolist()
-        sampled = [i for i, r in enumerate(reqs) if not r.sampling_params.greedy]
-        if not sampled:
-            return out, None
-        q_rows: list[torch.Tensor | None] = [None] * len(reqs)
-        probs = Sampler.sampling_probs(logits[sampled], [reqs[i] for i in sampled])
-        for j, i in enumerate(sampled):
-            out[i] = int(torch.multinomial(probs[j], 1, generator=self.generator))
-            q_rows[i] = probs[j]
-        return out, q_rows

@@ -11,6 +11,9 @@ accepted drafts plus the bonus token stay within the request's max_tokens.
 
 n-gram drafts are one-hot: q = 1 at the draft token, so the rejection sampler accepts with
 probability p(draft).
+
+The model runner owns the proposer and calls it inside `execute_model`, right after sampling,
+before the scheduler appends the sampled tokens: the context is `all_token_ids + sampled`.
 """
 
 from __future__ import annotations
@@ -22,11 +25,12 @@ from workbench.config import SpeculativeConfig
 from workbench.engine.request import Request
 
 
-def max_draft_tokens(req: Request, k: int, max_model_len: int) -> int:
+def max_draft_tokens(req: Request, k: int, max_model_len: int, num_new: int = 0) -> int:
     """k, capped so the request cannot pass max_model_len and so that accepted drafts plus
-    the bonus token stay within its max_tokens (shared by both proposers)."""
-    room_len = max_model_len - req.num_tokens
-    room_out = req.max_tokens - req.num_output_tokens - 1
+    the bonus token stay within its max_tokens (shared by both proposers). `num_new`: tokens
+    sampled for it this step that are not appended to the request yet."""
+    room_len = max_model_len - req.num_tokens - num_new
+    room_out = req.max_tokens - req.num_output_tokens - num_new - 1
     return max(0, min(k, room_len, room_out))
 
 
@@ -55,10 +59,22 @@ class NgramProposer:
         self.k = config.num_speculative_tokens
         self.max_model_len = max_model_len
 
-    def propose(self, requests: list[Request]) -> None:
-        """Set spec_token_ids (and spec_token_probs = None: one-hot) on each request."""
+    def propose(
+        self, requests: list[Request], sampled: dict[str, list[int]]
+    ) -> dict[str, list[int]]:
+        """Drafts (request id -> token ids; one-hot, so no distributions) for the requests
+        that got tokens this step, from their context `all_token_ids + sampled[id]`; a
+        request without drafts is absent."""
+        drafts: dict[str, list[int]] = {}
         for req in requests:
-            k = max_draft_tokens(req, self.k, self.max_model_len)
-            tokens = np.asarray(req.all_token_ids, dtype=np.int64)
-            req.spec_token_ids = propose_ngram(tokens, self.min_n, self.max_n, k) if k else []
-            req.spec_token_probs = None
+            new = sampled.get(req.request_id)
+            if not new:
+                continue
+            k = max_draft_tokens(req, self.k, self.max_model_len, len(new))
+            if not k:
+                continue
+            tokens = np.asarray(req.all_token_ids + new, dtype=np.int64)
+            draft = propose_ngram(tokens, self.min_n, self.max_n, k)
+            if draft:
+                drafts[req.request_id] = draft
+        return drafts

@@ -7,7 +7,10 @@
     slot_mapping[t]     block_table[r][pos // block_size] * block_size + pos % block_size
 
 Only requests whose computed tokens reach their end this step are sampled (a prefill's last
-chunk emits the first output token; a middle chunk emits nothing).
+chunk emits the first output token; a middle chunk emits nothing). The sampler gets their
+`SamplingMetadata` (`sampling_metadata_builder.py`), not the requests. With speculative
+decoding the runner owns the proposer (`drafter`) and drafts right after sampling
+(`drafting.py`); the drafts ride back in `ModelRunnerOutput.spec_token_ids`.
 
 KV cache dtype: the model dtype, or float8_e4m3fn with kv_cache_dtype="fp8" (one
 `KVCacheScales` per layer, bound to its cache tensor; see workbench.attention.metadata).
@@ -50,15 +53,26 @@ from workbench.layers.cpu_gemm import pack_linear_weights
 from workbench.layers.sampler import Sampler
 from workbench.models.loader import load_model
 from workbench.profiling import nvtx_range
+from workbench.spec_decode.draft_model import DraftModelProposer, draft_engine_config
+from workbench.spec_decode.ngram import NgramProposer
 from workbench.worker.cpu_malloc import keep_freed_memory
 from workbench.worker.cuda_graph import DecodeGraphRunner, GraphFactory, cudagraph_capture_sizes
+from workbench.worker.drafting import Drafter, propose_drafts
+from workbench.worker.prompt_logprobs import compute_prompt_logprobs
+from workbench.worker.sampling_metadata_builder import SamplingMetadataBuilder
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class ModelRunner:
-    def __init__(self, config: EngineConfig, attention_backend: str | None = None) -> None:
+    def __init__(
+        self, config: EngineConfig, attention_backend: str | None = None,
+        is_driver_worker: bool = True,
+    ) -> None:
+        """`is_driver_worker` (vLLM's name): this rank samples and proposes drafts; the other
+        TP ranks (workbench.worker.tp_worker) compute the logits (a collective) and stop."""
         self.config = config
+        self.is_driver_worker = is_driver_worker
         self.device = torch.device(config.device)
         self.dtype = _DTYPES[config.torch_dtype_name]
         self.block_size = config.cache_config.block_size
@@ -89,6 +103,19 @@ class ModelRunner:
         self.num_blocks = 0
         self.graph_runner: DecodeGraphRunner | None = None
         self.cudagraph_bytes = 0  # measured after capture_model (CUDA)
+        self.sampling_metadata_builder = SamplingMetadataBuilder(self.device)
+        # Speculative decoding: the proposer runs after sampling in execute_model; a draft
+        # model has its own runner, whose KV blocks share the target's block ids.
+        self.drafter: Drafter | None = None
+        self.draft_runner: ModelRunner | None = None
+        spec = config.speculative_config
+        if spec is not None and is_driver_worker:
+            assert not isinstance(spec, dict) and mc.max_model_len is not None
+            if spec.method == "ngram":
+                self.drafter = NgramProposer(spec, mc.max_model_len)
+            else:
+                self.draft_runner = ModelRunner(draft_engine_config(config))
+                self.drafter = DraftModelProposer(config, self.draft_runner)
 
     # ------------------------------------------------------------ cuda graphs
     @property
@@ -169,10 +196,13 @@ class ModelRunner:
         return int(used)
 
     def initialize_kv_cache(self, num_blocks: int) -> None:
-        """Allocate the KV cache, then capture decode graphs when they are on."""
+        """Allocate the KV cache, then capture decode graphs when they are on; a draft model
+        gets as many blocks (the same block ids)."""
         self.allocate_kv_cache(num_blocks)
         if self.use_cuda_graphs:
             self.capture_model()
+        if self.draft_runner is not None:
+            self.draft_runner.allocate_kv_cache(num_blocks)
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
@@ -290,9 +320,21 @@ class ModelRunner:
     def execute_model(
         self, out: SchedulerOutput, failed: dict[str, str] | None = None
     ) -> ModelRunnerOutput:
-        """The step's forward and sampling (request id -> accepted token ids). With `failed`,
-        a request whose own sampling raises is recorded there (id -> message) and left out
-        of the result; an error in the batched forward raises (nobody can be blamed)."""
+        """The step's forward and sampling (request id -> accepted token ids), then the
+        drafts for the next step when speculating (`workbench.worker.drafting`). With
+        `failed`, a request whose own sampling raises is recorded there (id -> message) and
+        left out of the result; an error in the batched forward raises (nobody can be
+        blamed); a failing proposer costs only the drafts (`spec_decode_error`)."""
+        if out.finished_req_ids:
+            self.sampling_metadata_builder.remove_requests(out.finished_req_ids)
+        output = self._forward_and_sample(out, failed)
+        if self.drafter is not None and not out.is_empty:
+            propose_drafts(self.drafter, out, output, failed)
+        return output
+
+    def _forward_and_sample(
+        self, out: SchedulerOutput, failed: dict[str, str] | None
+    ) -> ModelRunnerOutput:
         if out.is_empty:
             return ModelRunnerOutput()
         if out.blocks_to_copy:
@@ -302,29 +344,37 @@ class ModelRunner:
         with nvtx_range(f"model_runner.forward prefill={out.num_prefill_tokens} "
                         f"decode={out.num_decode_tokens}"):
             hidden = self.forward(input_ids, positions, meta)
+        prompt_logprobs = (compute_prompt_logprobs(self.model, out, hidden)
+                           if out.num_prefill_tokens else {})
         if not to_sample:
-            return ModelRunnerOutput()
+            return ModelRunnerOutput(prompt_logprobs=prompt_logprobs)
         spec = out.scheduled_spec_decode_tokens
         with nvtx_range("model_runner.sample"):
             logits = self.model.compute_logits(hidden[logits_idx])
+            if not self.is_driver_worker:  # TP ranks 1..N-1: rank 0 samples
+                return ModelRunnerOutput()
+            sampling_metadata = self.sampling_metadata_builder.build(
+                to_sample, spec or None, failed)
             if not spec:
-                tokens = self.sampler(logits, to_sample, failed=failed)
+                tokens = self.sampler(logits, sampling_metadata, failed=failed)
                 sampled = {r.request_id: [t] for r, t in zip(to_sample, tokens, strict=True)
                            if not failed or r.request_id not in failed}
             else:
-                drafts = [spec.get(r.request_id, []) for r in to_sample]
-                accepted = self.sampler.verify(logits, to_sample, drafts, failed=failed)
+                accepted = self.sampler.verify(logits, sampling_metadata, failed=failed)
                 sampled = {r.request_id: a for r, a in zip(to_sample, accepted, strict=True)
                            if not failed or r.request_id not in failed}
-        return ModelRunnerOutput(sampled_token_ids=sampled)
+        return ModelRunnerOutput(sampled_token_ids=sampled, prompt_logprobs=prompt_logprobs)
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy-on-write block copies (src, dst), in the draft model's KV cache too."""
         src = torch.tensor([s for s, _ in pairs], device=self.device)
         dst = torch.tensor([d for _, d in pairs], device=self.device)
         for cache in self.kv_caches:
             if cache.dtype == FP8_KV_DTYPE:  # copy the bytes: no fp8 indexing kernels on CPU
                 cache = cache.view(torch.uint8)
             cache[:, dst] = cache[:, src]
+        if self.draft_runner is not None:
+            self.draft_runner.copy_blocks(pairs)
 
     def prepare_inputs(
         self, out: SchedulerOutput

@@ -9,8 +9,9 @@
            an exception -> send ("error", traceback text), exit 1 (its sockets close, so rank 0's
            pending collective fails at once and rank 0 re-raises this traceback)
 
-The worker computes the logits (the LM head's all-gather is a collective) but does not sample:
-its `DiscardingSampler` returns placeholder ids that nobody reads; rank 0 samples. It exits
+The worker computes the logits (the LM head's all-gather is a collective) but does not sample
+or propose drafts: its ModelRunner is not the driver worker (`is_driver_worker=False`); rank 0
+samples. It exits
 by itself when its parent dies: the pipe reaches EOF, and a watchdog thread checks the parent
 pid (a worker blocked in a collective sees no EOF).
 """
@@ -34,7 +35,6 @@ from workbench.distributed.parallel_state import (
     init_distributed_environment,
 )
 from workbench.distributed.step_input import StepInputDecoder
-from workbench.engine.request import Request
 from workbench.worker.model_runner import ModelRunner
 
 PARENT_POLL_S = 0.5
@@ -53,28 +53,12 @@ def rank_memory_info(runner: ModelRunner) -> dict[str, Any]:
     }
 
 
-class DiscardingSampler:
-    """A worker's sampler: rank 0 samples, so this returns placeholders (never read)."""
-
-    def __call__(
-        self, logits: torch.Tensor, requests: list[Request], failed: Any = None
-    ) -> list[int]:
-        return [0] * len(requests)
-
-    def verify(self, *args: Any, **kwargs: Any) -> list[list[int]]:
-        raise NotImplementedError("speculative decoding with tensor_parallel_size > 1")
-
-    def forget(self, request_id: str) -> None:
-        pass
-
-
 class TPWorker:
     """Rank r's model runner plus the loop that mirrors rank 0's calls."""
 
     def __init__(self, config: EngineConfig, rank: int) -> None:
         self.rank = rank
-        self.runner = ModelRunner(config)
-        self.runner.sampler = DiscardingSampler()  # type: ignore[assignment]
+        self.runner = ModelRunner(config, is_driver_worker=False)
         self.decoder = StepInputDecoder()
         self.num_steps = 0
         self.decode_s = 0.0  # unpickling + applying the step deltas, summed
