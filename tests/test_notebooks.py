@@ -3,6 +3,10 @@
 Each run saves its figures to a temp `figures_dir`; the test checks they exist and that the
 executed notebook shows its key table. 03 also logs to a temp MLflow store, which 06 then
 reads back by parent run id (06 runs a second time with its default: the example template).
+
+Each notebook's source is its jupytext py:percent twin (notebooks/NN_name.py); the .ipynb is
+generated from it (`make notebooks`), and `test_every_notebook_matches_its_py_source` fails
+when one side was edited alone.
 """
 
 from __future__ import annotations
@@ -48,11 +52,86 @@ def pngs(figs: Path) -> set[str]:
 
 def test_every_notebook_is_tested() -> None:
     names = {p.name for p in NOTEBOOKS.glob("*.ipynb")}
+    assert {p.stem for p in NOTEBOOKS.glob("*.py")} == {Path(n).stem for n in names}
     assert names == {"01_quickstart.ipynb", "02_memory_budget.ipynb",
                      "03_chunked_prefill_sweep.ipynb", "04_prefix_caching.ipynb",
                      "05_saturation.ipynb", "06_compare_runs.ipynb",
                      "07_speculative_decoding.ipynb", "08_quantization.ipynb",
                      "09_tp_vs_replicas.ipynb", "10_routing.ipynb"}
+
+
+# --------------------------------------------------------------------------- py <-> ipynb pairs
+def pair_problems(folder: Path) -> list[str]:
+    """Why the .ipynb files of `folder` are not what jupytext makes of their py:percent twins
+    (cell types, sources and metadata such as the `parameters` tag, the kernelspec), or carry
+    outputs; and every notebook without its twin. Empty when all pairs agree."""
+    import jupytext
+
+    problems = []
+    sources = {p.stem: p for p in folder.glob("[0-9]*.py")}
+    notebooks = {p.stem: p for p in folder.glob("*.ipynb")}
+    problems += [f"{stem}.py has no {stem}.ipynb" for stem in sorted(sources.keys() - notebooks)]
+    problems += [f"{stem}.ipynb has no {stem}.py" for stem in sorted(notebooks.keys() - sources)]
+    for stem in sorted(sources.keys() & notebooks.keys()):
+        want = jupytext.read(sources[stem])
+        have = nbformat.read(notebooks[stem], as_version=4)
+        if have.metadata.get("jupytext", {}).get("formats") != "ipynb,py:percent":
+            problems.append(f"{stem}.ipynb is not paired (jupytext formats ipynb,py:percent)")
+        if have.metadata.get("kernelspec") != want.metadata.get("kernelspec"):
+            problems.append(f"{stem}: the kernelspecs differ")
+        if len(have.cells) != len(want.cells):
+            problems.append(f"{stem}: {len(want.cells)} cells in the .py, "
+                            f"{len(have.cells)} in the .ipynb")
+        for i, (w, h) in enumerate(zip(want.cells, have.cells, strict=False)):
+            for what in ("cell_type", "source", "metadata"):
+                if w.get(what) != h.get(what):
+                    problems.append(f"{stem}: cell {i} {what} differs (.py {w.get(what)!r:.80}"
+                                    f" vs .ipynb {h.get(what)!r:.80})")
+            if h.cell_type == "code" and (h.outputs or h.execution_count is not None):
+                problems.append(f"{stem}: cell {i} of the .ipynb has outputs")
+    return problems
+
+
+def test_every_notebook_matches_its_py_source() -> None:
+    """notebooks/*.ipynb are `jupytext --to ipynb` of notebooks/*.py, without outputs; after
+    editing a .py, run `make notebooks`."""
+    assert pair_problems(NOTEBOOKS) == []
+
+
+def test_pair_check_catches_a_side_edited_alone(tmp_path: Path) -> None:
+    """A planted mismatch on either side (or a missing twin) is reported."""
+    import shutil
+
+    import jupytext
+
+    for suffix in (".py", ".ipynb"):
+        shutil.copy(NOTEBOOKS / f"01_quickstart{suffix}", tmp_path)
+    py, ipynb = tmp_path / "01_quickstart.py", tmp_path / "01_quickstart.ipynb"
+    assert pair_problems(tmp_path) == []
+    original_py, original_ipynb = py.read_text(), ipynb.read_text()
+
+    py.write_text(original_py.replace("seed = 0\n", "seed = 1\n", 1))  # the .py alone
+    assert any("cell 1 source differs" in p for p in pair_problems(tmp_path))
+    py.write_text(original_py)
+
+    nb = nbformat.read(ipynb, as_version=4)  # the .ipynb alone: a markdown edit, a lost tag
+    nb.cells[0].source += " (edited)"
+    nb.cells[1].metadata.pop("tags")
+    nbformat.write(nb, ipynb)
+    problems = pair_problems(tmp_path)
+    assert any("cell 0 source differs" in p for p in problems)
+    assert any("cell 1 metadata differs" in p for p in problems)
+
+    ipynb.write_text(original_ipynb)  # an executed copy is not the committed form
+    nb = nbformat.read(ipynb, as_version=4)
+    nb.cells[1].outputs = [nbformat.v4.new_output("stream", text="hi")]
+    nbformat.write(nb, ipynb)
+    assert pair_problems(tmp_path) == ["01_quickstart: cell 1 of the .ipynb has outputs"]
+
+    jupytext.write(jupytext.read(py), ipynb)  # what `make notebooks` writes: in sync again
+    assert pair_problems(tmp_path) == []
+    ipynb.unlink()
+    assert pair_problems(tmp_path) == ["01_quickstart.py has no 01_quickstart.ipynb"]
 
 
 def test_01_quickstart_logs_when_given_a_store(tmp_path: Path) -> None:

@@ -138,7 +138,7 @@ def test_a_request_failing_in_sampling_fails_alone(
             assert o.outputs[0].finish_reason == "length"
             assert o.outputs[0].token_ids == clean[i], f"request {i} changed"
     assert llm.stats()["request_success_by_reason"]["error"] == before + 1
-    assert llm.engine.errors[-1]["scope"] == "request"
+    assert llm.errors()[-1]["scope"] == "request"  # the public read-out
     _assert_idle(llm)
     # the engine is not poisoned: the same batch without the bad request is the clean run
     again = llm.generate(prompts, GREEDY)

@@ -12,10 +12,14 @@ MLflow to work (an experiment, a comparison) runs in CI without touching the rep
 and figures to MLflow only when `mlflow_uri` is given: into `mlflow_parent_run_id` when a sweep
 injected it, else into a new run of `mlflow_experiment`. `ensure_experiment` keeps a sqlite
 store's artifacts beside its database file (call it before `run_experiment` in a notebook).
+`raw_template(template_file, default)` reads a template (or this checkout's
+experiments/<default>) and `override_template(raw, ...)` scales it down to a notebook's
+parameters before `parse_template`.
 """
 
 from __future__ import annotations
 
+import copy
 import io
 import tempfile
 from collections.abc import Mapping
@@ -98,4 +102,52 @@ def publish(
     if not mlflow_parent_run_id:
         store.finish(run_id)
     out["run_id"] = run_id
+    return out
+
+
+EXPERIMENTS = Path(__file__).resolve().parents[2] / "experiments"
+
+
+def raw_template(template_file: str | Path, default: str) -> dict[str, Any]:
+    """The raw (unparsed) template in `template_file`, or when that is empty this checkout's
+    experiments/<default>."""
+    from workbench.experiments.template import read_yaml
+
+    path = Path(template_file) if template_file else EXPERIMENTS / default
+    raw = read_yaml(path, "template")
+    if not isinstance(raw, dict):
+        raise ValueError(f"template {path} must be a mapping, not {type(raw).__name__}")
+    return raw
+
+
+def override_template(
+    raw: Mapping[str, Any],
+    *,
+    name: str | None = None,
+    seed: int | None = None,
+    workload_params: Mapping[str, Any] | None = None,
+    arrivals: Mapping[str, Any] | None = None,
+    repeats: int | None = None,
+    values: list[Any] | None = None,
+    drop: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """A copy of a raw template with a notebook's overrides: experiment `name`, workload
+    `seed`, `workload_params` merged into the workload's params, `arrivals` replaced,
+    `repeats`, the variable's `values` (when non-empty), and the top-level keys in `drop`
+    removed (e.g. "quality_gate"). None leaves a field as the template has it."""
+    out = copy.deepcopy(dict(raw))
+    for key in drop:
+        out.pop(key, None)
+    if name is not None:
+        out["name"] = name
+    if seed is not None:
+        out["workload"]["seed"] = seed
+    if workload_params:
+        out["workload"]["params"] = {**out["workload"].get("params", {}), **workload_params}
+    if arrivals is not None:
+        out["arrivals"] = dict(arrivals)
+    if repeats is not None:
+        out["repeats"] = repeats
+    if values:
+        out["variable"] = {**out["variable"], "values": list(values)}
     return out

@@ -5,6 +5,9 @@
     sweep_spec_frame(uri, run_id)    a `workbench sweep` point's sibling runs -> rows (k, c)
     speedup_vs_k(frame)              measured (solid) and predicted (dashed) speed-up vs k
     acceptance_by_position(frame)    P(position i accepted | drafted), one line per row
+    spec_config(method, k)           the speculative_config of one point (ngram / draft_model)
+    measure_spec(model, method, k, concurrencies, ...)   off vs on at each concurrency
+    sweep_curve(frame, metrics, ...) inside a sweep point: log, then every point so far
 
 A sweep over `num_speculative_tokens` runs one notebook per k; each publishes
 `spec_metrics` into its child run, so the last point can read all of them back
@@ -126,3 +129,43 @@ def acceptance_by_position(frame: pd.DataFrame, title: str | None = None) -> Any
     ax.legend(fontsize=7)
     fig.suptitle(title or "acceptance by position")
     return fig
+
+
+def spec_config(method: str, k: int, draft_model: str = "demo-draft") -> dict[str, Any]:
+    """The speculative_config of one point: n-gram prompt lookup (2..5-gram) or a draft model."""
+    if method == "ngram":
+        return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 2,
+                "prompt_lookup_max": 5}
+    if method == "draft_model":
+        return {"method": "draft_model", "model": draft_model, "num_speculative_tokens": k}
+    raise ValueError(f"method ({method!r}) must be 'ngram' or 'draft_model'")
+
+
+def measure_spec(model: str, method: str, k: int, concurrencies: list[int], num_requests: int,
+                 seed: int = 0, runs: int = 2, draft_model: str = "demo-draft"
+                 ) -> list[SpecPoint]:
+    """At each concurrency C: repetitive requests (at least 2 x C), speculation off and, for
+    k > 0, on with `spec_config(method, k)` (bench.spec.compare: identical output checked)."""
+    from workbench.bench.spec import compare, repetitive_requests
+
+    specs = [] if k == 0 else [(f"{method} k={k}", spec_config(method, k, draft_model))]
+    points: list[SpecPoint] = []
+    for c in concurrencies:
+        prompts, max_tokens = repetitive_requests(model, max(num_requests, 2 * c), seed)
+        points += compare(model, prompts, max_tokens, c, specs, runs)
+    return points
+
+
+def sweep_curve(frame: pd.DataFrame, metrics: dict[str, float], *, mlflow_uri: str = "",
+                mlflow_parent_run_id: str = "", mlflow_experiment: str = "notebooks"
+                ) -> pd.DataFrame:
+    """The rows to draw: inside a `workbench sweep` point (both `mlflow_uri` and
+    `mlflow_parent_run_id` given), log `metrics` into the point's run first, then read every
+    point finished so far back (`sweep_spec_frame`); standalone, `frame` itself."""
+    if not (mlflow_uri and mlflow_parent_run_id):
+        return frame
+    from workbench.analysis.notebook import publish
+
+    publish("07_speculative_decoding", metrics=metrics, mlflow_uri=mlflow_uri,
+            mlflow_parent_run_id=mlflow_parent_run_id, mlflow_experiment=mlflow_experiment)
+    return sweep_spec_frame(mlflow_uri, mlflow_parent_run_id)

@@ -146,6 +146,11 @@ class LLM:
     def memory_readout(self) -> dict[str, Any]:
         return self.engine.memory_readout()
 
+    def errors(self) -> list[dict[str, Any]]:
+        """The newest failure records (step, scope = request | step | propose, request_ids,
+        message), oldest first."""
+        return list(self.engine.errors)
+
     @property
     def model_runner(self) -> Any:
         """Rank 0's model runner, for diagnostics that time or hook the forward (the device

@@ -16,6 +16,11 @@ notebook and scripts:
                                                      replicas of tensor_parallel_size tp
     layout_row(name, metrics, valid, w, tput_1)      a run's throughput, TTFT/TPOT tails and
                                                      scaling efficiency against one worker
+    layout_names(w)                                  {tp: "w replicas (TP=1)" | "1 replica, TP=w"}
+    layout_table(result, template, wl, arrival, uri) one worker, then every logged layout run:
+                                                     rows, per-request frames, throughput_1
+    latency_pair(template, wl, arrival)              both layouts on one more workload
+    policy_tables(result, baseline_policy, uri)      per run and per replica: TTFT, hit rate
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+import pandas as pd
 
 from workbench.calc import scaling_efficiency
 from workbench.router.summary import replica_summary
@@ -133,3 +140,79 @@ def scaling(spec: dict[str, Any], config: dict[str, Any], workload: Any, arrival
     out["scaling_efficiency"] = scaling_efficiency(out["throughput_n"], out["throughput_1"],
                                                    num_replicas)
     return out
+
+
+def layout_names(num_workers: int) -> dict[int, str]:
+    """The layouts of `num_workers` workers by tensor_parallel_size: all replicas (TP=1) or
+    one replica of every worker (TP=num_workers)."""
+    return {1: f"{num_workers} replicas (TP=1)", num_workers: f"1 replica, TP={num_workers}"}
+
+
+def layout_table(result: Any, template: Any, workload: Any, arrival: Any, uri: str
+                 ) -> tuple[pd.DataFrame, dict[str, pd.DataFrame], float]:
+    """The experiment's traffic on one worker (TP=1), then one `layout_row` per logged run of
+    `result` (an ExperimentResult of a tensor_parallel_size experiment), with the replicas
+    its router reported. Returns the rows, per-request frames by layout (the first repeat of
+    each) and one worker's output throughput. Failed runs are printed and left out."""
+    from workbench.analysis.frames import run_artifact_frame
+    from workbench.harness.metrics import records_frame
+
+    workers = template.baseline["num_workers"]
+    names = layout_names(workers)
+    single = run_layout(template.target, template.baseline, workload, arrival, 1, 1,
+                        cache_state=template.cache_state,
+                        warmup_requests=template.warmup_requests)
+    throughput_1 = float(single.metrics()["output_throughput"])
+    rows = [layout_row("1 worker", single.metrics(), single.validity.valid, 1, throughput_1)]
+    requests = {"1 worker": records_frame(single.records)}
+    for r in result.runs:
+        if r.error:
+            print(f"{r.label} repeat {r.repeat} failed: {r.error}")
+            continue
+        tp = template.baseline["tensor_parallel_size"] if r.value is None else r.value
+        replicas_seen = len(run_replica_summary(r.run_id, uri)) - 1  # rows: replicas + "all"
+        rows.append({**layout_row(names[tp], r.metrics, r.valid, workers, throughput_1),
+                     "repeat": r.repeat, "replicas_seen": replicas_seen})
+        if names[tp] not in requests:
+            requests[names[tp]] = run_artifact_frame(r.run_id, "requests.csv", uri)
+    return pd.DataFrame(rows), requests, throughput_1
+
+
+def latency_pair(template: Any, workload: Any, arrival: Any) -> pd.DataFrame:
+    """Both layouts of the template's `num_workers` (all replicas, one TP replica) on
+    `workload`: one `layout_row` each, without scaling efficiency."""
+    workers = template.baseline["num_workers"]
+    rows = []
+    for tp, name in layout_names(workers).items():
+        res = run_layout(template.target, template.baseline, workload, arrival, workers, tp,
+                         cache_state=template.cache_state,
+                         warmup_requests=template.warmup_requests)
+        rows.append(layout_row(name, res.metrics(), res.validity.valid, workers))
+    return pd.DataFrame(rows).drop(columns=["scaling_efficiency"])
+
+
+def policy_tables(result: Any, baseline_policy: str, uri: str
+                  ) -> tuple[pd.DataFrame, pd.DataFrame, dict[str, pd.DataFrame]]:
+    """Per logged run of a routing-policy experiment: client TTFT and throughput with the
+    aggregate prefix-cache hit rate and server TTFT its replicas reported; per replica, the
+    `replica_summary` rows; and each run's per-request frame keyed "<policy>, repeat <i>".
+    Failed runs are printed and left out."""
+    from workbench.analysis.frames import run_artifact_frame
+
+    rows, replica_rows, requests = [], [], {}
+    for r in result.runs:
+        if r.error:
+            print(f"{r.label} repeat {r.repeat} failed: {r.error}")
+            continue
+        policy = baseline_policy if r.value is None else r.value
+        summary = run_replica_summary(r.run_id, uri)
+        total = summary[-1]
+        rows.append({"policy": policy, "repeat": r.repeat,
+                     **{k: r.metrics[k] for k in ("median_ttft_ms", "p95_ttft_ms",
+                                                  "output_throughput")},
+                     "prefix_hit_rate": total["prefix_hit_rate"],
+                     "server_mean_ttft_ms": total["mean_ttft_ms"], "valid": r.valid})
+        replica_rows += [{"policy": policy, "repeat": r.repeat, **row} for row in summary]
+        requests[f"{policy}, repeat {r.repeat}"] = run_artifact_frame(r.run_id, "requests.csv",
+                                                                      uri)
+    return pd.DataFrame(rows), pd.DataFrame(replica_rows), requests
