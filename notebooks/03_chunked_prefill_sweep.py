@@ -93,7 +93,7 @@ display(Markdown(result.table))
 # %%
 runs = runs_frame(experiment, uri, parent_run_id=result.parent_run_id)
 runs = runs[runs["status"] == "FINISHED"]
-runs[["tags.value", "tags.repeat", "params.engine.max_num_batched_tokens", "metrics.p95_ttft_ms",
+runs[["tags.value", "tags.repeat", "params.max_num_batched_tokens", "metrics.p95_ttft_ms",
       "metrics.p95_itl_ms", "metrics.p95_tpot_ms", "metrics.prefill_step_share",
       "metrics.output_throughput"]]
 

@@ -6,6 +6,8 @@
   WORKBENCH_OTHER_CPU_SHARE (also seen by subprocesses: notebooks, CLI runs), so no result
   depends on the machine's load. Tests of the disturbance logic inject `FixedCpuWatch` or a
   `CpuWatch` with scripted readings explicitly.
+- Results folders (`workbench.experiments.results`): WORKBENCH_RESULTS_DIR points at a
+  temporary folder, so CLI runs in tests never write into the checkout's results/.
 """
 
 from __future__ import annotations
@@ -23,6 +25,19 @@ HYPOTHESIS_PROFILE = load_hypothesis_profile()
 
 def pytest_report_header(config: pytest.Config) -> str:
     return f"hypothesis profile: {HYPOTHESIS_PROFILE} ($HYPOTHESIS_PROFILE=ci|long)"
+
+
+@pytest.fixture(autouse=True, scope="session")
+def results_dir_in_tmp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    from workbench.experiments.results import RESULTS_ENV
+
+    old = os.environ.get(RESULTS_ENV)
+    os.environ[RESULTS_ENV] = str(tmp_path_factory.mktemp("results"))
+    yield
+    if old is None:
+        os.environ.pop(RESULTS_ENV, None)
+    else:
+        os.environ[RESULTS_ENV] = old
 
 
 @pytest.fixture(autouse=True, scope="session")

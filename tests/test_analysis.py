@@ -121,7 +121,7 @@ def test_plots_return_figures_with_labels(store: tuple[str, str], tmp_path: Path
 
     reqs = frames.request_frames(parent, uri)
     fig = plots.latency_ecdf(reqs, "ttft_ms")
-    assert (fig.axes[0].get_xlabel(), fig.axes[0].get_ylabel()) == ("ttft_ms",
+    assert (fig.axes[0].get_xlabel(), fig.axes[0].get_ylabel()) == ("ttft_ms (ms)",
                                                                     "fraction of requests")
     fig = plots.latency_ecdf(reqs, "itl_ms")  # gaps from chunk_times_s
     assert fig.axes[0].get_ylabel() == "fraction of ITL gaps"
@@ -132,7 +132,7 @@ def test_plots_return_figures_with_labels(store: tuple[str, str], tmp_path: Path
     fig = plots.step_series(trace)
     assert [ax.get_ylabel() for ax in fig.axes] == ["tokens per step", "requests",
                                                      "KV cache usage"]
-    assert fig.axes[-1].get_xlabel() == "time_s"
+    assert fig.axes[-1].get_xlabel() == "time_s (s)"
 
     fig = plots.compare_plot(frames.compare_frame(parent, ["p95_itl_ms", "p95_ttft_ms"], uri))
     assert fig.axes[0].get_xlabel() == "change vs baseline median (%)"

@@ -84,16 +84,56 @@ def test_sweep_rejects_undeclared_parameter(tmp_path: Path) -> None:
               progress=False)
 
 
-def test_cli_parses_values_and_fixed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_parses_values_and_fixed(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """Also: the kernel (a child process: capfd sees its stderr) does not warn about TCP;
+    the console ends with the summary table and the results folder, which holds the
+    executed notebooks, runs.csv, runs.json and summary.md."""
+    import csv
+
     assert parse_value("8") == 8 and parse_value("[1, 2]") == [1, 2]
     assert parse_value("abc") == "abc" and parse_value("true") is True
     nb = _tiny_notebook(tmp_path / "tiny.ipynb")
     code = main([str(nb), "-p", "x", "1", "3", "--set", "flag=none", "--tracking-uri",
-                 f"sqlite:///{tmp_path / 'cli.db'}", "--out-dir", str(tmp_path / "o"),
+                 f"sqlite:///{tmp_path / 'cli.db'}", "--results-dir", str(tmp_path / "r"),
                  "--no-progress", "--resume"])  # nothing to resume yet: a new sweep
     assert code == 0
-    out = capsys.readouterr().out
-    assert out.count("FINISHED") == 2 and "x=1" in out and "x=3" in out
+    out, err = capfd.readouterr()
+    assert "IPKernelApp" not in err and "without encryption" not in err
+    assert out.count("FINISHED") == 2
+    lines = out.strip().splitlines()
+    assert lines[0].split("|")[1:4] == [" x ", " status   ", " run          "]
+    assert lines[2].startswith("| 1 | FINISHED |") and lines[3].startswith("| 3 | FINISHED |")
+    (folder,) = (tmp_path / "r" / "sweep-tiny").iterdir()
+    assert lines[-1] == f"results folder: {folder}"
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "notebooks", "runs.csv", "runs.json", "summary.md"]
+    assert sorted(p.name for p in (folder / "notebooks").iterdir()) == [
+        "00_x=1.ipynb", "01_x=3.ipynb"]
+    with (folder / "runs.csv").open() as f:
+        header = next(csv.reader(f))
+    assert header == ["param", "value", "status", "valid", "other_cpu_share", "run_id",
+                      "notebook", "error"]
+    assert (folder / "summary.md").read_text().strip() == "\n".join(lines[:-1])
+
+
+def test_summary_table_has_key_metrics_and_errors() -> None:
+    from workbench.sweep import summary_table
+
+    rows = [{"value": 2, "status": "FINISHED", "valid": True, "other_cpu_share": 0.0,
+             "run_id": "abcdef0123456789", "output_path": "/r/00_n=2.ipynb", "error": None,
+             "metrics": {"p95_ttft_ms": 12.5, "output_throughput": 101.25, "zz": 1.0}},
+            {"value": 4, "status": "FAILED", "valid": False, "other_cpu_share": 0.7,
+             "run_id": "ffff", "output_path": "/r/01_n=4.ipynb", "error": "ValueError: no",
+             "metrics": {}}]
+    lines = summary_table(rows, "n").splitlines()
+    cells = [[c.strip() for c in line.split("|")[1:-1]] for line in lines[:4]]
+    assert cells[0] == ["n", "status", "output_throughput", "p95_ttft_ms", "run", "notebook"]
+    assert set("".join(cells[1])) == {"-"}
+    assert cells[2] == ["2", "FINISHED", "101.2", "12.5", "abcdef012345", "00_n=2.ipynb"]
+    assert cells[3] == ["4", "FAILED INVALID (other processes 70% of the CPUs)", "-", "-",
+                        "ffff", "01_n=4.ipynb"]
+    assert len({len(line) for line in lines[:4]}) == 1  # aligned
+    assert lines[4:] == ["n=4: ValueError: no"]
 
 
 def _waiting_notebook(path: Path) -> Path:

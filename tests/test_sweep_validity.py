@@ -41,7 +41,7 @@ def test_cli_threshold_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str],
     nb = _tiny_notebook(tmp_path / "tiny.ipynb")
     monkeypatch.setenv("WORKBENCH_OTHER_CPU_SHARE", "0.3")  # stated, as the suite does with 0
     args = [str(nb), "-p", "x", "1", "--tracking-uri", f"sqlite:///{tmp_path / 'cli.db'}",
-            "--out-dir", str(tmp_path / "o"), "--no-progress"]
+            "--results-dir", str(tmp_path / "o"), "--no-progress"]
     assert main(args) == 0
     assert "FINISHED INVALID (other processes 30% of the CPUs)" in capsys.readouterr().out
     assert main([*args, "--max-other-cpu-share", "0.5"]) == 0

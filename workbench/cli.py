@@ -2,7 +2,9 @@
 parses its flags (`workbench <verb> --help`). `workbench --help` lists the verbs.
 
     workbench run experiments/X.yaml [--tracking-uri URI] [--profile torch] [--promote OUT]
-                                     run an experiment template, print the verdict table
+                                     [--results-dir ROOT]
+                                     run an experiment template, print the verdict table;
+                                     write results/<name>/<UTC time>/ (run, bench, sweep)
     workbench promote PARENT_RUN_ID --out OUT.yaml [--tracking-uri URI]
                                      write the adopted config as the new baseline template
     workbench sweep notebooks/X.ipynb -p NAME V1 V2 ... [--set k=v] [--resume]
@@ -23,6 +25,8 @@ parses its flags (`workbench <verb> --help`). `workbench --help` lists the verbs
     workbench calc {kv,budget,blocks,prefix,passes,decode,spec,spec-counters,tp} [...]
     workbench preflight [--json] [--out F] [--compare OLD.json]
     workbench demo-engine [...]      generate from the bundled checkpoint, print a report
+    workbench ui [--port 5000] [--tracking-uri URI]
+                                     the MLflow UI on the store, bound to 127.0.0.1
 
 Global flag: --debug (anywhere) shows the Python traceback of an error.
 Exit status: 0 done; 1 it ran but did not succeed (every baseline run failed, so no verdict;
@@ -38,9 +42,9 @@ import os
 import sys
 import traceback
 from collections.abc import Callable
-from typing import NoReturn
+from typing import Any, NoReturn
 
-MLFLOW_UI = "mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db"
+MLFLOW_UI = "workbench ui  (mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db)"
 
 
 def _run(argv: list[str]) -> None:
@@ -55,6 +59,7 @@ def _run(argv: list[str]) -> None:
                     help="a run is invalid (never compared) when other processes used more "
                          "than this share of the CPUs meanwhile (default: the template's "
                          "max_other_cpu_share, else 0.25)")
+    _add_results_dir(ap)
     _add_next_variable(ap)
     args = ap.parse_args(argv)
     if args.max_other_cpu_share is not None and not 0 <= args.max_other_cpu_share <= 1:
@@ -65,7 +70,8 @@ def _run(argv: list[str]) -> None:
     template = load_template(args.template)  # every problem at once, before any run
     next_variable = _next_variable(ap, args)
     result = run_experiment(template, uri=args.tracking_uri, profile=args.profile,
-                            max_other_cpu_share=args.max_other_cpu_share)
+                            max_other_cpu_share=args.max_other_cpu_share,
+                            results_dir=_results_root(args))
     print(f"\n# {template.name}\n{template.question}\n")
     print(result.table)
     print(f"\nadopted: {result.adopted if result.adopted is not None else 'nothing'}"
@@ -75,11 +81,41 @@ def _run(argv: list[str]) -> None:
         print(f"new baseline template: {out}" if out else "nothing adopted: no template written")
     print(f"open the results: {MLFLOW_UI}" if args.tracking_uri is None
           else f"results in {result.tracking_uri}")
+    _print_compare_urls(result, template)
+    print(f"results folder: {result.results_dir}")
     if not result.verdicts:
         first = next((r.error for r in result.runs if r.error), "unknown")
         print(f"workbench run: every baseline run failed, so there is no verdict; first error: "
               f"{first}", file=sys.stderr)
         raise SystemExit(1)
+
+
+def _add_results_dir(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--results-dir", default=None, metavar="ROOT",
+                    help="write results/<name>/<UTC time>/ under ROOT (default: results/ at "
+                         "the checkout's root, or $WORKBENCH_RESULTS_DIR)")
+
+
+def _results_root(args: argparse.Namespace) -> str:
+    from workbench.experiments.results import default_root
+
+    return str(args.results_dir or default_root())
+
+
+def _print_compare_urls(result: Any, template: Any) -> None:
+    """The runs table of this experiment's children sorted by the objective, and MLflow's
+    compare page on them (`workbench ui` serves both on 127.0.0.1:5000)."""
+    objective = template.objective
+    try:
+        from workbench.tracking.ui import experiment_urls
+
+        table, compare = experiment_urls(result.tracking_uri, result.parent_run_id,
+                                         objective.metric, objective.direction == "minimize")
+    except Exception as e:  # noqa: BLE001 - the results are logged; only the links are lost
+        print(f"(no MLflow links: {type(e).__name__}: {e})")
+        return
+    print(f"compare (the objective per value): {table}")
+    print(f"compare page (scatter: x = the knob's param, y = {objective.metric}): {compare}")
 
 
 def _add_next_variable(ap: argparse.ArgumentParser) -> None:
@@ -109,6 +145,9 @@ def _promote(argv: list[str]) -> None:
     _add_next_variable(ap)
     args = ap.parse_args(argv)
     next_variable = _next_variable(ap, args)
+    # no "Downloading artifacts" bars for the two small files it reads (mlflow reads the
+    # variable at each download)
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     from workbench.experiments.runner import promote_from_mlflow
 
     out = promote_from_mlflow(args.parent_run_id, args.out, args.tracking_uri,
@@ -144,6 +183,8 @@ COMMANDS: dict[str, tuple[str, Callable[[list[str]], None]]] = {
                   _lazy("workbench.preflight")),
     "demo-engine": ("generate from the bundled checkpoint, print a report",
                     _lazy("workbench.demo")),
+    "ui": ("the MLflow UI on ./mlruns at 127.0.0.1:5000 (Ctrl-C stops it)",
+           _lazy("workbench.tracking.ui")),
 }
 # `workbench bench <name>`: the benchmark scripts (without a name: the serving run above)
 BENCH: dict[str, tuple[str, Callable[[list[str]], None]]] = {

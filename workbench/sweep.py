@@ -2,24 +2,34 @@
 
     sweep("notebooks/03_chunked_prefill_sweep.ipynb", "num_requests", [8, 16])
     workbench sweep notebooks/X.ipynb -p NAME V1 V2 ... [--set k=v ...] [--resume]
-                    [--tracking-uri URI] [--experiment NAME] [--out-dir DIR] [--kernel NAME]
+                    [--tracking-uri URI] [--experiment NAME] [--results-dir ROOT]
+                    [--kernel NAME]
 
     parent run  (tags: kind=sweep, notebook=<absolute path>, sweep_param, sweep_values, fixed)
-      child run per value (tags: sweep_param, sweep_value=<JSON>, output_path[, error])
-        params    = the notebook's parameters: its declared defaults, then {param: value, **fixed}
+      child run per value, named by its label ("budget=64": experiments.labels)
+                  (tags: sweep_param, sweep_value=<JSON>, output_path[, error])
+        params    = the notebook's parameters: its declared defaults, then {param: value, **fixed},
+                    knob names as on every path (tracking.param_keys: budgets ->
+                    max_num_batched_tokens, rate -> request_rate)
         artifacts = the executed notebook (also when it failed) [+ error.txt]
         status    = FINISHED, or FAILED with the error; the sweep goes on past a failed point
         validity  = tags run_valid, validity; metrics valid, other_cpu_share (tracking.Store)
 
 Each value runs `papermill.execute_notebook` with cwd = the notebook's folder (as JupyterLab
-does) into <out_dir>/<notebook stem>/<parent run id[:8]>/<i>_<param>=<value>.ipynb. When the
+does) into the sweep's results folder, <results_dir>/<experiment>/<UTC time>/notebooks/
+<i>_<param>=<value>.ipynb (default root: results/ at the checkout's root,
+`workbench.experiments.results`); the folder also holds runs.csv, runs.json (one row per
+point: status, validity, the metrics the notebook logged) and summary.md (the table the
+command prints). The kernel talks to papermill over IPC sockets (`IpcKernelManager`), not
+TCP: no "running over TCP without encryption" warning per point. When the
 notebook declares `mlflow_parent_run_id`, `mlflow_uri` or `mlflow_experiment` in its
 `parameters` cell, they are injected (this point's child run, the store, the experiment) so the
 notebook can log into the sweep; see `workbench.analysis.notebook.publish`.
 
 `resume=True` reuses the latest sweep parent for (notebook, param) in the experiment and skips
 the values that already have a FINISHED, valid child there (rows with status "SKIPPED" and the
-earlier run's id); failed, disturbed and new values run again as new child runs. A child
+earlier run's id; its executed notebook, found through the run's output_path tag, is copied
+into the new folder); failed, disturbed and new values run again as new child runs. A child
 still RUNNING whose sweep process is gone (killed with SIGKILL, say) is marked KILLED first
 and a line on stderr says so (`mark_killed`); its value runs again.
 
@@ -90,6 +100,20 @@ def _check(declared: dict[str, Any], param: str, fixed: dict[str, Any], nb: Path
                          f"declared: {sorted(declared)}")
 
 
+def _ipc_kernel_manager() -> type:
+    """jupyter_client's AsyncKernelManager on IPC transport (Unix sockets in Jupyter's
+    runtime folder): ipykernel >= 7 warns on every start over plain TCP."""
+    from jupyter_client import AsyncKernelManager
+    from traitlets import default
+
+    class IpcKernelManager(AsyncKernelManager):  # type: ignore[misc]
+        @default("transport")
+        def _transport_default(self) -> str:
+            return "ipc" if os.name == "posix" else "tcp"
+
+    return IpcKernelManager
+
+
 def _progress(values: list[Any], enabled: bool, desc: str) -> Iterable[Any]:
     if not enabled:
         return values
@@ -109,14 +133,18 @@ def sweep(
     experiment: str | None = None,
     uri: str | None = None,
     resume: bool = False,
-    out_dir: str | Path = ".sweeps",
+    results_dir: str | Path | None = None,
+    out_dir: str | Path | None = None,
     kernel_name: str | None = None,
     progress: bool = True,
     max_other_cpu_share: float | None = None,
     cpu_watch: Any = None,
 ) -> list[dict[str, Any]]:
     """One papermill run per value; one row per value: {value, status, output_path, run_id,
-    error, valid, other_cpu_share}. status is FINISHED, FAILED or (resume) SKIPPED.
+    error, valid, other_cpu_share, metrics, results_dir}. status is FINISHED, FAILED or
+    (resume) SKIPPED; metrics: what the point's run logged (`point_metrics`). The folder
+    <results_dir>/<experiment>/<UTC time>/ (root default: `results.default_root()`; `out_dir`
+    is its old name) holds notebooks/, runs.csv, runs.json and summary.md.
     `max_other_cpu_share` (default validity.DEFAULT_MAX_OTHER_CPU_SHARE) and `cpu_watch`
     (default validity.default_cpu_watch()) judge each point's disturbance."""
     from workbench.harness.validity import DEFAULT_MAX_OTHER_CPU_SHARE, default_cpu_watch
@@ -157,17 +185,22 @@ def sweep(
         old = json.loads(store.client.get_run(parent).data.tags.get("sweep_values", "[]"))
         store.set_tags(parent, {"sweep_values": json.dumps(list(dict.fromkeys(old + keys)))})
         store.client.update_run(parent, status="RUNNING")
-    run_dir = Path(out_dir).resolve() / nb.stem / parent[:8]
+    from workbench.experiments.results import new_results_dir
+
+    root = results_dir if results_dir is not None else out_dir
+    folder = new_results_dir(name, root)
+    run_dir = folder / "notebooks"
     run_dir.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
     ctx = {"store": store, "parent": parent, "nb": nb, "param": param, "fixed": fixed,
-           "declared": declared, "kernel_name": kernel_name,
+           "declared": declared, "kernel_name": kernel_name, "values": values,
            "max_other_cpu_share": max_other_cpu_share,
            "cpu_watch": cpu_watch if cpu_watch is not None else default_cpu_watch()}
     try:
         for i, value in enumerate(_progress(values, progress, f"{nb.stem} {param}")):
             if keys[i] in done:
                 run_id, output = done[keys[i]]
+                output = _copy_notebook(output, run_dir)
                 rows.append({"value": value, "status": "SKIPPED", "output_path": output,
                              "run_id": run_id, "error": None, "valid": True,
                              "other_cpu_share": None})
@@ -177,6 +210,7 @@ def sweep(
     finally:
         failed = len(rows) < len(values) or any(r["status"] == "FAILED" for r in rows)
         store.finish(parent, failed=failed)
+        _write_results(store, folder, param, rows)
     return rows
 
 
@@ -185,16 +219,19 @@ def _run_point(ctx: dict[str, Any], value: Any, key: str, out: Path) -> dict[str
     import papermill
     from papermill.exceptions import PapermillExecutionError
 
+    from workbench.experiments.labels import value_label
     from workbench.harness.validity import CpuShare, Validity, disturbed_line
+    from workbench.tracking.param_keys import notebook_params
 
     store, param, declared = ctx["store"], ctx["param"], ctx["declared"]
-    run_id = store.create_run(f"{param}={_slug(value)}", parent_id=ctx["parent"], tags={
+    name = value_label(param, value, ctx.get("values", ()))  # "budget=64", as `workbench run`
+    run_id = store.create_run(name, parent_id=ctx["parent"], tags={
         "kind": "sweep-point", "notebook": str(ctx["nb"]), "sweep_param": param,
         "sweep_value": key, "value": key, "output_path": str(out),
         "sweep_pid": str(os.getpid()), "sweep_host": socket.gethostname()})
     chosen = {param: value, **ctx["fixed"]}
     defaults = {k: v for k, v in declared.items() if k not in INJECTED}
-    store.log_params(run_id, {**defaults, **chosen})
+    store.log_params(run_id, notebook_params({**defaults, **chosen}, swept=param))
     injected = {"mlflow_parent_run_id": run_id, "mlflow_uri": store.uri,
                 "mlflow_experiment": store.client.get_experiment(store.experiment_id).name}
     params = {**chosen, **{k: v for k, v in injected.items() if k in declared}}
@@ -205,7 +242,8 @@ def _run_point(ctx: dict[str, Any], value: Any, key: str, out: Path) -> dict[str
         with ctx["cpu_watch"].measure() as share:  # filled when the block ends, errors too
             papermill.execute_notebook(str(ctx["nb"]), str(out), parameters=params,
                                        kernel_name=ctx["kernel_name"], progress_bar=False,
-                                       cwd=str(ctx["nb"].parent))
+                                       cwd=str(ctx["nb"].parent),
+                                       kernel_manager_class=_ipc_kernel_manager())
     except PapermillExecutionError as e:
         error = f"{e.ename}: {e.evalue} (cell {e.exec_count})"
         detail = _ANSI.sub("", str(e))
@@ -232,6 +270,82 @@ def _run_point(ctx: dict[str, Any], value: Any, key: str, out: Path) -> dict[str
     return {"value": value, "status": "FAILED" if error else "FINISHED",
             "output_path": str(out), "run_id": run_id, "error": error,
             "valid": validity.valid, "other_cpu_share": validity.other_cpu_share}
+
+
+KEY_METRICS = ("output_throughput", "request_throughput", "p95_ttft_ms", "p95_itl_ms",
+               "p95_tpot_ms", "p95_e2el_ms", "median_ttft_ms", "median_itl_ms")
+VALIDITY_METRICS = ("valid", "other_cpu_share")
+
+
+def point_metrics(store: Any, run_id: str | None) -> dict[str, float]:
+    """The metrics a point's run logged (the notebook's `publish`), validity ones left out."""
+    if not run_id:
+        return {}
+    try:
+        metrics = store.client.get_run(run_id).data.metrics
+    except Exception:  # noqa: BLE001 - a summary without numbers, not a failed sweep
+        return {}
+    return {k: v for k, v in sorted(metrics.items()) if k not in VALIDITY_METRICS}
+
+
+def key_metrics(rows: Sequence[dict[str, Any]], at_most: int = 5) -> list[str]:
+    """The metric columns of the summary: KEY_METRICS that some point logged, else the
+    first names in sorted order."""
+    have = {k for r in rows for k in r.get("metrics") or {}}
+    keys = [k for k in KEY_METRICS if k in have]
+    return (keys or sorted(have))[:at_most]
+
+
+def status_text(row: dict[str, Any]) -> str:
+    if row.get("valid", True):
+        return str(row["status"])
+    share = row.get("other_cpu_share")
+    return (f"{row['status']} INVALID (other processes "
+            f"{share if share is None else format(share, '.0%')} of the CPUs)")
+
+
+def summary_table(rows: Sequence[dict[str, Any]], param: str) -> str:
+    """One Markdown row per point: the value, its status, the key metrics, its run and
+    notebook; then one line per failed point with its error."""
+    from workbench.experiments.results import text_table
+
+    metric_cols = key_metrics(rows)
+    table = [{param: value_key(r["value"]), "status": status_text(r),
+              **{m: (r.get("metrics") or {}).get(m) for m in metric_cols},
+              "run": (r.get("run_id") or "-")[:12],
+              "notebook": Path(str(r["output_path"])).name if r.get("output_path") else "-"}
+             for r in rows]
+    text = text_table(table, [param, "status", *metric_cols, "run", "notebook"])
+    errors = [f"{param}={value_key(r['value'])}: {r['error']}" for r in rows if r.get("error")]
+    return "\n".join([text, *errors])
+
+
+def _copy_notebook(output: str | None, run_dir: Path) -> str | None:
+    """A resumed point's executed notebook, copied from its earlier folder into this one."""
+    import shutil
+
+    if not output or not Path(output).is_file():
+        return output
+    dst = run_dir / Path(output).name
+    if not dst.exists():
+        shutil.copyfile(output, dst)
+    return str(dst)
+
+
+def _write_results(store: Any, folder: Path, param: str, rows: list[dict[str, Any]]) -> None:
+    """runs.csv, runs.json, summary.md in the sweep's folder; every row gets its metrics."""
+    from workbench.experiments.results import write_rows
+
+    for r in rows:
+        r["metrics"] = point_metrics(store, r.get("run_id"))
+        r["results_dir"] = str(folder)
+    flat = [{"param": param, "value": value_key(r["value"]), "status": r["status"],
+             "valid": r["valid"], "other_cpu_share": r["other_cpu_share"],
+             "run_id": r["run_id"], "notebook": r["output_path"], "error": r["error"],
+             **r["metrics"]} for r in rows]
+    write_rows(folder, flat, ["param", "value", "status", "valid", "other_cpu_share",
+                              "run_id", "notebook", "error"])
+    (folder / "summary.md").write_text(summary_table(rows, param) + "\n")
 
 
 def _log_notebook(store: Any, run_id: str, out: Path) -> None:
@@ -319,7 +433,11 @@ def _parser() -> argparse.ArgumentParser:
                     help="skip values that already FINISHED in the latest sweep of this param")
     ap.add_argument("--tracking-uri", default=None, help="MLflow URI (default: ./mlruns)")
     ap.add_argument("--experiment", default=None, help="MLflow experiment (sweep-<stem>)")
-    ap.add_argument("--out-dir", default=".sweeps", help="where executed notebooks go")
+    ap.add_argument("--results-dir", default=None, metavar="ROOT",
+                    help="write results/<experiment>/<UTC time>/ (notebooks/, runs.csv, "
+                    "runs.json, summary.md) under ROOT (default: results/ at the checkout's "
+                    "root, or $WORKBENCH_RESULTS_DIR)")
+    ap.add_argument("--out-dir", dest="results_dir", help=argparse.SUPPRESS)  # the old name
     ap.add_argument("--kernel", default=None, help="Jupyter kernel name (the notebook's)")
     ap.add_argument("--no-progress", action="store_true", help="no progress bar")
     ap.add_argument("--max-other-cpu-share", type=float, default=None, metavar="SHARE",
@@ -343,18 +461,15 @@ def main(argv: list[str] | None = None) -> int:
     name, values = args.param[0], [parse_value(v) for v in args.param[1:]]
     try:
         rows = sweep(args.notebook, name, values, fixed=fixed, experiment=args.experiment,
-                     uri=args.tracking_uri, resume=args.resume, out_dir=args.out_dir,
+                     uri=args.tracking_uri, resume=args.resume, results_dir=args.results_dir,
                      kernel_name=args.kernel, progress=not args.no_progress,
                      max_other_cpu_share=args.max_other_cpu_share)
     except ValueError as e:
         print(f"workbench sweep: {e}", file=sys.stderr)
         return 2
-    for r in rows:
-        status = r["status"] if r["valid"] else (
-            f"{r['status']} INVALID (other processes {r['other_cpu_share']:.0%} of the CPUs)")
-        cells = [f"{name}={value_key(r['value'])}", status, f"run {r['run_id']}",
-                 str(r["output_path"]), r["error"] or ""]
-        print("\t".join(cells).rstrip())
+    print(summary_table(rows, name))
+    if rows:
+        print(f"results folder: {rows[0]['results_dir']}")
     return 1 if any(r["status"] == "FAILED" for r in rows) else 0
 
 

@@ -33,10 +33,58 @@ TEMPLATE: dict[str, Any] = {
 }
 
 
+CONSOLE: dict[str, str] = {}  # what the module's experiment printed (progress=True)
+
+
 @pytest.fixture(scope="module")
 def experiment(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, str]:
+    import contextlib
+    import io
+
     uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
-    return run_experiment(parse_template(TEMPLATE), uri=uri, progress=False, check=False), uri
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        result = run_experiment(parse_template(TEMPLATE), uri=uri, progress=True, check=False,
+                                results_dir=tmp_path_factory.mktemp("results"))
+    CONSOLE["out"] = buf.getvalue()
+    return result, uri
+
+
+def test_results_folder(experiment: tuple[Any, str]) -> None:
+    import csv
+
+    result, _ = experiment
+    folder = result.results_dir
+    assert folder.parent.name == "tiny-budget" and folder.name.endswith("Z")
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "runs.csv", "runs.json", "sweep.png", "verdict.md"]
+    with (folder / "runs.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0])[:9] == ["variable", "value", "repeat", "run_id", "status", "valid",
+                                 "disturbed", "other_cpu_share", "error"]
+    assert "p95_itl_ms" in rows[0]
+    assert [(r["value"], r["repeat"], r["status"]) for r in rows] == [
+        ("baseline", "1", "FINISHED"), ("64", "1", "FINISHED"), ("4", "1", "FAILED"),
+        ("baseline", "2", "FINISHED"), ("64", "2", "FINISHED"), ("4", "2", "FAILED")]
+    data = json.loads((folder / "runs.json").read_text())
+    assert len(data) == 6 and data[1]["completed"] == 6
+    assert result.table in (folder / "verdict.md").read_text()
+
+
+def test_progress_lines_have_times_and_eta(experiment: tuple[Any, str]) -> None:
+    import re
+
+    lines = CONSOLE["out"].splitlines()
+    runs = [line for line in lines if line.startswith("[")]
+    assert len(runs) == 6
+    assert re.fullmatch(r"\[1/6\] max_num_batched_tokens=baseline repeat 1/2: \d+\.\d s  "
+                        r"\(elapsed \d+:\d\d, ETA \d+:\d\d\)", runs[0]), runs[0]
+    assert runs[2].startswith("[3/6] max_num_batched_tokens=4 repeat 1/2: ")
+    assert "  FAILED  (elapsed" in runs[2] and runs[5].endswith("ETA 0:00)")
+    gate = [line for line in lines if line.startswith("quality gate: ")]
+    assert "quality gate: reference: 2 greedy prompt(s) x 4 tokens ..." in gate
+    assert any(re.fullmatch(r"quality gate: candidate 64: 2 greedy prompt\(s\) x 4 tokens: "
+                            r"\d+\.\d s", line) for line in gate), gate
 
 
 def test_runs_interleaved_and_logged(experiment: tuple[Any, str]) -> None:
@@ -57,7 +105,7 @@ def test_runs_interleaved_and_logged(experiment: tuple[Any, str]) -> None:
     assert status == [("4", "FAILED"), ("4", "FAILED"), ("64", "FINISHED"), ("64", "FINISHED"),
                       ("baseline", "FINISHED"), ("baseline", "FINISHED")]
     ok = next(c for c in children if c.data.tags["value"] == "64")
-    assert ok.data.params["engine.max_num_batched_tokens"] == "64"
+    assert ok.data.params["max_num_batched_tokens"] == "64"
     assert ok.data.metrics["completed"] == 6 and ok.data.metrics["failed"] == 0
     arts = {a.path for a in client.list_artifacts(ok.info.run_id)}
     assert {"requests.csv", "summary.json", "step_trace.csv"} <= arts
@@ -141,7 +189,7 @@ def test_http_experiment_starts_a_server_per_run(tmp_path: Path) -> None:
     assert [r.error for r in result.runs] == [None, None]
     client = MlflowClient(tracking_uri=uri)
     run = client.get_run(result.runs[1].run_id)
-    assert run.data.params["engine.max_num_batched_tokens"] == "64"
+    assert run.data.params["max_num_batched_tokens"] == "64"
     assert run.data.metrics["completed"] == 4
     # Server-side histogram deltas (seed 002's Δsum/Δcount) beside the client metrics.
     assert run.data.metrics["server.vllm/e2e_request_latency_seconds_count"] == 4

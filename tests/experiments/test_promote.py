@@ -97,6 +97,23 @@ def test_promote_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert "--next-variable and --values go together" in capsys.readouterr().err
 
 
+def test_promote_command_prints_no_download_bars(tmp_path: Path,
+                                                capfd: pytest.CaptureFixture[str],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from workbench.cli import main
+
+    monkeypatch.delenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", raising=False)
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    run_id = _adopted_parent(uri, NGRAM, SPEC)
+    out = tmp_path / "next.yaml"
+    capfd.readouterr()
+    main(["promote", run_id, "--out", str(out), "--tracking-uri", uri,
+          "--next-variable", "max_num_seqs", "--values", "4", "16"])
+    printed, err = capfd.readouterr()
+    assert printed.strip() == f"new baseline template: {out}"
+    assert "Downloading artifacts" not in err and "it/s" not in err
+
+
 def test_promote_from_mlflow_of_an_unknown_run_is_a_user_error(tmp_path: Path) -> None:
     from workbench.cli import is_user_error
 

@@ -423,9 +423,19 @@ def test_cli_against_the_fake(fake: tuple[FakeOpenAI, str], tmp_path: Any,
     main(["--target", url.removesuffix("/v1"), "--model", MODEL, "--workload", "balanced-chat",
           "--tokenizer", str(bundled_checkpoint()), "--num-requests", "5", "--param",
           "output_len=3", "--arrivals", "closed:2", "--poll-interval", "0.05", "--no-mlflow",
-          "--json", str(out)])
+          "--json", str(out), "--results-dir", str(tmp_path / "r")])
     printed = capsys.readouterr().out
     assert "Serving Benchmark Result" in printed and "Δcount check | ok" in printed
+    (folder,) = (tmp_path / "r" / "bench").iterdir()  # results/<experiment>/<UTC time>/
+    assert printed.strip().splitlines()[-1] == f"results folder: {folder}"
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "requests.csv", "runs.csv", "runs.json", "summary.md"]
+    header = (folder / "runs.csv").read_text().splitlines()[0].split(",")
+    assert header[:9] == ["target", "model", "workload", "arrivals", "cache_state", "run_id",
+                          "status", "valid", "error"]
+    assert header[9:] == sorted(header[9:]) and "completed" in header  # the metrics, sorted
+    assert json.loads((folder / "runs.json").read_text())[0]["total_output_tokens"] == 15
+    assert "Δcount check | ok" in (folder / "summary.md").read_text()
     doc = json.loads(out.read_text())
     assert doc["metrics"]["completed"] == 5 and doc["metrics"]["total_output_tokens"] == 15
     assert doc["server_delta"]["vllm:generation_tokens_total"] == 15

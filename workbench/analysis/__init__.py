@@ -19,6 +19,7 @@ from workbench.analysis.frames import (
 from workbench.analysis.plots import (
     bar_compare,
     compare_plot,
+    experiment_sweep,
     grid_heatmap,
     latency_ecdf,
     memory_split,
@@ -32,6 +33,7 @@ __all__ = [
     "bar_compare",
     "compare_frame",
     "compare_plot",
+    "experiment_sweep",
     "grid_heatmap",
     "latency_ecdf",
     "memory_split",

@@ -11,7 +11,9 @@ MLflow to work (an experiment, a comparison) runs in CI without touching the rep
 `publish(...)` saves figures to `figures_dir` when given and logs metrics, params, tags, tables
 and figures to MLflow only when `mlflow_uri` is given: into `mlflow_parent_run_id` when a sweep
 injected it, else into a new run of `mlflow_experiment`. `ensure_experiment` keeps a sqlite
-store's artifacts beside its database file (call it before `run_experiment` in a notebook).
+store's artifacts beside its database file and tags it for MLflow's runs view (call it before
+`run_experiment` in a notebook). Params are logged under the knob keys of
+`workbench.tracking.param_keys` (notebook 03's `budgets` as `max_num_batched_tokens`).
 `raw_template(template_file, default)` reads a template (or this checkout's
 experiments/<default>) and `override_template(raw, ...)` scales it down to a notebook's
 parameters before `parse_template`.
@@ -38,14 +40,18 @@ def ensure_experiment(name: str, uri: str) -> None:
     (<db folder>/artifacts/<name>) unless it exists. Without this, MLflow puts the artifacts
     of a sqlite store in ./mlruns of whatever folder the process runs in (for a notebook:
     notebooks/). Other stores (an MLflow server) choose for themselves: nothing is done."""
-    location = artifact_location(uri, name)
-    if location is None:
-        return
     from mlflow.tracking import MlflowClient
 
+    from workbench.tracking.mlflow_store import ensure_kind
+
+    location = artifact_location(uri, name)
     client = MlflowClient(tracking_uri=uri)
-    if client.get_experiment_by_name(name) is None:
-        client.create_experiment(name, artifact_location=location)
+    exp = client.get_experiment_by_name(name)
+    if exp is None and location is None:
+        return  # a server: `Store` creates it (with the kind tag) where the server says
+    exp_id = (client.create_experiment(name, artifact_location=location) if exp is None
+              else exp.experiment_id)
+    ensure_kind(client, exp_id)  # the UI opens it on the runs table (tracking.mlflow_store)
 
 
 def temp_tracking_uri() -> str:
@@ -62,7 +68,7 @@ def publish(
     name: str,
     *,
     metrics: Mapping[str, float] | None = None,
-    figures: Mapping[str, Figure] | None = None,
+    figures: Mapping[str, Figure | None] | None = None,
     tables: Mapping[str, pd.DataFrame] | None = None,
     params: Mapping[str, Any] | None = None,
     tags: Mapping[str, str] | None = None,
@@ -72,21 +78,23 @@ def publish(
     mlflow_experiment: str = "notebooks",
 ) -> dict[str, Any]:
     """Save `figures` as <figures_dir>/<key>.png; log everything to MLflow when `mlflow_uri`
-    is given. Returns {"figures": [paths], "run_id": the run logged into, or None}."""
+    is given. Returns {"figures": [paths], "run_id": the run logged into, or None}. A figure
+    that is None (a plot with no data, e.g. acceptance at k = 0) is left out."""
     out: dict[str, Any] = {"figures": [], "run_id": None}
-    figures = dict(figures or {})
+    figures = {key: fig for key, fig in (figures or {}).items() if fig is not None}
     if figures_dir:
         out["figures"] = [save(fig, Path(figures_dir) / f"{key}.png")
                           for key, fig in figures.items()]
     if not mlflow_uri:
         return out
     from workbench.tracking.mlflow_store import Store
+    from workbench.tracking.param_keys import notebook_params
 
     ensure_experiment(mlflow_experiment, mlflow_uri)
     store = Store(mlflow_experiment, mlflow_uri)
     run_id = mlflow_parent_run_id or store.create_run(name, tags={"kind": "notebook"})
     if params and not mlflow_parent_run_id:  # a sweep run already holds the parameters
-        store.log_params(run_id, dict(params))
+        store.log_params(run_id, notebook_params(params))  # knob names as everywhere
     store.log_metrics(run_id, dict(metrics or {}))
     if tags:
         store.set_tags(run_id, dict(tags))

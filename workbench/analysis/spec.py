@@ -3,8 +3,10 @@
     spec_frame(points, k)            SpecPoints of one k -> one row per concurrency
     spec_metrics(frame)              -> {"speedup_c1": .., "acceptance_rate_c1": .., ...}
     sweep_spec_frame(uri, run_id)    a `workbench sweep` point's sibling runs -> rows (k, c)
-    speedup_vs_k(frame)              measured (solid) and predicted (dashed) speed-up vs k
-    acceptance_by_position(frame)    P(position i accepted | drafted), one line per row
+    speedup_vs_k(frame)              measured (solid, band = range of timed runs) and
+                                     predicted (dashed) speed-up vs k   (workbench.analysis.plots)
+    acceptance_by_position(frame)    P(position i accepted | drafted), one line per row; None
+                                     at k = 0                          (workbench.analysis.plots)
     spec_config(method, k)           the speculative_config of one point (ngram / draft_model)
     measure_spec(model, method, k, concurrencies, ...)   off vs on at each concurrency
     sweep_curve(frame, metrics, ...) inside a sweep point: log, then every point so far
@@ -21,11 +23,14 @@ from typing import Any
 
 import pandas as pd
 
-from workbench.analysis.plots import _figure
+from workbench.analysis.plots import acceptance_by_position, speedup_vs_k
 from workbench.bench.spec import SpecPoint
 
-_METRIC = re.compile(r"^metrics\.(speedup|predicted_speedup|acceptance_rate|"
-                     r"mean_acceptance_length)_c(\d+)$")
+__all__ = ["acceptance_by_position", "measure_spec", "spec_config", "spec_frame", "spec_metrics",
+           "speedup_vs_k", "sweep_curve", "sweep_spec_frame"]
+
+_METRIC = re.compile(r"^metrics\.(speedup|speedup_low|speedup_high|predicted_speedup|"
+                     r"acceptance_rate|mean_acceptance_length)_c(\d+)$")
 _POS = re.compile(r"^metrics\.accepted_pos(\d+)_c(\d+)$")
 
 
@@ -45,6 +50,11 @@ def spec_frame(points: list[SpecPoint], k: int) -> pd.DataFrame:
             "output_tok_s": p.output_tok_s, "off_tok_s": base.output_tok_s,
             "valid": valid,
             "speedup": p.output_tok_s / base.output_tok_s if valid else float("nan"),
+            # the noise band: slowest vs fastest timed runs of the two points, and back
+            "speedup_low": (p.output_tokens / max(p.run_s))
+            / (base.output_tokens / min(base.run_s)) if valid else float("nan"),
+            "speedup_high": (p.output_tokens / min(p.run_s))
+            / (base.output_tokens / max(base.run_s)) if valid else float("nan"),
             "predicted_speedup": p.predicted_speedup,
             "acceptance_rate": p.acceptance_rate,
             "mean_acceptance_length": p.mean_acceptance_length,
@@ -58,9 +68,10 @@ def spec_metrics(frame: pd.DataFrame) -> dict[str, float]:
     out: dict[str, float] = {}
     for _, row in frame.iterrows():
         c = int(row["concurrency"])
-        for key in ("speedup", "predicted_speedup", "acceptance_rate",
-                    "mean_acceptance_length"):
-            out[f"{key}_c{c}"] = float(row[key])
+        for key in ("speedup", "speedup_low", "speedup_high", "predicted_speedup",
+                    "acceptance_rate", "mean_acceptance_length"):
+            if key in row.index:
+                out[f"{key}_c{c}"] = float(row[key])
         for i, a in enumerate(row["acceptance_by_position"]):
             out[f"accepted_pos{i}_c{c}"] = float(a)
     return out
@@ -96,39 +107,6 @@ def sweep_spec_frame(uri: str, run_id: str, param: str = "num_speculative_tokens
         pos = row["acceptance_by_position"]
         row["acceptance_by_position"] = [pos[i] for i in sorted(pos)]
     return pd.DataFrame(sorted(rows.values(), key=lambda r: (r["concurrency"], r["k"])))
-
-
-def speedup_vs_k(frame: pd.DataFrame, title: str | None = None) -> Any:
-    """Measured (solid) and predicted (dashed, from forward-pass counts) speed-up against k,
-    one colour per concurrency; 1.0 = no speculation."""
-    fig, (ax,) = _figure(1, width=5.6)
-    for i, (c, grp) in enumerate(frame.sort_values("k").groupby("concurrency")):
-        color = f"C{i}"
-        ax.plot(grp["k"], grp["speedup"], marker="o", color=color, label=f"C={c} measured")
-        ax.plot(grp["k"], grp["predicted_speedup"], ls="--", marker="x", color=color,
-                label=f"C={c} predicted")
-    ax.axhline(1.0, color="grey", lw=0.8)
-    ax.set_xlabel("num_speculative_tokens (k)")
-    ax.set_ylabel("output tok/s vs no speculation")
-    ax.legend(fontsize=7)
-    fig.suptitle(title or "speed-up vs k")
-    return fig
-
-
-def acceptance_by_position(frame: pd.DataFrame, title: str | None = None) -> Any:
-    """P(draft position i accepted), per-position counter / drafts: one line per row."""
-    fig, (ax,) = _figure(1, width=5.6)
-    for _, row in frame.iterrows():
-        acc = list(row["acceptance_by_position"])
-        if acc:
-            ax.plot(range(len(acc)), acc, marker="o",
-                    label=f"k={row['k']} C={row['concurrency']}")
-    ax.set_xlabel("draft position")
-    ax.set_ylabel("accepted / drafts")
-    ax.set_ylim(0, 1.05)
-    ax.legend(fontsize=7)
-    fig.suptitle(title or "acceptance by position")
-    return fig
 
 
 def spec_config(method: str, k: int, draft_model: str = "demo-draft") -> dict[str, Any]:

@@ -100,6 +100,10 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--experiment", default="bench", help="MLflow experiment name")
     ap.add_argument("--no-mlflow", action="store_true")
     ap.add_argument("--json", default=None, help="write metrics + server side here")
+    ap.add_argument("--results-dir", default=None, metavar="ROOT",
+                    help="write results/<experiment>/<UTC time>/ under ROOT (default: "
+                         "results/ at the checkout's root, or $WORKBENCH_RESULTS_DIR)")
+    ap.add_argument("--no-progress", action="store_true", help="no per-request progress bar")
     return ap
 
 
@@ -187,7 +191,7 @@ def main(argv: list[str] | None = None, cpu_watch: Any = None) -> None:
                                  warmup_requests=args.warmup_requests,
                                  max_duration_s=args.max_duration,
                                  max_other_cpu_share=args.max_other_cpu_share,
-                                 cpu_watch=cpu_watch)
+                                 cpu_watch=cpu_watch, progress=not args.no_progress)
     metrics = result.metrics() if result.duration_s > 0 else {}
     side = server_side(result, target) if result.target.get("kind") == "http" else None
     print(summary_table(metrics) if metrics else "no measured requests")
@@ -204,12 +208,36 @@ def main(argv: list[str] | None = None, cpu_watch: Any = None) -> None:
                "server_count_check": side["count_check"] if side else None,
                "server_series": side["series"] if side else []}
         Path(args.json).write_text(json.dumps(out, indent=2, default=_json_default))
+    run_id = None
     if not args.no_mlflow:
         run_id = _log_mlflow(args, result, metrics, workload, target)
         print(f"\nMLflow run {run_id} (experiment {args.experiment!r})")
+    folder = _write_results(args, result, metrics, workload, side, run_id)
+    print(f"results folder: {folder}")
     if result.error:  # the run failed (exit 1); a refused input is exit 2
         print(f"workbench bench: the run failed: {result.error}", file=sys.stderr)
         raise SystemExit(1)
+
+
+def _write_results(args: argparse.Namespace, result: Any, metrics: dict[str, float],
+                   workload: Any, side: dict[str, Any] | None, run_id: str | None) -> Path:
+    """results/<experiment>/<UTC time>/: summary.md (the console's tables), runs.csv and
+    runs.json (one row: the run and its metrics), requests.csv (one row per request)."""
+    from workbench.experiments.results import default_root, new_results_dir, write_rows
+    from workbench.harness.metrics import records_frame, summary_table
+
+    folder = new_results_dir(args.experiment, args.results_dir or default_root())
+    text = summary_table(metrics) if metrics else "no measured requests"
+    if side is not None:
+        text += "\n\n" + server_report(side)
+    (folder / "summary.md").write_text(text + "\n")
+    row = {"target": args.target, "model": args.model, "workload": workload.name,
+           "arrivals": args.arrivals, "cache_state": result.cache_state, "run_id": run_id,
+           "status": "FAILED" if result.error else "FINISHED",
+           "valid": result.validity.valid, "error": result.error, **metrics}
+    write_rows(folder, [row], list(row)[:len(row) - len(metrics)])  # then metrics, sorted
+    (folder / "requests.csv").write_text(records_frame(result.records).to_csv(index=False))
+    return folder
 
 
 def _json_default(v: Any) -> Any:
@@ -223,6 +251,7 @@ def _log_mlflow(args: argparse.Namespace, result: Any, metrics: dict[str, float]
     from workbench.harness.join import log_server_side
     from workbench.harness.metrics import records_frame, summary_table
     from workbench.tracking.mlflow_store import Store
+    from workbench.tracking.param_keys import arrival_params
 
     store = Store(args.experiment, args.tracking_uri)
     kind = result.target.get("kind", "?")
@@ -230,7 +259,8 @@ def _log_mlflow(args: argparse.Namespace, result: Any, metrics: dict[str, float]
         "kind": "bench", "target": args.target, "workload_checksum": workload.checksum,
         "open_loop": str(result.open_loop)})
     store.log_params(run_id, {"target": result.target, "workload": workload.summary(),
-                              "arrivals": result.arrival, "cache_state": result.cache_state})
+                              **arrival_params(result.arrival or {}),  # request_rate, ...
+                              "cache_state": result.cache_state})
     store.log_metrics(run_id, metrics)
     v = result.validity
     store.log_validity(run_id, v.valid, v.reasons, v.other_cpu_share, v.max_other_cpu_share)

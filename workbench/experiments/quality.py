@@ -47,7 +47,8 @@ that misses one is never adopted (`verdict._adopt`).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -107,6 +108,26 @@ class Reference:
     seconds: float = 0.0
 
 
+Log = Callable[[str], None] | None
+
+
+@contextmanager
+def _step(log: Log, what: str) -> Iterator[None]:
+    """`log(what ...)` before the step and `log(... done in X s)` after it (None: silent)."""
+    if log is None:
+        yield
+        return
+    log(f"quality gate: {what} ...")
+    t0 = time.perf_counter()
+    yield
+    log(f"quality gate: {what}: {time.perf_counter() - t0:.1f} s")
+
+
+def _windows(n_tokens: int, context: int) -> str:
+    n = max(1, -(-max(n_tokens - 1, 1) // max(context, 1)))
+    return f"{n} window(s) of {context} tokens"
+
+
 def _llm(model: str, config: dict[str, Any] | LLM) -> tuple[LLM, dict[str, Any]]:
     from workbench import LLM
 
@@ -124,21 +145,27 @@ def reference(
     ppl_tokens: int | None = DEFAULT_PPL_TOKENS,
     context: int = DEFAULT_CONTEXT,
     kl: bool = True,
+    log: Log = None,
 ) -> Reference:
     """Run the reference config (default: the model in float32, unquantized): its greedy
     continuations of `prompts` (default: `golden_prompts`), their teacher-forced
-    log-probabilities (when `kl`) and its held-out text score (`ppl_tokens` None: skipped)."""
+    log-probabilities (when `kl`) and its held-out text score (`ppl_tokens` None: skipped).
+    `log` (e.g. print) hears each step and its time."""
     t0 = time.perf_counter()
     model = str(model)
-    llm, cfg = _llm(model, {"dtype": "float32"} if config is None else config)
+    with _step(log, "reference: load the engine"):
+        llm, cfg = _llm(model, {"dtype": "float32"} if config is None else config)
     prompts = golden_prompts(model) if prompts is None else [list(p) for p in prompts]
-    tokens = generate_greedy(llm, prompts, max_tokens)
+    with _step(log, f"reference: {len(prompts)} greedy prompt(s) x {max_tokens} tokens"):
+        tokens = generate_greedy(llm, prompts, max_tokens)
     ref = Reference(model, cfg, prompts, max_tokens, tokens, context=context)
     if kl:
-        ref.logprobs = continuation_logprobs(llm, prompts, tokens)
+        with _step(log, "reference: teacher-forced next-token distributions"):
+            ref.logprobs = continuation_logprobs(llm, prompts, tokens)
     if ppl_tokens:
         ref.text_ids = held_out_ids(model, ppl_tokens)
-        ref.text = score_text(llm, ref.text_ids, context)
+        with _step(log, f"reference: perplexity, {_windows(len(ref.text_ids), context)}"):
+            ref.text = score_text(llm, ref.text_ids, context)
     ref.seconds = time.perf_counter() - t0
     return ref
 
@@ -154,6 +181,8 @@ def evaluate(
     ppl_tokens: int | None = DEFAULT_PPL_TOKENS,
     context: int = DEFAULT_CONTEXT,
     kl: bool = True,
+    log: Log = None,
+    label: str = "candidate",
 ) -> QualityReport:
     """The candidate config (or a built, idle LLM) against `ref` (built here from `baseline`,
     default float32 unquantized, when not given; the keyword options then apply). What the
@@ -163,8 +192,10 @@ def evaluate(
         ref = reference(model, baseline, prompts, max_tokens=max_tokens, ppl_tokens=ppl_tokens,
                         context=context, kl=kl)
     t0 = time.perf_counter()
-    llm, cfg = _llm(model, candidate)
-    tokens = generate_greedy(llm, ref.prompts, ref.max_tokens)
+    with _step(log, f"{label}: load the engine"):
+        llm, cfg = _llm(model, candidate)
+    with _step(log, f"{label}: {len(ref.prompts)} greedy prompt(s) x {ref.max_tokens} tokens"):
+        tokens = generate_greedy(llm, ref.prompts, ref.max_tokens)
     agr = agreement(ref.tokens, tokens)
     rep = QualityReport(
         model=model, reference_config=ref.config, candidate_config=cfg,
@@ -173,10 +204,12 @@ def evaluate(
         identical_sequences=agr["identical_sequences"],
     )
     if ref.logprobs is not None:
-        cand = continuation_logprobs(llm, ref.prompts, ref.tokens)
+        with _step(log, f"{label}: teacher-forced next-token distributions"):
+            cand = continuation_logprobs(llm, ref.prompts, ref.tokens)
         rep.mean_kl, rep.max_kl, rep.top1_agreement = kl_and_top1(ref.logprobs, cand)
     if ref.text is not None and ref.text_ids is not None:
-        text = score_text(llm, ref.text_ids, ref.context)
+        with _step(log, f"{label}: perplexity, {_windows(len(ref.text_ids), ref.context)}"):
+            text = score_text(llm, ref.text_ids, ref.context)
         rep.ppl_tokens = text.tokens
         rep.reference_perplexity = ref.text.perplexity
         rep.perplexity = text.perplexity
@@ -210,10 +243,12 @@ def gate_reports(
     variants: dict[Any, dict[str, Any]],
     prompts: list[list[int]],
     gate: dict[str, Any],
+    log: Log = None,
 ) -> tuple[dict[Any, list[str]], dict[Any, dict[str, Any]]]:
     """Judge every variant config against the baseline under `gate`:
     ({value: failure sentences}, {value: QualityReport.as_dict()}). A variant (or the
-    baseline) that cannot run fails its gate with the error; nothing is raised."""
+    baseline) that cannot run fails its gate with the error; nothing is raised. `log`
+    (e.g. print) hears each step (reference / candidate, prompts, perplexity) and its time."""
     want = needs(gate)
     max_tokens = int(gate.get("max_tokens", 16))
     try:
@@ -221,7 +256,7 @@ def gate_reports(
             model, baseline, prompts, max_tokens=max_tokens, kl=want["kl"],
             ppl_tokens=int(gate.get("ppl_tokens", DEFAULT_PPL_TOKENS))
             if want["perplexity"] else None,
-            context=int(gate.get("ppl_context", DEFAULT_CONTEXT)),
+            context=int(gate.get("ppl_context", DEFAULT_CONTEXT)), log=log,
         )
     except Exception as e:  # noqa: BLE001 - no reference: no variant can pass
         why = f"quality reference (baseline) could not run: {type(e).__name__}: {e}"
@@ -230,7 +265,7 @@ def gate_reports(
     reports: dict[Any, dict[str, Any]] = {}
     for value, config in variants.items():
         try:
-            rep = evaluate(model, config, ref)
+            rep = evaluate(model, config, ref, log=log, label=f"candidate {value}")
         except Exception as e:  # a variant that cannot run fails its gate, nothing else
             failures[value] = [f"quality check could not run: {type(e).__name__}: {e}"]
             continue

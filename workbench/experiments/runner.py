@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import tempfile
 import traceback
 import warnings
@@ -27,7 +28,10 @@ from typing import Any
 
 import yaml
 
+from workbench.experiments.labels import baseline_label, metric_label, value_label
+from workbench.experiments.progress import RunProgress
 from workbench.experiments.quality import gate_reports
+from workbench.experiments.results import new_results_dir, write_experiment_results
 from workbench.experiments.template import Template
 from workbench.experiments.verdict import (
     VariantVerdict,
@@ -36,6 +40,7 @@ from workbench.experiments.verdict import (
     verdict_table,
 )
 from workbench.profiling import torch_trace
+from workbench.tracking.param_keys import run_params
 
 BASELINE = "baseline"
 
@@ -63,6 +68,7 @@ class ExperimentResult:
     verdicts: list[VariantVerdict]
     table: str
     adopted: Any = None  # the adopted value, or None
+    results_dir: Path | None = None  # results/<name>/<UTC time>/ (`experiments.results`)
 
     def adopted_config(self, template: Template) -> dict[str, Any] | None:
         return None if self.adopted is None else template.variant_config(self.adopted)
@@ -92,8 +98,13 @@ def run_experiment(
     max_other_cpu_share: float | None = None,
     cpu_watch: Any = None,
     check: bool = True,
+    results_dir: str | Path | None = None,
 ) -> ExperimentResult:
     """Run every (value, repeat); `profile="torch"` stores a Chrome trace per run.
+    `results_dir`: a root under which results/<name>/<UTC time>/ is written (verdict.md,
+    runs.csv, runs.json, sweep.png, traces/; `workbench.experiments.results`); None: none.
+    `progress`: a bar of runs and a line per run with its time and the ETA, a bar of
+    requests within a run, the quality gate's steps with their times.
     `max_other_cpu_share`: the disturbance threshold (default: the template's
     `max_other_cpu_share`, else validity.DEFAULT_MAX_OTHER_CPU_SHARE); `cpu_watch`: the
     `validity.CpuWatch` to measure with (default: `validity.default_cpu_watch()`).
@@ -130,7 +141,11 @@ def run_experiment(
         "question": template.question, "variable": template.variable_name,
         "workload_checksum": checksum, "hardware_fingerprint": preflight["fingerprint"],
         "git_sha": str(preflight.get("git_sha")), "kind": "experiment",
+        "baseline": value_label(template.variable_name,
+                                template.baseline.get(template.variable_name),
+                                [*template.variable_values, None]),
     })
+    store.set_description(parent, template.question)  # the UI's Description box
     store.log_params(parent, {"template": template.raw})
     if mismatch:
         store.set_tags(parent, {"fingerprint_warning": mismatch})
@@ -144,18 +159,25 @@ def run_experiment(
     ]
     runs: list[RunRecord] = []
     total = template.repeats * len(plan)
-    for repeat in range(template.repeats):
-        for label, value in plan:
-            if progress:
-                print(f"[{len(runs) + 1}/{total}] {template.variable_name}={label} "
-                      f"repeat {repeat + 1}/{template.repeats}", flush=True)
-            runs.append(_run_one(template, store, parent, model, workload, arrival, slo,
-                                 label, value, repeat, preflight, checksum, profile,
-                                 max_other_cpu_share=threshold, cpu_watch=watch))
+    out = new_results_dir(template.name, results_dir) if results_dir is not None else None
+    bar = RunProgress(total, enabled=progress, desc=template.name)
+    try:
+        for repeat in range(template.repeats):
+            for label, value in plan:
+                bar.start(f"{template.variable_name}={label} repeat {repeat + 1}/"
+                          f"{template.repeats}")
+                runs.append(_run_one(template, store, parent, model, workload, arrival, slo,
+                                     label, value, repeat, preflight, checksum, profile,
+                                     max_other_cpu_share=threshold, cpu_watch=watch,
+                                     progress=progress, out=out))
+                bar.done("FAILED" if runs[-1].error else "")
+    finally:
+        bar.close()
     # The quality gate replays golden prompts through the in-process engine on the same
     # folder: meaningful for in-process targets and `workbench serve`.
     quality, quality_reports = (
-        _quality(template, model, workload) if template.quality_gate else ({}, {}))
+        _quality(template, model, workload, log=print if progress else None)
+        if template.quality_gate else ({}, {}))
     base = [r for r in runs if r.label == BASELINE and r.error is None]
     verdicts = judge_runs(template, runs, quality, BASELINE) if base else []
     table = verdict_table(verdicts, template.objective.metric) if verdicts else (
@@ -172,38 +194,93 @@ def run_experiment(
                                    "report": quality_reports.get(v)}
                           for v in template.variable_values}},
             indent=2, default=str)})
-    _log_sweep_plot(store, parent, template, runs)
-    store.set_tags(parent, {"adopted": "none" if adopted is None else str(adopted),
+    _log_sweep_plot(store, parent, template, runs, out)
+    if out is not None:
+        write_experiment_results(out, template, runs, table)
+    _log_verdict(store, parent, template, runs, verdicts)
+    store.set_description(parent, f"{template.question}\n\n{table}")  # + the verdict
+    store.set_tags(parent, {"adopted": "none" if adopted is None else run_label(template, adopted),
                             "invalid_runs": str(sum(not r.valid for r in runs)),
                             "disturbed_runs": str(sum(r.disturbed for r in runs))})
     store.finish(parent, failed=not base)
     return ExperimentResult(template.name, parent, store.uri, checksum, runs, verdicts, table,
-                            adopted)
+                            adopted, results_dir=out)
 
 
-def _log_sweep_plot(store: Any, parent: str, template: Template, runs: list[RunRecord]) -> None:
-    """plots/sweep.png on the parent run: the objective and a tail against the variable
-    (median line, band = range of repeats). A plotting failure only warns."""
+def run_label(template: Template, value: Any) -> str:
+    """The child run name of a value: "budget=64", "k=5"; None (the baseline):
+    "baseline (512)" (`workbench.experiments.labels`)."""
     name = template.variable_name
-    base_value = template.baseline.get(name, BASELINE)
+    values = [template.baseline.get(name), *template.variable_values]
+    if value is None:
+        return baseline_label(name, template.baseline.get(name), values)
+    return value_label(name, value, values)
+
+
+VERDICT_CODES = {"better": 1.0, "no change": 0.0, "worse": -1.0, "inconclusive": 2.0,
+                 "invalid": -2.0}
+
+
+def variant_verdict(template: Template, vv: VariantVerdict) -> str:
+    """One word for a variant: better | no change | worse (its objective against the
+    baseline's noise band), inconclusive (too few valid runs left), invalid (runs failed or
+    invalid, or the objective was not measured)."""
+    if vv.inconclusive:
+        return "inconclusive"
+    obj = vv.metrics.get(template.objective.metric)
+    if vv.failed_runs or vv.invalid_runs or obj is None:
+        return "invalid"
+    if obj.verdict in ("better", "no change", "worse"):
+        return obj.verdict
+    return "better" if template.objective.better(obj.delta) else "worse"
+
+
+def _log_verdict(store: Any, parent: str, template: Template, runs: list[RunRecord],
+                 verdicts: list[VariantVerdict]) -> None:
+    """The verdict as the parent's metrics (per variant label L, metric-safe: <objective>/L
+    (median), delta_pct/L, verdict/L (VERDICT_CODES), adopted/L; <objective>/baseline) and
+    the children's tags role and verdict."""
+    obj = template.objective.metric
+    metrics: dict[str, float] = {}
+    words: dict[str, str] = {}
+    for vv in verdicts:
+        label = run_label(template, vv.value)
+        key = metric_label(label)
+        words[str(vv.value)] = word = variant_verdict(template, vv)
+        m = vv.metrics.get(obj)
+        if m is not None:
+            metrics[f"{obj}/{key}"] = m.variant_median
+            metrics[f"delta_pct/{key}"] = 100.0 * m.relative_effect
+            metrics[f"{obj}/baseline"] = m.baseline_median
+        metrics[f"verdict/{key}"] = VERDICT_CODES[word]
+        metrics[f"adopted/{key}"] = float(vv.adopted)
+    store.log_metrics(parent, metrics)
+    for r in runs:
+        store.set_tags(r.run_id, {"verdict": "baseline" if r.value is None and
+                                  r.label == BASELINE else words.get(r.label, "none")})
+
+
+def _log_sweep_plot(store: Any, parent: str, template: Template, runs: list[RunRecord],
+                    out: Path | None = None) -> None:
+    """plots/sweep.png on the parent run (`workbench.analysis.plots.experiment_sweep`): the
+    objective and a tail against the variable, baseline starred, SLO bounds drawn, band =
+    range of repeats. Nothing to draw: no plot; a plotting failure only warns."""
+    name = template.variable_name
+    base_value = template.baseline.get(name, "default")  # None (e.g. spec off) stays None
     rows = [{name: base_value if r.value is None else r.value, **r.metrics}
             for r in runs if r.error is None and not r.disturbed]  # disturbed: not shown
-    objective = template.objective.metric
-    other = "p95_ttft_ms" if objective != "p95_ttft_ms" else "output_throughput"
-    if not rows or not all(objective in r and other in r for r in rows):
+    if not rows:
         return
     try:
-        import pandas as pd
+        from workbench.analysis.plots import experiment_sweep, save
 
-        from workbench.analysis.plots import save, sweep_tradeoff
-
-        frame = pd.DataFrame(rows)
-        if frame[name].map(type).nunique() > 1 or frame[name].dtype == bool:
-            frame[name] = frame[name].astype(str)
-        fig = sweep_tradeoff(frame, x=name, ys=(objective, other),
-                             title=f"{template.name}: {name}")
+        fig = experiment_sweep(rows, name, base_value, template.objective.metric,
+                               template.slo, title=f"{template.name}: {name}")
+        if fig is None:  # nothing to draw (reason logged)
+            return
         with tempfile.TemporaryDirectory() as tmp:
-            store.log_artifact(parent, save(fig, Path(tmp) / "sweep.png"), "plots")
+            png = save(fig, (out if out is not None else Path(tmp)) / "sweep.png")
+            store.log_artifact(parent, png, "plots")  # also in the results folder
     except Exception as e:  # noqa: BLE001 - the numbers are logged already
         warnings.warn(f"could not draw the sweep plot: {type(e).__name__}: {e}",
                       RuntimeWarning, stacklevel=2)
@@ -230,20 +307,21 @@ def _run_one(
     template: Template, store: Any, parent: str, model: str, workload: Any, arrival: Any,
     slo: Any, label: str, value: Any, repeat: int, preflight: dict[str, Any], checksum: str,
     profile: str | None = None, *, max_other_cpu_share: float | None = None,
-    cpu_watch: Any = None,
+    cpu_watch: Any = None, progress: bool = False, out: Path | None = None,
 ) -> RunRecord:
     from workbench.harness.runner import run, run_sync
     from workbench.harness.server_process import make_target
 
     config = template.baseline if value is None else template.variant_config(value)
-    run_id = store.create_run(f"{template.variable_name}={label} r{repeat}", parent_id=parent,
+    run_id = store.create_run(run_label(template, value), parent_id=parent,
                               tags={"variable": template.variable_name, "value": label,
                                     "repeat": str(repeat), "baseline_run": parent,
+                                    "role": "baseline" if value is None else "variant",
                                     "workload_checksum": checksum,
                                     "hardware_fingerprint": preflight["fingerprint"]})
-    store.log_params(run_id, {"engine": config, "workload": template.workload,
-                              "arrivals": template.arrivals, "cache_state": template.cache_state,
-                              "target": template.target, "model": model, "repeat": repeat})
+    store.log_params(run_id, run_params(  # knob keys as on every path (param_keys)
+        config, template.workload, template.arrivals, cache_state=template.cache_state,
+        target=template.target, model=model, repeat=repeat))
     record = RunRecord(label, value, repeat, run_id)
     result = None
     target = None
@@ -254,16 +332,17 @@ def _run_one(
         # flags) started before the run and stopped after it.
         target, lifecycle = make_target(template.target, config)
         with lifecycle, tempfile.TemporaryDirectory() as tmp:
-            trace = Path(tmp) / "torch_trace.json"
+            trace = Path(tmp) / TRACE_NAME
             try:
                 with torch_trace(str(trace)) if profile == "torch" else contextlib.nullcontext():
                     result = run(target, workload, arrival, cache_state=template.cache_state,
                                  warmup_requests=template.warmup_requests,
-                                 max_other_cpu_share=max_other_cpu_share, cpu_watch=cpu_watch)
+                                 max_other_cpu_share=max_other_cpu_share, cpu_watch=cpu_watch,
+                                 progress=progress)
             finally:
                 run_sync(target.stop)  # the target before its server
             if trace.exists():
-                store.log_artifact(run_id, trace)
+                _keep_trace(store, run_id, trace, out, f"{label}_r{repeat}", progress)
         if result.error:
             raise RuntimeError(result.error)
         record.metrics = result.metrics(slo=slo)
@@ -325,8 +404,28 @@ def phase_shares(step_trace: list[dict[str, Any]]) -> dict[str, float]:
             "decode_only_step_share": 1.0 - prefill / total}
 
 
+TRACE_NAME = "torch_trace.json.gz"  # gzip Chrome trace: Perfetto / chrome://tracing open it
+
+
+def _keep_trace(store: Any, run_id: str, trace: Path, out: Path | None, stem: str,
+                say: bool) -> None:
+    """Log the trace as the run's artifact; copy it to <out>/traces/<stem>.json.gz; say where."""
+    import shutil
+
+    store.log_artifact(run_id, trace)
+    where = [f"MLflow run {run_id} artifact {trace.name}"]
+    if out is not None:
+        local = out / "traces" / f"{re.sub(r'[^A-Za-z0-9._=-]+', '_', stem)}.json.gz"
+        local.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(trace, local)
+        where.append(str(local))
+    if say:
+        print(f"torch trace ({trace.stat().st_size / 1e6:.1f} MB gzip; open in "
+              f"https://ui.perfetto.dev): {' and '.join(where)}", flush=True)
+
+
 def _quality(
-    template: Template, model: str, workload: Any
+    template: Template, model: str, workload: Any, log: Any = None,
 ) -> tuple[dict[Any, list[str]], dict[Any, dict[str, Any]]]:
     """({value: gate failures}, {value: QualityReport dict}): each variant against the
     baseline on the workload's first `num_prompts` prompts (`workbench.experiments.quality`)."""
@@ -334,7 +433,7 @@ def _quality(
     n = int(gate.get("num_prompts", 4))
     prompts = [list(r.prompt_token_ids) for r in workload.requests[:n]]
     variants = {v: template.variant_config(v) for v in template.variable_values}
-    return gate_reports(model, template.baseline, variants, prompts, gate)
+    return gate_reports(model, template.baseline, variants, prompts, gate, log=log)
 
 
 def promoted_template(template: Template, adopted: Any, parent_run_id: str,

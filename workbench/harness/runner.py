@@ -89,10 +89,13 @@ async def run_benchmark(
     max_duration_s: float | None = None,
     max_other_cpu_share: float | None = DEFAULT_MAX_OTHER_CPU_SHARE,
     cpu_watch: CpuWatch | None = None,
+    progress: bool = False,
 ) -> RunResult:
     """Measure `workload` on `target`; the target is started if needed and left running.
     `cpu_watch` (default: `default_cpu_watch()`) measures the other processes' CPU share
-    over the measured part; above `max_other_cpu_share` (None: record only) it is invalid."""
+    over the measured part; above `max_other_cpu_share` (None: record only) it is invalid.
+    `progress`: a tqdm bar of finished requests on stderr (a widget in Jupyter), removed
+    when the run ends; off by default (the CLI turns it on)."""
     if cache_state not in CACHE_STATES:
         raise ValueError(f"cache_state ({cache_state!r}) must be one of {list(CACHE_STATES)}")
     if warmup_requests < 0:
@@ -123,6 +126,8 @@ async def run_benchmark(
                            "listens there: the other processes' CPU share is recorded, not "
                            "judged", getattr(target, "base_url", "?"))
             max_other_cpu_share = None
+        if progress:
+            driver.bar = _request_bar(len(workload.requests), workload.name)
         with watch.measure(server_pids or ()) as share:
             await driver.run(max_duration_s)
     except Exception as e:  # noqa: BLE001 - a failed run keeps its rows
@@ -131,6 +136,8 @@ async def run_benchmark(
                          workload.name, len(driver.records))
     finally:
         await driver.cancel_all()
+        if driver.bar is not None:
+            driver.bar.close()
     res.duration_s = (time.perf_counter() - driver.t0) if driver.t0 is not None else 0.0
     res.unsent_requests = len(workload.requests) - len(driver.records)
     _finish(res, target, driver, trace_start, max_duration_s)
@@ -173,6 +180,7 @@ class _Driver:
         self.tasks: set[asyncio.Task[None]] = set()
         self.t0: float | None = None
         self.timed_out = False
+        self.bar: Any = None  # a tqdm bar of finished requests (run_benchmark(progress=True))
 
     async def run(self, max_duration_s: float | None) -> None:
         reqs = list(self.workload.requests)
@@ -232,12 +240,27 @@ class _Driver:
         rec = _new_record(req, target_arrival_s)
         self.records.append(rec)  # before sending: a cancelled request keeps its row
         await _send(self.target, req, rec)
+        if self.bar is not None:
+            self.bar.update(1)
 
     async def cancel_all(self) -> None:
         pending = [t for t in self.tasks if not t.done()]
         for t in pending:
             t.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
+
+
+def _request_bar(total: int, name: str) -> Any:
+    """The per-request bar: tqdm.auto (a widget in Jupyter), on stderr, gone when closed;
+    None without tqdm. tqdm throttles its redraws, so an update costs ~1 µs."""
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return None
+    import sys
+
+    return tqdm(total=total, desc=f"requests ({name})", unit="req", leave=False,
+                file=sys.stderr, dynamic_ncols=True)
 
 
 def _new_record(req: BenchRequest, target_arrival_s: float | None) -> RequestRecord:

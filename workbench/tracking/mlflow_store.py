@@ -3,8 +3,8 @@
 Default store: `sqlite:///<cwd>/mlruns/mlflow.db` with artifacts under `mlruns/artifacts/`
 (for any sqlite store, beside the database file)
 (MLflow 3.17's file store refuses to start). `MLFLOW_TRACKING_URI` or an explicit `uri`
-points elsewhere (e.g. a shared `mlflow server`). Open the results with
-`mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db`.
+points elsewhere (e.g. a shared `mlflow server`). Open the results with `workbench ui`
+(`mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db` bound to 127.0.0.1).
 
 Everything goes through `MlflowClient` with explicit run ids (no global active run), so a
 failing child run is terminated FAILED without disturbing its parent.
@@ -14,6 +14,11 @@ trusted the same way (`log_validity`): tags `run_valid` ("true" | "false") and `
 (the reasons, or "valid"), `max_other_cpu_share` (the threshold, when judged); metrics `valid`
 (1.0 | 0.0) and `other_cpu_share` (the share of all CPUs other processes used meanwhile).
 Find the untrustworthy ones with `tags.run_valid = 'false'`.
+
+Every experiment this package creates or opens carries the tag `mlflow.experimentKind =
+custom_model_development` (`EXPERIMENT_KIND`), so MLflow 3's UI opens it on the runs table
+with metric columns rather than the GenAI "Evaluation runs" view. A run's description (the
+UI's "Description" box) is its `mlflow.note.content` tag (`Store.set_description`).
 """
 
 from __future__ import annotations
@@ -49,6 +54,19 @@ def artifact_location(uri: str, experiment_name: str) -> str | None:
     return (db.parent / "artifacts" / experiment_name).resolve().as_uri()
 
 
+KIND_TAG = "mlflow.experimentKind"  # read by MLflow 3's UI to pick the experiment's view
+EXPERIMENT_KIND = "custom_model_development"  # runs table with metric columns (not GenAI)
+NOTE_TAG = "mlflow.note.content"  # a run's description in the UI
+
+
+def ensure_kind(client: Any, experiment_id: str) -> None:
+    """Tag the experiment as `EXPERIMENT_KIND` unless someone chose a kind for it (a kind
+    the UI only inferred, "..._inferred" or "no_inferred_type", is replaced)."""
+    kind = (client.get_experiment(experiment_id).tags or {}).get(KIND_TAG)
+    if kind is None or kind.endswith("_inferred") or kind == "no_inferred_type":
+        client.set_experiment_tag(experiment_id, KIND_TAG, EXPERIMENT_KIND)
+
+
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, str]:
     """{"a": {"b": 1}} -> {"a.b": "1"}; lists and None as JSON."""
     out: dict[str, str] = {}
@@ -78,6 +96,7 @@ class Store:
             )
         else:
             self.experiment_id = exp.experiment_id
+        ensure_kind(self.client, self.experiment_id)
 
     def create_run(
         self, name: str, tags: dict[str, str] | None = None, parent_id: str | None = None
@@ -99,6 +118,10 @@ class Store:
     def set_tags(self, run_id: str, tags: dict[str, Any]) -> None:
         for k, v in tags.items():
             self.client.set_tag(run_id, k, v if isinstance(v, str) else json.dumps(v))
+
+    def set_description(self, run_id: str, text: str) -> None:
+        """The run's description in the MLflow UI (markdown)."""
+        self.client.set_tag(run_id, NOTE_TAG, text)
 
     def log_metrics(self, run_id: str, metrics: dict[str, float], step: int = 0) -> None:
         from mlflow.entities import Metric

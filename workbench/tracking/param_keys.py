@@ -1,0 +1,126 @@
+"""One parameter naming on every path: the MLflow param key of each knob.
+
+A knob is logged under the same key whether it comes from a template (`workbench run`, every
+child run), a sweep point (`workbench sweep` of a notebook) or a notebook's own `publish`, so
+runs of the same knob line up in one MLflow compare view. The keys are vLLM's knob names:
+
+    engine knobs          bare, as in EngineConfig / `vllm serve`: max_num_batched_tokens,
+                          max_num_seqs, enable_prefix_caching, dtype, block_size, ...
+    speculative_config    its fields: num_speculative_tokens, speculative_method,
+                          speculative_model, speculative_<field>; `speculative_config: null`
+                          (speculation off) logs num_speculative_tokens = 0 (notebook 07's k=0)
+    arrivals              request_rate (rate), concurrency, max_concurrency, burstiness,
+                          ramp_up_s, arrival_mode (mode), arrival_seed (seed)
+    workload              workload (the fixture), workload_seed, workload_jsonl,
+                          workload_name, and its params bare (num_requests, prefix_len, ...)
+    everything else       as it was: cache_state, model, repeat, target.<field>
+
+Notebook parameters that name a knob differently are mapped at logging time (`NOTEBOOK`),
+e.g. notebook 03's `baseline_budget` / `budgets` -> max_num_batched_tokens. When two names
+of one mapping would give the same key, the swept parameter (or the one already named by its
+key) takes it and the other keeps its own name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+SPECULATIVE_FIELDS = {"num_speculative_tokens": "num_speculative_tokens",
+                      "method": "speculative_method", "model": "speculative_model"}
+ARRIVALS = {"rate": "request_rate", "mode": "arrival_mode", "seed": "arrival_seed"}
+WORKLOAD = {"fixture": "workload", "seed": "workload_seed", "jsonl": "workload_jsonl",
+            "name": "workload_name"}
+# notebook parameter -> knob key (only the names that differ from the key)
+NOTEBOOK = {
+    "baseline_budget": "max_num_batched_tokens",
+    "budgets": "max_num_batched_tokens",
+    "budget": "max_num_batched_tokens",
+    "rate": "request_rate",
+    "caching": "enable_prefix_caching",
+    "concurrencies": "concurrency",
+    "k": "num_speculative_tokens",
+    "method": "speculative_method",
+    "draft_model": "speculative_model",
+    "block_sizes": "block_size",
+    "max_model_lens": "max_model_len",
+}
+
+
+def speculative_key(field: str) -> str:
+    return SPECULATIVE_FIELDS.get(field, f"speculative_{field}")
+
+
+def engine_params(config: Mapping[str, Any]) -> dict[str, Any]:
+    """An engine config as {knob key: value}: knobs bare, speculative_config by its fields,
+    other dict-valued knobs as <knob>.<field> (flattened by the store)."""
+    out: dict[str, Any] = {}
+    for knob, value in config.items():
+        if knob == "speculative_config":
+            if value is None:
+                out["num_speculative_tokens"] = 0
+            elif isinstance(value, Mapping):
+                out.update({speculative_key(f): v for f, v in value.items()})
+            else:
+                out[knob] = value
+        else:
+            out[knob] = value
+    return out
+
+
+def arrival_params(arrivals: Mapping[str, Any]) -> dict[str, Any]:
+    return {ARRIVALS.get(k, k): v for k, v in arrivals.items()}
+
+
+def workload_params(workload: Mapping[str, Any]) -> dict[str, Any]:
+    out = {WORKLOAD.get(k, k): v for k, v in workload.items() if k != "params"}
+    out.update(dict(workload.get("params") or {}))
+    return out
+
+
+def run_params(engine: Mapping[str, Any], workload: Mapping[str, Any],
+               arrivals: Mapping[str, Any], **rest: Any) -> dict[str, Any]:
+    """The params of one measured run: engine knobs, then arrivals, then workload, then
+    `rest` (cache_state, model, repeat, target ...). A later group never overwrites an
+    earlier key: a clash keeps the later one under its group (`arrivals.<k>`, `workload.<k>`)."""
+    out = dict(engine_params(engine))
+    for group, params in (("arrivals", arrival_params(arrivals)),
+                          ("workload", workload_params(workload)), ("", rest)):
+        for k, v in params.items():
+            out[k if k not in out else f"{group or 'run'}.{k}"] = v
+    return out
+
+
+def notebook_params(params: Mapping[str, Any], swept: str | None = None) -> dict[str, Any]:
+    """A notebook's parameters with the knob names of `NOTEBOOK` mapped to their keys.
+    When several names map to one key, the `swept` one wins, else a name that already is the
+    key, else the first; the others keep their own names."""
+    claims: dict[str, list[str]] = {}
+    for name in params:
+        claims.setdefault(NOTEBOOK.get(name, name), []).append(name)
+    owner: dict[str, str] = {}
+    for key, names in claims.items():
+        owner[key] = (swept if swept in names else key if key in names else names[0])
+    out: dict[str, Any] = {}
+    for name, value in params.items():
+        key = NOTEBOOK.get(name, name)
+        out[key if owner[key] == name else name] = value
+    return out
+
+
+def param_key(name: str) -> str:
+    """The key one knob is logged under, from any of its names: a notebook parameter
+    (`budgets`), a template path (`arrivals.rate`, `speculative_config.method`,
+    `workload.params.num_requests`) or the key itself."""
+    if name in NOTEBOOK:
+        return NOTEBOOK[name]
+    head, _, rest = name.partition(".")
+    if head == "engine" and rest:
+        return param_key(rest)
+    if head == "speculative_config" and rest:
+        return speculative_key(rest)
+    if head == "arrivals" and rest:
+        return ARRIVALS.get(rest, rest)
+    if head == "workload" and rest:
+        return rest.partition(".")[2] if rest.startswith("params.") else WORKLOAD.get(rest, rest)
+    return name

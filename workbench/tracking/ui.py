@@ -1,0 +1,139 @@
+"""`workbench ui`: the MLflow UI on this checkout's store, and the URLs that open a comparison.
+
+    workbench ui [--port 5000] [--host 127.0.0.1] [--tracking-uri sqlite:///mlruns/mlflow.db]
+
+runs `mlflow ui --backend-store-uri <store> --default-artifact-root <db folder>/artifacts
+--host 127.0.0.1 --port 5000` (the store and artifact folder `Store` writes; an absolute
+path, so starting it from another folder never creates an empty `mlflow.db` there) as a child
+in its own session (setsid), and on Ctrl-C stops that whole process group (SIGTERM, then
+SIGKILL after `STOP_TIMEOUT_S`).
+
+`runs_url` opens an experiment's runs table on one parent's children sorted by the objective
+(the "compare view": the children are the values, named by their labels, the knob a param
+column); `compare_url` opens MLflow's compare page (parallel coordinates, scatter: pick the
+knob's param as x and the objective as y) on a list of runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from urllib.parse import quote, urlencode
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 5000
+STOP_TIMEOUT_S = 10.0
+
+
+def base_url(host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> str:
+    return f"http://{host}:{port}"
+
+
+def ui_command(uri: str, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT) -> list[str]:
+    """The argv of `mlflow ui` on the sqlite store `uri` (artifacts beside the database,
+    as `tracking.mlflow_store` writes them). `ValueError` for a non-database URI."""
+    if uri.startswith("sqlite:///"):
+        db = Path(uri[len("sqlite:///"):]).resolve()
+        backend = f"sqlite:///{db}"
+        artifacts = str(db.parent / "artifacts")
+    elif "://" in uri and not uri.startswith(("http://", "https://", "file:")):
+        backend, artifacts = uri, None  # another database (postgresql://, mysql://)
+    else:
+        raise ValueError(f"--tracking-uri ({uri!r}) must be a database store such as "
+                         "sqlite:///mlruns/mlflow.db; a running `mlflow server` is opened in "
+                         "the browser directly")
+    argv = [sys.executable, "-m", "mlflow", "ui", "--backend-store-uri", backend]
+    if artifacts:
+        argv += ["--default-artifact-root", artifacts]
+    return argv + ["--host", host, "--port", str(port)]
+
+
+def runs_url(base: str, experiment_id: str, parent_run_id: str | None = None,
+             objective: str | None = None, ascending: bool = True) -> str:
+    """The experiment's runs table: only `parent_run_id`'s children, sorted by the
+    `objective` metric column (ascending for a metric to minimize)."""
+    # The runs route, in the classic (machine learning) workflow: the bare experiment route
+    # redirects a fresh browser to the GenAI overview and drops the filter (MLflow 3.17).
+    query: dict[str, str] = {"workflowType": "machine_learning"}
+    if parent_run_id:
+        query["searchFilter"] = f"tags.mlflow.parentRunId = '{parent_run_id}'"
+    if objective:
+        query["orderByKey"] = f"metrics.`{objective}`"
+        query["orderByAsc"] = "true" if ascending else "false"
+    return f"{base}/#/experiments/{experiment_id}/runs?{urlencode(query, quote_via=quote)}"
+
+
+def compare_url(base: str, experiment_id: str, run_ids: Sequence[str]) -> str:
+    """MLflow's compare-runs page on `run_ids` (the route the UI's "Compare" button opens)."""
+    runs = quote(json.dumps(sorted(run_ids), separators=(",", ":")))
+    exps = quote(json.dumps([str(experiment_id)], separators=(",", ":")))
+    return f"{base}/#/compare-runs?runs={runs}&experiments={exps}"
+
+
+def experiment_urls(uri: str, parent_run_id: str, objective: str, ascending: bool = True,
+                    base: str | None = None) -> tuple[str, str]:
+    """(runs table URL, compare URL) of one experiment parent's children."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    exp = str(client.get_run(parent_run_id).info.experiment_id)
+    kids = client.search_runs([exp], f"tags.`mlflow.parentRunId` = '{parent_run_id}'",
+                              max_results=1000)
+    base = base or base_url()
+    return (runs_url(base, exp, parent_run_id, objective, ascending),
+            compare_url(base, exp, [r.info.run_id for r in kids]))
+
+
+def stop_group(proc: subprocess.Popen[bytes], timeout: float = STOP_TIMEOUT_S) -> int:
+    """SIGTERM the child's process group, SIGKILL it when it has not ended in `timeout`."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            continue
+    return proc.wait()
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="workbench ui",
+        description="The MLflow UI on the workbench's store, bound to 127.0.0.1; Ctrl-C stops it.")
+    ap.add_argument("--port", type=int, default=DEFAULT_PORT)
+    ap.add_argument("--host", default=DEFAULT_HOST,
+                    help="the interface to bind (default 127.0.0.1: this machine only)")
+    ap.add_argument("--tracking-uri", default=None,
+                    help="the store (default: $MLFLOW_TRACKING_URI, else "
+                         "sqlite:///mlruns/mlflow.db of this folder)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    from workbench.tracking.mlflow_store import tracking_uri
+
+    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    argv_ui = ui_command(tracking_uri(args.tracking_uri), args.host, args.port)
+    print(f"workbench ui: {base_url(args.host, args.port)} (Ctrl-C stops it)", flush=True)
+    proc = subprocess.Popen(argv_ui, start_new_session=True)  # setsid: its own group
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        stop_group(proc)
+        print("workbench ui: stopped", flush=True)
+        return 0
+    finally:
+        if proc.poll() is None:
+            stop_group(proc)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
