@@ -64,7 +64,7 @@ def _run(argv: list[str]) -> None:
     args = ap.parse_args(argv)
     if args.max_other_cpu_share is not None and not 0 <= args.max_other_cpu_share <= 1:
         ap.error(f"--max-other-cpu-share ({args.max_other_cpu_share}) must be in [0, 1]")
-    from workbench.experiments.runner import promote, run_experiment
+    from workbench.experiments.runner import promote, run_experiment, run_label
     from workbench.experiments.template import load_template
 
     template = load_template(args.template)  # every problem at once, before any run
@@ -74,7 +74,9 @@ def _run(argv: list[str]) -> None:
                             results_dir=_results_root(args))
     print(f"\n# {template.name}\n{template.question}\n")
     print(result.table)
-    print(f"\nadopted: {result.adopted if result.adopted is not None else 'nothing'}"
+    adopted = ("nothing" if result.adopted is None else
+               f"{run_label(template, result.adopted)} ({result.adopted})")
+    print(f"\nadopted: {adopted}"
           f"  (MLflow parent run {result.parent_run_id})")
     if args.promote:
         out = promote(template, result, args.promote, next_variable=next_variable)

@@ -77,13 +77,13 @@ def test_progress_lines_have_times_and_eta(experiment: tuple[Any, str]) -> None:
     lines = CONSOLE["out"].splitlines()
     runs = [line for line in lines if line.startswith("[")]
     assert len(runs) == 6
-    assert re.fullmatch(r"\[1/6\] max_num_batched_tokens=baseline repeat 1/2: \d+\.\d s  "
+    assert re.fullmatch(r"\[1/6\] baseline \(256\) repeat 1/2: \d+\.\d s  "
                         r"\(elapsed \d+:\d\d, ETA \d+:\d\d\)", runs[0]), runs[0]
-    assert runs[2].startswith("[3/6] max_num_batched_tokens=4 repeat 1/2: ")
+    assert runs[2].startswith("[3/6] budget=4 repeat 1/2: ")  # value labels, as MLflow names
     assert "  FAILED  (elapsed" in runs[2] and runs[5].endswith("ETA 0:00)")
     gate = [line for line in lines if line.startswith("quality gate: ")]
     assert "quality gate: reference: 2 greedy prompt(s) x 4 tokens ..." in gate
-    assert any(re.fullmatch(r"quality gate: candidate 64: 2 greedy prompt\(s\) x 4 tokens: "
+    assert any(re.fullmatch(r"quality gate: candidate budget=64: 2 greedy prompt\(s\) x 4 tokens: "
                             r"\d+\.\d s", line) for line in gate), gate
 
 
@@ -122,7 +122,7 @@ def test_verdicts_and_gates(experiment: tuple[Any, str]) -> None:
     by = {v.value: v for v in result.verdicts}
     assert by[4].failed_runs == 2 and not by[4].adopted and by[4].reason == "2 run(s) failed"
     assert by[64].quality_failures == []  # scheduling knobs keep greedy output identical
-    assert "| 64 |" in result.table and "reject" in result.table
+    assert "| budget=64 |" in result.table and "reject" in result.table
 
 
 def test_promote(tmp_path: Path, experiment: tuple[Any, str]) -> None:

@@ -89,7 +89,7 @@ def test_disturbed_runs_are_left_out_and_too_few_make_the_verdict_inconclusive()
     assert v.reason == ("inconclusive: runs disturbed (0 baseline and 2 variant run(s) left out: "
                         "other processes took too much of the CPUs; 3 + 1 valid, 2 + 2 needed); "
                         "rerun on a quieter machine")
-    assert "| 64 |" in verdict_table([v], "p95_itl_ms") and "| inconclusive |" in (
+    assert "| budget=64 |" in verdict_table([v], "p95_itl_ms") and "| inconclusive |" in (
         verdict_table([v], "p95_itl_ms"))
     # A disturbed baseline affects every variant the same way.
     runs = [_record("baseline", None, 0, 10), _record("baseline", None, 1, 30, valid=False,

@@ -18,6 +18,8 @@ import sys
 import time
 from typing import Any
 
+from workbench.harness.runner import live_output
+
 
 def clock(seconds: float) -> str:
     """0:04, 1:02:03."""
@@ -35,7 +37,7 @@ class RunProgress:
         self._run_t0 = self.t0
         self._what = ""
         self.bar: Any = None
-        if enabled:
+        if enabled and live_output():  # else the per-run lines alone
             try:
                 from tqdm.auto import tqdm
             except ImportError:  # lines only

@@ -244,11 +244,13 @@ def gate_reports(
     prompts: list[list[int]],
     gate: dict[str, Any],
     log: Log = None,
+    labels: dict[Any, str] | None = None,
 ) -> tuple[dict[Any, list[str]], dict[Any, dict[str, Any]]]:
     """Judge every variant config against the baseline under `gate`:
     ({value: failure sentences}, {value: QualityReport.as_dict()}). A variant (or the
     baseline) that cannot run fails its gate with the error; nothing is raised. `log`
-    (e.g. print) hears each step (reference / candidate, prompts, perplexity) and its time."""
+    (e.g. print) hears each step (reference / candidate, prompts, perplexity) and its time;
+    `labels` names the values in it (value -> short label, e.g. "k=5")."""
     want = needs(gate)
     max_tokens = int(gate.get("max_tokens", 16))
     try:
@@ -265,7 +267,8 @@ def gate_reports(
     reports: dict[Any, dict[str, Any]] = {}
     for value, config in variants.items():
         try:
-            rep = evaluate(model, config, ref, log=log, label=f"candidate {value}")
+            name = (labels or {}).get(value, value)
+            rep = evaluate(model, config, ref, log=log, label=f"candidate {name}")
         except Exception as e:  # a variant that cannot run fails its gate, nothing else
             failures[value] = [f"quality check could not run: {type(e).__name__}: {e}"]
             continue

@@ -164,7 +164,7 @@ def run_experiment(
     try:
         for repeat in range(template.repeats):
             for label, value in plan:
-                bar.start(f"{template.variable_name}={label} repeat {repeat + 1}/"
+                bar.start(f"{run_label(template, value)} repeat {repeat + 1}/"
                           f"{template.repeats}")
                 runs.append(_run_one(template, store, parent, model, workload, arrival, slo,
                                      label, value, repeat, preflight, checksum, profile,
@@ -433,7 +433,9 @@ def _quality(
     n = int(gate.get("num_prompts", 4))
     prompts = [list(r.prompt_token_ids) for r in workload.requests[:n]]
     variants = {v: template.variant_config(v) for v in template.variable_values}
-    return gate_reports(model, template.baseline, variants, prompts, gate, log=log)
+    labels = {v: run_label(template, v) for v in template.variable_values}
+    return gate_reports(model, template.baseline, variants, prompts, gate, log=log,
+                        labels=labels)
 
 
 def promoted_template(template: Template, adopted: Any, parent_run_id: str,

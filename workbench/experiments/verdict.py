@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from workbench.experiments.labels import value_label
 from workbench.experiments.template import Template
 from workbench.harness import metric_registry
 from workbench.harness.metric_registry import SLO_BOUNDS
@@ -233,8 +234,9 @@ def verdict_table(verdicts: list[VariantVerdict], objective: str) -> str:
                                "output_throughput"]))
     head = ["value", *cols, "decision", "why"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    values = [v.value for v in verdicts]
     for v in verdicts:
-        cells = [str(v.value)]
+        cells = [value_label(v.variable, v.value, values)]  # never a dict's repr
         for c in cols:
             m = v.metrics.get(c)
             cells.append("-" if m is None else

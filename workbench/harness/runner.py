@@ -250,6 +250,14 @@ class _Driver:
         await asyncio.gather(*pending, return_exceptions=True)
 
 
+def live_output() -> bool:
+    """Can a progress bar redraw in place here: a terminal on stderr, or a Jupyter kernel
+    (tqdm.auto draws a widget)? A log file or a pipe gets no bars."""
+    import sys
+
+    return sys.stderr.isatty() or "ipykernel" in sys.modules
+
+
 def _request_bar(total: int, name: str) -> Any:
     """The per-request bar: tqdm.auto (a widget in Jupyter), on stderr, gone when closed;
     None without tqdm. tqdm throttles its redraws, so an update costs ~1 µs."""
@@ -259,6 +267,8 @@ def _request_bar(total: int, name: str) -> Any:
         return None
     import sys
 
+    if not live_output():  # a log file or a pipe: the run lines say enough
+        return None
     return tqdm(total=total, desc=f"requests ({name})", unit="req", leave=False,
                 file=sys.stderr, dynamic_ncols=True)
 
