@@ -36,6 +36,8 @@ from typing import Any
 
 import pytest
 
+from tests.experiments.template_dicts import TINY_BUDGET, changed
+
 pytestmark = pytest.mark.browser
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,19 +51,7 @@ SETTINGS = {"@jupyterlab/docmanager-extension/plugin": {"autosave": False},
             "@jupyterlab/apputils-extension/notification": {"fetchNews": "false"}}
 VERDICT_PREFIX = "verdict/"  # the parent's verdict metrics (runner._log_verdict)
 
-TEMPLATE: dict[str, Any] = {
-    "name": "browser-check",
-    "question": "Does a smaller token budget change p95 ITL on four chat requests?",
-    "objective": {"metric": "p95_itl_ms", "direction": "minimize"},
-    "slo": {"p95_ttft_ms": 60000, "max_error_rate": 0.0},
-    "workload": {"fixture": "balanced-chat", "seed": 3, "params": {"num_requests": 4}},
-    "arrivals": {"mode": "closed", "concurrency": 2},
-    "baseline": {"dtype": "float32", "max_model_len": 512, "max_num_seqs": 8,
-                 "max_num_batched_tokens": 256},
-    "variable": {"name": "max_num_batched_tokens", "values": [64]},
-    "repeats": 1,
-    "warmup_requests": 0,
-}
+TEMPLATE = changed(TINY_BUDGET, name="browser-check")
 
 
 def missing() -> list[str]:

@@ -5,29 +5,17 @@ the question as its description and the verdict as metrics, the experiments of t
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import mlflow
 import nbformat
 
+from tests.experiments.template_dicts import TINY_BUDGET, changed
 from workbench.experiments.runner import VERDICT_CODES, run_experiment
 from workbench.experiments.template import parse_template
 from workbench.sweep import sweep
 from workbench.tracking.mlflow_store import EXPERIMENT_KIND, KIND_TAG, NOTE_TAG
 
-TEMPLATE: dict[str, Any] = {
-    "name": "tiny-compare",
-    "question": "Does a budget of 64 change p95 ITL on four chat requests?",
-    "objective": {"metric": "p95_itl_ms", "direction": "minimize"},
-    "slo": {"p95_ttft_ms": 60000, "max_error_rate": 0.0},
-    "workload": {"fixture": "balanced-chat", "seed": 3, "params": {"num_requests": 4}},
-    "arrivals": {"mode": "closed", "concurrency": 2},
-    "baseline": {"dtype": "float32", "max_model_len": 512, "max_num_seqs": 8,
-                 "max_num_batched_tokens": 256},
-    "variable": {"name": "max_num_batched_tokens", "values": [64]},
-    "repeats": 1,
-    "warmup_requests": 0,
-}
+TEMPLATE = changed(TINY_BUDGET, name="tiny-compare")
 
 
 def _notebook(path: Path) -> Path:

@@ -179,6 +179,21 @@ def _natural(text: str) -> list[Any]:
             for p in re.split(r"(\d+(?:\.\d+)?)", text) if p]
 
 
+def _plottable(plot: str, frame: pd.DataFrame, x: str, ys: Sequence[str], baseline: Any
+               ) -> tuple[pd.DataFrame, dict[float, str], bool] | None:
+    """`_sweep_data` without the rows that have none of `ys`; None (the reason logged)
+    when nothing is left to draw."""
+    if not len(frame):
+        _skip(plot, "empty frame")
+        return None
+    data, ticks, numeric = _sweep_data(frame, x, ys, baseline)
+    data = data.dropna(subset=list(ys), how="all")
+    if data.empty:
+        _skip(plot, f"no values of {list(ys)}")
+        return None
+    return data, ticks, numeric
+
+
 def _sweep_data(frame: pd.DataFrame, x: str, ys: Sequence[str],
                 baseline: Any) -> tuple[pd.DataFrame, dict[float, str], bool]:
     """Rows (pos, is_base, *ys), tick text per position, and whether x is numeric. A
@@ -311,14 +326,10 @@ def sweep_tradeoff(frame: pd.DataFrame, x: str, ys: Sequence[str] = ("p95_ttft_m
     None) is categorical with short labels (`workbench.experiments.labels.value_label`:
     "k=5", "spec=off"). None when no row
     has a value to plot."""
-    if not len(frame):
-        _skip("sweep_tradeoff", "empty frame")
+    prepared = _plottable("sweep_tradeoff", frame, x, ys, baseline)
+    if prepared is None:
         return None
-    data, ticks, numeric = _sweep_data(frame, x, ys, baseline)
-    data = data.dropna(subset=list(ys), how="all")
-    if data.empty:
-        _skip("sweep_tradeoff", f"no values of {list(ys)}")
-        return None
+    data, ticks, numeric = prepared
     trade = len(ys) == 2
     fig, axes = _figure(len(ys) + trade)
     for ax, y in zip(axes, ys, strict=False):
@@ -381,14 +392,10 @@ def saturation_curve(frame: pd.DataFrame, x: str = "concurrency",
                      title: str | None = None) -> Figure | None:
     """Each y against closed-loop concurrency (median, band = range of repeats); a dashed
     line marks the knee (max_num_seqs), a red one a metric's SLO bound. None when empty."""
-    if not len(frame):
-        _skip("saturation_curve", "empty frame")
+    prepared = _plottable("saturation_curve", frame, x, ys, None)
+    if prepared is None:
         return None
-    data, ticks, numeric = _sweep_data(frame, x, ys, None)
-    data = data.dropna(subset=list(ys), how="all")
-    if data.empty:
-        _skip("saturation_curve", f"no values of {list(ys)}")
-        return None
+    data, ticks, numeric = prepared
     fig, axes = _figure(len(ys))
     for ax, y in zip(axes, ys, strict=False):
         _measured_panel(ax, data, y, ticks, numeric)
