@@ -36,6 +36,7 @@ lint: $(STAMP)
 # (no outputs; tests/test_notebooks.py fails when a pair is out of sync).
 notebooks: $(STAMP)
 	$(BIN)/jupytext --update --to ipynb notebooks/[0-9]*.py
+	$(BIN)/python scripts/notebook_language_info.py
 
 # Execute every notebook on its defaults; executed copies (with outputs) in docs/notebooks/.
 notebooks-docs: notebooks

@@ -231,12 +231,12 @@ def test_runner_sweep_png_for_a_dict_variable(monkeypatch: pytest.MonkeyPatch,
     logged: list[tuple[str, str]] = []
 
     class Store:
-        def log_artifact(self, run: str, path: Path, folder: str) -> None:
+        def log_artifact(self, run: str, path: Path, folder: str | None = None) -> None:
             logged.append((Path(path).name, folder))
             assert Path(path).stat().st_size > 1000
 
     runner._log_sweep_plot(Store(), "parent", template, runs)
-    assert logged == [("sweep.png", "plots")]
+    assert logged == [("sweep.png", None)]
     obj = drawn[0].axes[0]
     assert tick_texts(obj) == ["spec=off\n(baseline)", "k=3", "k=5"]
     assert "spec=off (baseline)" in legend_texts(obj)
@@ -246,3 +246,32 @@ def test_runner_sweep_png_for_a_dict_variable(monkeypatch: pytest.MonkeyPatch,
     runner._log_sweep_plot(Store(), "parent", template,
                            [runner.RunRecord("baseline", None, 0, "r", metrics={})])
     assert logged == []  # nothing to draw: nothing logged, no warning
+
+
+def test_compare_and_bar_plots_label_dict_values_short(tmp_path: Path) -> None:
+    k3 = dict(NGRAM, num_speculative_tokens=3)
+    cmp = pd.DataFrame({"metric": ["output_throughput", "p95_ttft_ms"] * 2,
+                        "value": [NGRAM, NGRAM, k3, k3],
+                        "baseline_median": [100.0, 20.0, 100.0, 20.0],
+                        "delta": [20.0, 1.0, 10.0, -1.0], "noise_low": [15.0, -1, 5, -2],
+                        "noise_high": [25.0, 3, 15, 0],
+                        "verdict": ["better", "no change", "better", "no change"],
+                        "variable": "speculative_config"})
+    fig = sane(plots.compare_plot(cmp), tmp_path, "c.png")
+    ax = fig.axes[0]
+    texts = legend_texts(ax)
+    assert "k=5" in texts and "k=3" in texts
+    assert not any("{" in t for t in texts)
+    assert [t.get_text() for t in ax.get_yticklabels()] == [
+        plots._label("output_throughput"), plots._label("p95_ttft_ms")]
+    assert ax.get_title() == "spec vs baseline (line: noise band)"
+
+    frame = pd.DataFrame({"variant": [None, NGRAM, k3] * 2,
+                          "enable_prefix_caching": [True, True, True, False, False, False],
+                          "output_throughput": [100.0, 130.0, 120.0, 90.0, 125.0, 118.0]})
+    fig = sane(plots.bar_compare(frame.rename(columns={"variant": "speculative_config"}),
+                                 "speculative_config", "output_throughput",
+                                 col="enable_prefix_caching"), tmp_path, "b.png")
+    assert [ax.get_title() for ax in fig.axes] == ["prefix_caching=on", "prefix_caching=off"]
+    assert tick_texts(fig.axes[0]) == ["off", "k=5", "k=3"]
+    assert fig.axes[0].get_ylabel() == plots._label("output_throughput")

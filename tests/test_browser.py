@@ -6,6 +6,7 @@ JupyterLab on a notebook (headless Chromium driven by playwright).
   expanded, its children by value label; the parent run page shows the question (the run's
   description), the verdict metrics (`verdict/<label>`, logged by
   `workbench.experiments.runner`) and the child runs by value label.
+  The verdict link opens the parent's first artifact, VERDICT.md, rendered as a table.
 - JupyterLab: `jupyter lab` on the repository opens `notebooks/01_quickstart.ipynb` and shows
   its parameters cell.
 
@@ -249,12 +250,30 @@ def test_mlflow_runs_page_and_parent_run(page: Any, mlflow_ui: dict[str, Any]) -
     close_assistant(page)
     page.get_by_text(question, exact=True).first.wait_for()
     assert page.get_by_text("No description").count() == 0
+    # the answer above the description's "Show more" fold
+    verdict = page.get_by_text("Verdict: ").first
+    verdict.wait_for()
+    assert verdict.is_visible()
     page.get_by_text(f"Metrics ({len(parent.data.metrics)})").wait_for()
     for name in verdicts:
         page.get_by_text(name, exact=True).first.wait_for()
     for label in labels:
         page.get_by_role("link", name=label, exact=True).first.wait_for()
     shot(page, "mlflow_parent_run.png")
+
+    # The verdict table: the parent's first artifact, opened by the link `workbench run`
+    # prints (`workbench.tracking.ui.run_artifact_url`), rendered as a markdown table.
+    from workbench.experiments.results import VERDICT_MD
+    from workbench.tracking.ui import run_artifact_url
+
+    page.goto(run_artifact_url(mlflow_ui["uri"], parent.info.run_id, VERDICT_MD,
+                               base=mlflow_ui["base"]))
+    close_assistant(page)
+    page.get_by_role("columnheader", name="decision").first.wait_for()
+    for label in labels:
+        if not label.startswith("baseline"):
+            page.get_by_role("cell", name=label, exact=True).first.wait_for()
+    shot(page, "mlflow_verdict.png")
 
 
 def test_mlflow_compare_links_show_the_children(page: Any, mlflow_ui: dict[str, Any]) -> None:
@@ -295,4 +314,10 @@ def test_jupyterlab_shows_the_parameters_cell(page: Any, jupyter: dict[str, Any]
     cell = page.locator(".jp-Notebook .jp-Cell").filter(has_text="num_prompts = 8").first
     assert cell.is_visible()
     page.get_by_text("Python 3 (ipykernel) | Idle").wait_for()  # its kernel started
+    # Opening is not editing: the tab carries no "modified" dot once the kernel reported its
+    # language_info (make notebooks writes this Python's; another patch release differs).
+    written = json.loads((ROOT / NOTEBOOK).read_text())["metadata"]["language_info"]
+    if written.get("version") == sys.version.split()[0]:
+        page.wait_for_timeout(1000)
+        assert page.locator(".jp-mod-dirty").count() == 0, "the notebook opened as modified"
     shot(page, "jupyterlab_quickstart.png")

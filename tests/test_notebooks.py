@@ -17,6 +17,7 @@ from typing import Any
 import nbformat
 import papermill
 import pytest
+from ipykernel.ipkernel import IPythonKernel
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 
@@ -61,6 +62,13 @@ def test_every_notebook_is_tested() -> None:
 
 
 # --------------------------------------------------------------------------- py <-> ipynb pairs
+# what ipykernel reports (scripts/notebook_language_info.py writes it into every notebook)
+KERNEL_LANGUAGE_INFO = {"name": "python", "mimetype": "text/x-python",
+                        "codemirror_mode": {"name": "ipython", "version": 3},
+                        "pygments_lexer": "ipython3", "nbconvert_exporter": "python",
+                        "file_extension": ".py", "version": "(this Python)"}
+
+
 def pair_problems(folder: Path) -> list[str]:
     """Why the .ipynb files of `folder` are not what jupytext makes of their py:percent twins
     (cell types, sources and metadata such as the `parameters` tag, the kernelspec), or carry
@@ -79,6 +87,10 @@ def pair_problems(folder: Path) -> list[str]:
             problems.append(f"{stem}.ipynb is not paired (jupytext formats ipynb,py:percent)")
         if have.metadata.get("kernelspec") != want.metadata.get("kernelspec"):
             problems.append(f"{stem}: the kernelspecs differ")
+        info = {k: v for k, v in have.metadata.get("language_info", {}).items() if k != "version"}
+        if info != {k: v for k, v in KERNEL_LANGUAGE_INFO.items() if k != "version"}:
+            problems.append(f"{stem}: language_info is not ipykernel's (JupyterLab would mark "
+                            "it modified on open); run `make notebooks`")
         if len(have.cells) != len(want.cells):
             problems.append(f"{stem}: {len(want.cells)} cells in the .py, "
                             f"{len(have.cells)} in the .ipynb")
@@ -122,6 +134,14 @@ def test_pair_check_catches_a_side_edited_alone(tmp_path: Path) -> None:
     assert any("cell 0 source differs" in p for p in problems)
     assert any("cell 1 metadata differs" in p for p in problems)
 
+    ipynb.write_text(original_ipynb)  # jupytext's bare language_info: modified on open
+    nb = nbformat.read(ipynb, as_version=4)
+    nb.metadata["language_info"] = {"name": "python"}
+    nbformat.write(nb, ipynb)
+    assert pair_problems(tmp_path) == [
+        "01_quickstart: language_info is not ipykernel's (JupyterLab would mark it modified "
+        "on open); run `make notebooks`"]
+
     ipynb.write_text(original_ipynb)  # an executed copy is not the committed form
     nb = nbformat.read(ipynb, as_version=4)
     nb.cells[1].outputs = [nbformat.v4.new_output("stream", text="hi")]
@@ -129,6 +149,9 @@ def test_pair_check_catches_a_side_edited_alone(tmp_path: Path) -> None:
     assert pair_problems(tmp_path) == ["01_quickstart: cell 1 of the .ipynb has outputs"]
 
     jupytext.write(jupytext.read(py), ipynb)  # what `make notebooks` writes: in sync again
+    nb = nbformat.read(ipynb, as_version=4)
+    nb.metadata["language_info"] = dict(IPythonKernel.language_info)
+    nbformat.write(nb, ipynb)
     assert pair_problems(tmp_path) == []
     ipynb.unlink()
     assert pair_problems(tmp_path) == ["01_quickstart.py has no 01_quickstart.ipynb"]

@@ -9,6 +9,9 @@ parses its flags (`workbench <verb> --help`). `workbench --help` lists the verbs
                                      write the adopted config as the new baseline template
     workbench sweep notebooks/X.ipynb -p NAME V1 V2 ... [--set k=v] [--resume]
                                      one papermill run per value, each an MLflow child run
+    workbench rerun RUN_ID [--repeats N] [--tracking-uri URI] [--results-dir ROOT]
+                                     measure a logged experiment run or sweep point again;
+                                     logged | now | delta % | same or drifted beyond noise
     workbench bench --target http://HOST:PORT/v1|inprocess --model NAME --workload FIXTURE
                                      one measured run against any OpenAI server or the engine
     workbench serve --model DIR [every engine knob as a flag] [--host] [--port] [--api-key]
@@ -109,13 +112,16 @@ def _print_compare_urls(result: Any, template: Any) -> None:
     compare page on them (`workbench ui` serves both on 127.0.0.1:5000)."""
     objective = template.objective
     try:
-        from workbench.tracking.ui import experiment_urls
+        from workbench.experiments.results import VERDICT_MD
+        from workbench.tracking.ui import experiment_urls, run_artifact_url
 
         table, compare = experiment_urls(result.tracking_uri, result.parent_run_id,
                                          objective.metric, objective.direction == "minimize")
+        verdict = run_artifact_url(result.tracking_uri, result.parent_run_id, VERDICT_MD)
     except Exception as e:  # noqa: BLE001 - the results are logged; only the links are lost
         print(f"(no MLflow links: {type(e).__name__}: {e})")
         return
+    print(f"verdict (the parent run's table): {verdict}")
     print(f"compare (the objective per value): {table}")
     print(f"compare page (scatter: x = the knob's param, y = {objective.metric}): {compare}")
 
@@ -157,6 +163,31 @@ def _promote(argv: list[str]) -> None:
     print(f"new baseline template: {out}" if out else "that experiment adopted nothing")
 
 
+def run_sweep_point(notebook: Any, param: str, value: Any, fixed: dict[str, Any], *,
+                    store: Any, parent: str, out: Any, max_other_cpu_share: float | None = None,
+                    cpu_watch: Any = None) -> dict[str, Any]:
+    """One sweep point executed as `workbench sweep` executes it (its row), for `workbench
+    rerun`: the experiments layer may not import the sweep (an entrypoint), so it is handed
+    this function."""
+    from workbench.harness.validity import DEFAULT_MAX_OTHER_CPU_SHARE, default_cpu_watch
+    from workbench.sweep import _run_point, declared_parameters, value_key
+
+    ctx = {"store": store, "parent": parent, "nb": notebook, "param": param, "fixed": fixed,
+           "declared": declared_parameters(notebook), "kernel_name": None, "values": [value],
+           "max_other_cpu_share": DEFAULT_MAX_OTHER_CPU_SHARE if max_other_cpu_share is None
+           else max_other_cpu_share,
+           "cpu_watch": cpu_watch if cpu_watch is not None else default_cpu_watch()}
+    return _run_point(ctx, value, value_key(value), out)
+
+
+def _rerun(argv: list[str]) -> None:
+    from workbench.experiments.rerun import main as rerun_main
+
+    rc = rerun_main(argv, run_point=run_sweep_point)
+    if rc:
+        raise SystemExit(rc)
+
+
 def _lazy(module: str) -> Callable[[list[str]], None]:
     def call(argv: list[str]) -> None:
         import importlib
@@ -174,6 +205,8 @@ COMMANDS: dict[str, tuple[str, Callable[[list[str]], None]]] = {
     "promote": ("write an experiment's adopted config as the new baseline template", _promote),
     "sweep": ("one papermill run of a notebook per parameter value (MLflow child runs)",
               _lazy("workbench.sweep")),
+    "rerun": ("measure a logged experiment run or sweep point again: same or drifted?",
+              _rerun),
     "bench": ("a measured run against a server or the engine; bench offline|sched|spec|...",
               _lazy("workbench.bench.cli")),
     "serve": ("the OpenAI-compatible server with vLLM's /metrics", _lazy("workbench.server.serve")),

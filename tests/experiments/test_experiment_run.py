@@ -57,7 +57,7 @@ def test_results_folder(experiment: tuple[Any, str]) -> None:
     folder = result.results_dir
     assert folder.parent.name == "tiny-budget" and folder.name.endswith("Z")
     assert sorted(p.name for p in folder.iterdir()) == [
-        "runs.csv", "runs.json", "sweep.png", "verdict.md"]
+        "VERDICT.md", "runs.csv", "runs.json", "sweep.png"]
     with (folder / "runs.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert list(rows[0])[:9] == ["variable", "value", "repeat", "run_id", "status", "valid",
@@ -68,7 +68,7 @@ def test_results_folder(experiment: tuple[Any, str]) -> None:
         ("baseline", "2", "FINISHED"), ("64", "2", "FINISHED"), ("4", "2", "FAILED")]
     data = json.loads((folder / "runs.json").read_text())
     assert len(data) == 6 and data[1]["completed"] == 6
-    assert result.table in (folder / "verdict.md").read_text()
+    assert result.table in (folder / "VERDICT.md").read_text()
 
 
 def test_progress_lines_have_times_and_eta(experiment: tuple[Any, str]) -> None:
@@ -202,11 +202,15 @@ def test_http_experiment_starts_a_server_per_run(tmp_path: Path) -> None:
     assert {"client_server_join.csv", "server_delta.json", "requests.csv"} <= arts
 
 
-def test_parent_run_has_the_sweep_plot(experiment: tuple[Any, str]) -> None:
+def test_parent_run_artifacts_verdict_first(experiment: tuple[Any, str]) -> None:
+    """No folders on the parent (MLflow's tree lists folders first), capitals sort before
+    lowercase: VERDICT.md is the first artifact a researcher sees."""
     result, uri = experiment
     client = MlflowClient(tracking_uri=uri)
-    assert [a.path for a in client.list_artifacts(result.parent_run_id, "plots")] == [
-        "plots/sweep.png"]
+    arts = client.list_artifacts(result.parent_run_id)
+    assert not [a.path for a in arts if a.is_dir]
+    assert sorted(a.path for a in arts)[0] == "VERDICT.md"
+    assert {"sweep.png", "verdicts.json", "template.yaml"} <= {a.path for a in arts}
 
 
 def test_a_dict_valued_variable_runs_gates_and_promotes(tmp_path: Path) -> None:

@@ -60,7 +60,14 @@ def test_run_and_sweep_of_one_knob_line_up(tmp_path: Path) -> None:
         "budget=64": ("variant", result.verdicts[0].metrics["p95_itl_ms"].verdict)}
 
     parent = client.get_run(result.parent_run_id)
-    assert parent.data.tags[NOTE_TAG] == f"{TEMPLATE['question']}\n\n{result.table}"
+    vv = result.verdicts[0]
+    obj = vv.metrics["p95_itl_ms"]
+    effect = f"p95_itl_ms {obj.relative_effect:+.1%} ({obj.verdict})"
+    head = (f"**Verdict: adopt budget=64**: {effect} vs baseline (256)" if vv.adopted
+            else "**Verdict: keep baseline (256)**: no variant adopted")
+    assert parent.data.tags[NOTE_TAG] == (
+        f"{TEMPLATE['question']}\n\n{head}\n\n- budget=64: {vv.decision}, {effect}\n\n"
+        "The full table: Artifacts, VERDICT.md.")
     assert parent.data.tags["baseline"] == "budget=256"
     vv = result.verdicts[0]
     assert parent.data.tags["adopted"] == ("budget=64" if vv.adopted else "none")
@@ -71,4 +78,4 @@ def test_run_and_sweep_of_one_knob_line_up(tmp_path: Path) -> None:
         "delta_pct/budget_64": 100.0 * obj.relative_effect,
         "verdict/budget_64": VERDICT_CODES[obj.verdict],
         "adopted/budget_64": float(vv.adopted)}
-    assert "verdict.md" in {a.path for a in client.list_artifacts(result.parent_run_id)}
+    assert "VERDICT.md" in {a.path for a in client.list_artifacts(result.parent_run_id)}

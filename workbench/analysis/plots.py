@@ -37,7 +37,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator, NullLocator
 
-from workbench.experiments.labels import value_label
+from workbench.experiments.labels import short_name, short_value, value_label
 from workbench.harness.metric_registry import SLO_BOUNDS, axis_label
 from workbench.harness.metric_registry import spec as metric_spec
 
@@ -86,6 +86,15 @@ def _label(name: str) -> str:
         if bare.endswith(suffix):
             return f"{bare} ({unit})"
     return bare
+
+
+def _value_labels(name: str, values: pd.Series, bare: bool = False) -> list[str]:
+    """Short labels for a column of a variable's values (never a dict repr): `k=5`,
+    `budget=64`; `bare` drops the name (`64`, `on`) where the axis or legend names it."""
+    distinct = list({_key(v): v for v in values}.values())
+    if bare:
+        return [short_value(name, v, distinct) for v in values]
+    return [value_label(name, v, distinct) for v in values]
 
 
 def _skip(kind: str, reason: str) -> None:
@@ -447,8 +456,9 @@ def compare_plot(compare: pd.DataFrame, *, title: str | None = None) -> Figure |
         _skip("compare_plot", "empty compare frame")
         return None
     metrics = list(dict.fromkeys(compare["metric"]))
-    values = [str(v) for v in dict.fromkeys(compare["value"])]
-    data = compare.assign(value=compare["value"].astype(str))
+    variable = str(compare["variable"].iloc[0])
+    data = compare.assign(value=_value_labels(variable, compare["value"]))
+    values = list(dict.fromkeys(data["value"]))
     base = data["baseline_median"].where(data["baseline_median"] != 0)
     for col in ("delta", "noise_low", "noise_high"):
         data[f"{col}_pct"] = 100.0 * data[col] / base
@@ -463,14 +473,14 @@ def compare_plot(compare: pd.DataFrame, *, title: str | None = None) -> Figure |
                     palette=palette, s=60, ax=ax,
                     style_order=[v for v in ("better", "no change", "worse")
                                  if v in set(data["verdict"])])
-    ax.set_yticks(range(len(metrics)), metrics)
+    ax.set_yticks(range(len(metrics)), [_label(m) for m in metrics])
     ax.set_ylim(len(metrics) - 0.5, -0.5)
     ax.set_xlabel("change vs baseline median (%)")
     ax.set_ylabel("metric")
     ax.axvline(0, color="black", linewidth=0.8, label="baseline median")
     _legend(ax, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    variable = str(compare["variable"].iloc[0]) if len(compare) else ""
-    ax.set_title(title or f"{variable or 'variants'} vs baseline (line: noise band)")
+    name = short_name(variable) if variable else "variants"
+    ax.set_title(title or f"{name} vs baseline (line: noise band)")
     return fig
 
 
@@ -481,15 +491,19 @@ def bar_compare(frame: pd.DataFrame, x: str, y: str, hue: str | None = None,
     if frame.empty:
         _skip("bar_compare", "empty frame")
         return None
-    panels = list(dict.fromkeys(frame[col])) if col else [None]
+    labelled = frame.assign(**{c: _value_labels(c, frame[c], bare=c != col)
+                               for c in dict.fromkeys((x, hue, col)) if c})
+    panels = list(dict.fromkeys(labelled[col])) if col else [None]
     fig, axes = _figure(len(panels))
     for ax, panel in zip(axes, panels, strict=True):
-        data = frame if panel is None else frame[frame[col] == panel]
+        data = labelled if panel is None else labelled[labelled[col] == panel]
         sns.barplot(data=data, x=x, y=y, hue=hue, estimator="median", errorbar=None, ax=ax)
-        ax.set_xlabel(axis_label(x))
-        ax.set_ylabel(axis_label(y))
+        ax.set_xlabel(_label(x))
+        ax.set_ylabel(_label(y))
+        if hue:
+            _legend(ax, title=short_name(hue), fontsize=8)
         if panel is not None:
-            ax.set_title(f"{col} = {panel}")
+            ax.set_title(panel)
     if title:
         fig.suptitle(title)
     return fig

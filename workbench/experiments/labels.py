@@ -96,9 +96,15 @@ def value_label(name: str, value: Any, values: Sequence[Any] = ()) -> str:
     return _cut(text if named else f"{short_name(name)}={text}")
 
 
+def short_value(name: str, value: Any, values: Sequence[Any] = ()) -> str:
+    """The value without the knob's name, where an axis or legend names it: "512", "on",
+    "k=3" (a dict keeps its field names)."""
+    return _cut(_inner(name, value, values)[0])
+
+
 def baseline_label(name: str, value: Any, values: Sequence[Any] = ()) -> str:
     """"baseline (512)", "baseline (off)", "baseline (k=3)"."""
-    return f"baseline ({_cut(_inner(name, value, values)[0])})"
+    return f"baseline ({short_value(name, value, values)})"
 
 
 def metric_label(label: str) -> str:

@@ -3,8 +3,8 @@
     results/<name>/<UTC timestamp>/     at the checkout's root (git-ignored), or under
                                         --results-dir ROOT / $WORKBENCH_RESULTS_DIR
       runs.csv, runs.json               one row per run (sweep: per point): labels + metrics
-      verdict.md | summary.md           the table the console printed (run | bench, sweep)
-      sweep.png                         run: the plot also logged to MLflow as plots/sweep.png
+      VERDICT.md | summary.md           the table the console printed (run | bench, sweep)
+      sweep.png                         run: the plot also logged to MLflow (sweep.png)
       traces/*.json.gz                  run --profile torch: one gzip Chrome trace per run
       notebooks/*.ipynb                 sweep: the executed notebooks
       requests.csv                      bench: one row per request
@@ -121,7 +121,7 @@ def text_table(rows: Iterable[dict[str, Any]], cols: Sequence[str]) -> str:
 
 RUN_COLUMNS = ("variable", "value", "repeat", "run_id", "status", "valid", "disturbed",
                "other_cpu_share", "error")
-VERDICT_MD = "verdict.md"
+VERDICT_MD = "VERDICT.md"  # capitals: listed first
 
 
 def experiment_rows(variable: str, runs: Iterable[Any]) -> list[dict[str, Any]]:
@@ -134,7 +134,7 @@ def experiment_rows(variable: str, runs: Iterable[Any]) -> list[dict[str, Any]]:
 
 def write_experiment_results(folder: Path, template: Any, runs: Sequence[Any],
                              table: str) -> None:
-    """`workbench run`'s folder: verdict.md (the console's table), runs.csv, runs.json
+    """`workbench run`'s folder: VERDICT.md (the console's table), runs.csv, runs.json
     (sweep.png and traces/ are written where they are made)."""
     (folder / VERDICT_MD).write_text(f"# {template.name}\n\n{template.question}\n\n{table}\n")
     write_rows(folder, experiment_rows(template.variable_name, runs), RUN_COLUMNS)

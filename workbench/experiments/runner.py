@@ -31,12 +31,13 @@ import yaml
 from workbench.experiments.labels import baseline_label, metric_label, value_label
 from workbench.experiments.progress import RunProgress
 from workbench.experiments.quality import gate_reports
-from workbench.experiments.results import new_results_dir, write_experiment_results
+from workbench.experiments.results import VERDICT_MD, new_results_dir, write_experiment_results
 from workbench.experiments.template import Template
 from workbench.experiments.verdict import (
     VariantVerdict,
     disturbance_threshold,
     judge_runs,
+    verdict_summary,
     verdict_table,
 )
 from workbench.profiling import torch_trace
@@ -101,7 +102,7 @@ def run_experiment(
     results_dir: str | Path | None = None,
 ) -> ExperimentResult:
     """Run every (value, repeat); `profile="torch"` stores a Chrome trace per run.
-    `results_dir`: a root under which results/<name>/<UTC time>/ is written (verdict.md,
+    `results_dir`: a root under which results/<name>/<UTC time>/ is written (VERDICT.md,
     runs.csv, runs.json, sweep.png, traces/; `workbench.experiments.results`); None: none.
     `progress`: a bar of runs and a line per run with its time and the ETA, a bar of
     requests within a run, the quality gate's steps with their times.
@@ -116,24 +117,11 @@ def run_experiment(
 
     threshold = disturbance_threshold(template, max_other_cpu_share)
     watch = cpu_watch if cpu_watch is not None else default_cpu_watch()
-    from workbench.harness.arrivals import ArrivalSpec
-    from workbench.harness.metrics import SLO
     from workbench.preflight import collect_preflight
     from workbench.tracking.mlflow_store import Store
 
-    model = resolve_model(template.target)
-    if check:  # every problem of the template at once, before the first run
-        from workbench.experiments.validate import check_template
-
-        workload = check_template(template.as_data(), source=f"template {template.name!r}")
-    else:
-        workload = build_workload(template, model)
+    model, workload, arrival, slo = replay_setup(template, check)
     checksum = workload.checksum
-    arrival = ArrivalSpec.from_dict(template.arrivals)
-    slo = SLO(
-        ttft_ms=template.slo.get("p95_ttft_ms"), tpot_ms=template.slo.get("p95_tpot_ms"),
-        e2el_ms=template.slo.get("p95_e2el_ms"),
-    )
     preflight = collect_preflight()
     store = Store(template.name, uri)
     mismatch = _fingerprint_warning(store, preflight["fingerprint"])
@@ -166,7 +154,7 @@ def run_experiment(
             for label, value in plan:
                 bar.start(f"{run_label(template, value)} repeat {repeat + 1}/"
                           f"{template.repeats}")
-                runs.append(_run_one(template, store, parent, model, workload, arrival, slo,
+                runs.append(run_one(template, store, parent, model, workload, arrival, slo,
                                      label, value, repeat, preflight, checksum, profile,
                                      max_other_cpu_share=threshold, cpu_watch=watch,
                                      progress=progress, out=out))
@@ -184,7 +172,7 @@ def run_experiment(
         "every baseline run failed: no verdict")
     adopted = next((v.value for v in verdicts if v.adopted), None)
     store.log_files(parent, {
-        "verdict.md": f"# {template.name}\n\n{template.question}\n\n{table}\n",
+        VERDICT_MD: f"# {template.name}\n\n{template.question}\n\n{table}\n",
         "verdicts.json": json.dumps([v.as_dict() for v in verdicts], indent=2, default=str),
     })
     if template.quality_gate:
@@ -198,13 +186,36 @@ def run_experiment(
     if out is not None:
         write_experiment_results(out, template, runs, table)
     _log_verdict(store, parent, template, runs, verdicts)
-    store.set_description(parent, f"{template.question}\n\n{table}")  # + the verdict
+    store.set_description(parent, f"{template.question}\n\n" + verdict_summary(
+        verdicts, template.objective.metric, run_label(template, None), VERDICT_MD))
     store.set_tags(parent, {"adopted": "none" if adopted is None else run_label(template, adopted),
                             "invalid_runs": str(sum(not r.valid for r in runs)),
                             "disturbed_runs": str(sum(r.disturbed for r in runs))})
     store.finish(parent, failed=not base)
     return ExperimentResult(template.name, parent, store.uri, checksum, runs, verdicts, table,
                             adopted, results_dir=out)
+
+
+def replay_setup(template: Template, check: bool = True) -> tuple[str, Any, Any, Any]:
+    """(model folder, workload, ArrivalSpec, SLO): what every run of the template replays
+    (`run_experiment`, `workbench rerun`). `check`: the whole template is checked first
+    (`validate.check_template`, every problem at once, `TemplateError`)."""
+    from workbench.harness.arrivals import ArrivalSpec
+    from workbench.harness.metrics import SLO
+
+    model = resolve_model(template.target)
+    if check:  # every problem of the template at once, before the first run
+        from workbench.experiments.validate import check_template
+
+        workload = check_template(template.as_data(), source=f"template {template.name!r}")
+    else:
+        workload = build_workload(template, model)
+    arrival = ArrivalSpec.from_dict(template.arrivals)
+    slo = SLO(
+        ttft_ms=template.slo.get("p95_ttft_ms"), tpot_ms=template.slo.get("p95_tpot_ms"),
+        e2el_ms=template.slo.get("p95_e2el_ms"),
+    )
+    return model, workload, arrival, slo
 
 
 def run_label(template: Template, value: Any) -> str:
@@ -262,7 +273,7 @@ def _log_verdict(store: Any, parent: str, template: Template, runs: list[RunReco
 
 def _log_sweep_plot(store: Any, parent: str, template: Template, runs: list[RunRecord],
                     out: Path | None = None) -> None:
-    """plots/sweep.png on the parent run (`workbench.analysis.plots.experiment_sweep`): the
+    """sweep.png on the parent run (`workbench.analysis.plots.experiment_sweep`): the
     objective and a tail against the variable, baseline starred, SLO bounds drawn, band =
     range of repeats. Nothing to draw: no plot; a plotting failure only warns."""
     name = template.variable_name
@@ -280,7 +291,7 @@ def _log_sweep_plot(store: Any, parent: str, template: Template, runs: list[RunR
             return
         with tempfile.TemporaryDirectory() as tmp:
             png = save(fig, (out if out is not None else Path(tmp)) / "sweep.png")
-            store.log_artifact(parent, png, "plots")  # also in the results folder
+            store.log_artifact(parent, png)  # no folder: VERDICT.md stays first
     except Exception as e:  # noqa: BLE001 - the numbers are logged already
         warnings.warn(f"could not draw the sweep plot: {type(e).__name__}: {e}",
                       RuntimeWarning, stacklevel=2)
@@ -303,12 +314,16 @@ def _fingerprint_warning(store: Any, fingerprint: str) -> str | None:
     return msg
 
 
-def _run_one(
+def run_one(
     template: Template, store: Any, parent: str, model: str, workload: Any, arrival: Any,
     slo: Any, label: str, value: Any, repeat: int, preflight: dict[str, Any], checksum: str,
     profile: str | None = None, *, max_other_cpu_share: float | None = None,
     cpu_watch: Any = None, progress: bool = False, out: Path | None = None,
+    tags: dict[str, str] | None = None,
 ) -> RunRecord:
+    """One measured child run of `parent` (baseline: value None): a fresh target, the
+    replay, its metrics, validity and artifacts; a failure is recorded, never raised.
+    `tags` are added to (and override) the child's tags (`workbench rerun`: role=rerun)."""
     from workbench.harness.runner import run, run_sync
     from workbench.harness.server_process import make_target
 
@@ -318,7 +333,8 @@ def _run_one(
                                     "repeat": str(repeat), "baseline_run": parent,
                                     "role": "baseline" if value is None else "variant",
                                     "workload_checksum": checksum,
-                                    "hardware_fingerprint": preflight["fingerprint"]})
+                                    "hardware_fingerprint": preflight["fingerprint"],
+                                    **(tags or {})})
     store.log_params(run_id, run_params(  # knob keys as on every path (param_keys)
         config, template.workload, template.arrivals, cache_state=template.cache_state,
         target=template.target, model=model, repeat=repeat))

@@ -244,3 +244,29 @@ def verdict_table(verdicts: list[VariantVerdict], objective: str) -> str:
         cells += [v.decision, v.reason]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def verdict_summary(verdicts: list[VariantVerdict], objective: str, baseline: str,
+                    table_name: str = "VERDICT.md") -> str:
+    """Markdown for the parent run's description, the answer first (it must read before the
+    UI's "Show more" fold): the decision, then one line per variant, then where the full
+    table is. `baseline` is the baseline's label ("baseline (512)")."""
+    values = [v.value for v in verdicts]
+
+    def effect(v: VariantVerdict) -> str:
+        m = v.metrics.get(objective)
+        return (f"{objective} not measured" if m is None else
+                f"{objective} {m.relative_effect:+.1%} ({m.verdict})")
+
+    adopted = [v for v in verdicts if v.adopted]
+    if adopted:
+        best = adopted[0]
+        head = (f"**Verdict: adopt {value_label(best.variable, best.value, values)}**: "
+                f"{effect(best)} vs {baseline}")
+    elif verdicts:
+        head = f"**Verdict: keep {baseline}**: no variant adopted"
+    else:
+        head = "**No verdict**: every baseline run failed"
+    lines = [head, ""] + [f"- {value_label(v.variable, v.value, values)}: {v.decision}, "
+                          f"{effect(v)}" for v in verdicts]
+    return "\n".join([*lines, "", f"The full table: Artifacts, {table_name}."])

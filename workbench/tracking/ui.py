@@ -76,6 +76,21 @@ def compare_url(base: str, experiment_id: str, run_ids: Sequence[str]) -> str:
     return f"{base}/#/compare-runs?runs={runs}&experiments={exps}"
 
 
+def artifact_url(base: str, experiment_id: str, run_id: str, path: str) -> str:
+    """A run's Artifacts tab with `path` selected and rendered (markdown as a page)."""
+    query = urlencode({"workflowType": "machine_learning"})
+    return (f"{base}/#/experiments/{experiment_id}/runs/{run_id}/artifacts/"
+            f"{quote(path)}?{query}")
+
+
+def run_artifact_url(uri: str, run_id: str, path: str, base: str | None = None) -> str:
+    """`artifact_url` for a run in the store at `uri`."""
+    from mlflow.tracking import MlflowClient
+
+    exp = str(MlflowClient(tracking_uri=uri).get_run(run_id).info.experiment_id)
+    return artifact_url(base or base_url(), exp, run_id, path)
+
+
 def experiment_urls(uri: str, parent_run_id: str, objective: str, ascending: bool = True,
                     base: str | None = None) -> tuple[str, str]:
     """(runs table URL, compare URL) of one experiment parent's children."""
