@@ -116,6 +116,9 @@ LEAVES: tuple[str, ...] = (
     "workbench.errors",
     "workbench.profiling",  # NVTX ranges, used from the engine down to the runner
     "workbench.calc",  # shape and memory arithmetic
+    "workbench.kv_transfer_config",  # KVTransferConfig: config and sampling params read it
+    "workbench.kv_cache.hashing",  # the block hash chain: prefix cache and KV connector keys
+    "workbench.distributed.kv_transfer.metadata",  # KV connector metadata/output: both sides
     "workbench.harness.metric_registry",  # the metric table: harness, verdict, engine stats, server
 )
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from workbench.kv_transfer_config import PREEMPTION_MODES, KVTransferConfig
 from workbench.models.registry import SUPPORTED_ARCHITECTURES
 from workbench.named_models import resolve_model
 
@@ -266,9 +267,15 @@ class SchedulerConfig:
                                                 "(0 = off)")
     policy: str = knob("fcfs", "fcfs | priority (lower priority value first); vLLM's "
                                "scheduling_policy")
+    preemption_mode: str = knob("recompute", "recompute (vLLM V1: free the blocks, recompute "
+                                             "later) | swap (write them to the host KV tier, "
+                                             "read back; needs an OffloadingConnector)")
     max_model_len: int = 2048  # filled from ModelConfig by EngineConfig
 
     def __post_init__(self) -> None:
+        if self.preemption_mode not in PREEMPTION_MODES:
+            raise ValueError(f"preemption_mode ({self.preemption_mode!r}) must be one of "
+                             f"{', '.join(PREEMPTION_MODES)}")
         if not isinstance(self.max_num_seqs, int) or self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs ({self.max_num_seqs}) must be an integer >= 1")
         if self.policy not in SCHEDULING_POLICIES:
@@ -460,10 +467,16 @@ class EngineConfig:
     device: str = knob("cpu", "cpu | cuda (default: cuda when available)")
     attention_backend: str | None = knob(None, "torch | triton (default: torch on CPU, triton "
                                                "on CUDA)")
+    kv_transfer_config: KVTransferConfig | dict[str, Any] | None = knob(
+        None, 'JSON: {"kv_connector": "OffloadingConnector", "kv_role": "kv_both", '
+              '"kv_connector_extra_config": {"cpu_bytes_to_use": N, ...}}')
 
     def __post_init__(self) -> None:
         if self.speculative_config is not None:
             self.speculative_config = SpeculativeConfig.from_dict(self.speculative_config)
+        if self.kv_transfer_config is not None:
+            self.kv_transfer_config = KVTransferConfig.from_dict(self.kv_transfer_config)
+        self._check_kv_transfer()
         self.parallel_config.verify_with_model_config(self.model_config)
         if self.parallel_config.tensor_parallel_size > 1 and self.speculative_config is not None:
             raise ValueError(
@@ -491,6 +504,32 @@ class EngineConfig:
                 f"gpu_memory_utilization ({cc.gpu_memory_utilization}) is for device='cuda'; "
                 "on CPU pass cpu_memory_budget_bytes (a byte budget)"
             )
+
+    def _check_kv_transfer(self) -> None:
+        """What the KV connector needs from the rest of the config (refused up front)."""
+        kt = self.kv_transfer_config
+        assert not isinstance(kt, dict)
+        if self.scheduler_config.preemption_mode == "swap" and (
+                kt is None or kt.offloading is None):
+            raise ValueError("preemption_mode ('swap') needs a host KV tier: kv_transfer_config "
+                             '{"kv_connector": "OffloadingConnector", ...}; or use '
+                             "preemption_mode='recompute'")
+        off = kt.offloading if kt is not None else None
+        if off is None:
+            return
+        bs = self.cache_config.block_size
+        if off.block_size is not None and off.block_size % bs:
+            raise ValueError(f"kv_transfer_config kv_connector_extra_config block_size "
+                             f"({off.block_size}) must be a multiple of block_size ({bs})")
+        if self.parallel_config.tensor_parallel_size > 1:
+            raise ValueError(f"kv_transfer_config (OffloadingConnector) with "
+                             f"tensor_parallel_size ({self.parallel_config.tensor_parallel_size})"
+                             " is not supported yet; use tensor_parallel_size=1")
+        spec = self.speculative_config
+        if spec is not None and not isinstance(spec, dict) and spec.method != "ngram":
+            raise ValueError("kv_transfer_config (OffloadingConnector) with a draft model "
+                             "(speculative_config method 'draft_model') is not supported: the "
+                             "draft model's KV is not offloaded; use method 'ngram'")
 
     @property
     def quantization(self) -> str | None:
@@ -524,7 +563,8 @@ class EngineConfig:
             SchedulerConfig: {f.name for f in fields(SchedulerConfig)} - {"max_model_len"},
             ParallelConfig: {f.name for f in fields(ParallelConfig)},
         }
-        top = {"speculative_config", "enforce_eager", "device", "attention_backend"}
+        top = {"speculative_config", "enforce_eager", "device", "attention_backend",
+               "kv_transfer_config"}
         allowed = set().union(*known.values()) | top
         unknown = sorted(set(kwargs) - allowed)
         if unknown:
@@ -547,6 +587,7 @@ class EngineConfig:
             enforce_eager=bool(kwargs.get("enforce_eager", False)),
             device=device,
             attention_backend=kwargs.get("attention_backend"),
+            kv_transfer_config=kwargs.get("kv_transfer_config"),
         )
 
 

@@ -35,6 +35,7 @@ from workbench.config import (
 _SKIP = {"model", "hf_config"}
 _TOP_LEVEL = {  # EngineConfig fields that are knobs (the sub-configs are expanded)
     "speculative_config", "quantization", "enforce_eager", "device", "attention_backend",
+    "kv_transfer_config",
 }
 ALIASES = {"policy": ["--scheduling-policy"]}  # vLLM's spelling beside ours
 

@@ -9,6 +9,9 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass, field
+from typing import Any
+
+from workbench.kv_transfer_config import kv_transfer_params
 
 _EPS = 1e-5
 
@@ -32,6 +35,8 @@ class SamplingParams:
        actual token only, -1 = the whole vocabulary (vLLM's -1). k must not exceed the
        vocabulary (checked at admission). Such a request reads no prefix-cache blocks: every
        prompt position's logits are computed.
+    extra_args: vLLM's free-form per-request arguments; "kv_transfer_params" is read by the
+       KV connector (`workbench.kv_transfer_config.kv_transfer_params`: max_load_tokens).
     """
 
     n: int = 1
@@ -45,9 +50,14 @@ class SamplingParams:
     seed: int | None = None
     skip_special_tokens: bool = True
     prompt_logprobs: int | None = None
+    extra_args: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         _check_int("n", self.n, low=1)
+        if self.extra_args is not None and not isinstance(self.extra_args, dict):
+            raise ValueError(f"extra_args ({self.extra_args!r}) must be a dict, e.g. "
+                             '{"kv_transfer_params": {"max_load_tokens": 256}}')
+        kv_transfer_params(self.extra_args)  # validated up front
         _check_float("temperature", self.temperature, "a finite number >= 0 (0 = greedy)")
         if self.temperature < 0.0:
             raise ValueError(

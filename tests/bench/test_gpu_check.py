@@ -36,5 +36,9 @@ def test_quick_check_runs_every_section(tmp_path: Path) -> None:
     assert systems == ["engine", "hf-generate", "hf-generate_batch"]
     # fp32 greedy on CPU: every request identical across the three systems
     assert all(r["requests_equal_to_engine"] == 3 for r in s["throughput"])
+    offload = s["kv_offload"]
+    assert [r["system"] for r in offload] == ["recompute", "host tier"]
+    assert offload[0]["external_hit_tokens"] == 0 and offload[1]["external_hit_tokens"] > 0
+    assert offload[1]["ok"] and offload[1]["requests_equal_to_recompute"] == 6
     md = (out / "gpu_check.md").read_text()
     assert "## Kernels vs their PyTorch twins" in md and "FAILED" not in md

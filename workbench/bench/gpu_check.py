@@ -3,7 +3,7 @@
     python -m workbench.bench.gpu_check OUTDIR            # on a GPU machine, < 8 min on an H200
     python -m workbench.bench.gpu_check OUTDIR --quick    # tiny shapes; runs on CPU (interpreter)
 
-writes OUTDIR/gpu_check.json and OUTDIR/gpu_check.md with four sections:
+writes OUTDIR/gpu_check.json and OUTDIR/gpu_check.md with five sections:
 
 1. kernels    every Triton kernel vs its PyTorch twin on the device (max abs error vs a bound);
 2. attention  paged decode attention bandwidth: K+V bytes read / kernel time, in GB/s and as a
@@ -17,7 +17,9 @@ writes OUTDIR/gpu_check.json and OUTDIR/gpu_check.md with four sections:
               the whole engine step (scheduler, input prep, sampling) on the host clock;
               target: batch-1 forward with graphs <= 1.25x the roofline;
 4. throughput the engine vs transformers `generate` (static left-padded batches) and
-              `generate_batch` (continuous batching) on the same greedy workload.
+              `generate_batch` (continuous batching) on the same greedy workload;
+5. kv_offload the OffloadingConnector's copy path (pinned host tier; PCIe/NVLink DMA on a
+              GPU): greedy tokens with the tier equal the recompute run, load/store GB/s.
 
 Every section runs inside its own try block: a failure is recorded in the report with its
 traceback and the other sections still run. The HBM bandwidth comes from the device name
@@ -86,7 +88,7 @@ class CheckConfig:
     device: str = "cuda"
     quick: bool = False
     hbm_bytes_per_s: float | None = None
-    sections: tuple[str, ...] = ("kernels", "attention", "step", "throughput")
+    sections: tuple[str, ...] = ("kernels", "attention", "step", "throughput", "kv_offload")
     contexts: tuple[int, ...] = (1024, 4096, 16384, 32768)
     attn_batches: tuple[int, ...] = (1, 64)
     step_batches: tuple[int, ...] = (1, 16, 64)
@@ -97,7 +99,7 @@ class CheckConfig:
     model_dir: Path | None = None  # reuse a checkpoint instead of building the 0.5B one
 
     def __post_init__(self) -> None:
-        allowed = ("kernels", "attention", "step", "throughput")
+        allowed = ("kernels", "attention", "step", "throughput", "kv_offload")
         bad = [s for s in self.sections if s not in allowed]
         if bad:
             raise ValueError(f"sections ({','.join(bad)}) unknown; allowed: {', '.join(allowed)}")
@@ -397,6 +399,49 @@ def throughput_vs_hf(cfg: CheckConfig, ckpt: Path) -> list[dict[str, Any]]:
 
 
 # ---------------------------------------------------------------------------------- report
+def kv_offload_round_trip(cfg: CheckConfig, ckpt: Path) -> list[dict[str, Any]]:
+    """The OffloadingConnector's copy path on the device: documents run one at a time through
+    a device pool too small to keep them, twice; with a host tier (pinned memory on CUDA, so
+    loads and stores are PCIe/NVLink DMA) the second round loads each prefix back. Greedy
+    tokens must equal the run without the tier; load/store bandwidth from the counters."""
+    from workbench import LLM
+    from workbench.sampling_params import SamplingParams
+
+    vocab = int(json.loads((ckpt / "config.json").read_text())["vocab_size"])
+    n, length = (3, 40) if cfg.quick else (8, 1024)
+    prompts = _random_prompts(n, length, vocab, seed=3)
+    params = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+    dtype = "bfloat16" if cfg.device == "cuda" else "float32"
+    blocks = 2 * -(-(length + 8) // 16) + 1  # room for two requests, never for all
+    kt = {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+          "kv_connector_extra_config": {"cpu_bytes_to_use": 1 << 30, "block_size": 16}}
+    rows: list[dict[str, Any]] = []
+    outs: dict[str, list[list[int]]] = {}
+    for name, extra in (("recompute", {}), ("host tier", {"kv_transfer_config": kt})):
+        llm = LLM(str(ckpt), dtype=dtype, device=cfg.device, max_num_seqs=2,
+                  max_model_len=length + 16, attention_backend="triton", block_size=16,
+                  num_gpu_blocks_override=blocks, **extra)
+        t0 = time.perf_counter()
+        outs[name] = [list(llm.generate([p], params)[0].outputs[0].token_ids)
+                      for p in prompts + prompts]
+        seconds = time.perf_counter() - t0
+        st = llm.stats()
+        load_s, store_s = st["vllm:kv_offload_load_time"], st["vllm:kv_offload_store_time"]
+        rows.append({
+            "system": name, "seconds": seconds,
+            "external_hit_tokens": st["vllm:external_prefix_cache_hits"],
+            "load_gb_per_s": st["vllm:kv_offload_load_bytes"] / load_s / 1e9 if load_s else None,
+            "store_gb_per_s": (st["vllm:kv_offload_store_bytes"] / store_s / 1e9
+                               if store_s else None),
+            "requests_equal_to_recompute": sum(
+                a == b for a, b in zip(outs[name], outs["recompute"], strict=True)),
+        })
+        del llm
+    rows[-1]["ok"] = (rows[-1]["requests_equal_to_recompute"] == 2 * n
+                      and rows[-1]["external_hit_tokens"] > 0)
+    return rows
+
+
 def _fmt(x: Any, digits: int = 3) -> str:
     if x is None:
         return "–"
@@ -451,6 +496,13 @@ def render_markdown(report: Report) -> str:
         lines += _table(s["throughput"], ["system", "seconds", "output_tok_s",
                                           "engine_speedup", "requests_equal_to_engine",
                                           "notes"]) + [""]
+    if "kv_offload" in s:
+        lines += ["## KV offload: device -> host tier -> device (OffloadingConnector)", "",
+                  "Each prompt twice through a device pool that holds two; the host tier "
+                  "serves the second round. Target: every request equal, hits > 0.", ""]
+        lines += _table(s["kv_offload"], ["system", "seconds", "external_hit_tokens",
+                                          "load_gb_per_s", "store_gb_per_s",
+                                          "requests_equal_to_recompute", "ok"]) + [""]
     for name, err in report.errors.items():
         lines += [f"## {name}: FAILED", "", "```", err.rstrip(), "```", ""]
     lines.append("Section wall times (s): " + ", ".join(
@@ -507,6 +559,7 @@ def run_check(cfg: CheckConfig) -> Report:
     section("attention", lambda: decode_attention_bandwidth(cfg))
     section("step", lambda: decode_step_roofline(cfg, model()))
     section("throughput", lambda: throughput_vs_hf(cfg, model()))
+    section("kv_offload", lambda: kv_offload_round_trip(cfg, model()))
     return report
 
 
@@ -520,7 +573,7 @@ def parse_args(argv: Sequence[str] | None) -> CheckConfig:
                    help="default: cuda when available, else cpu (then --quick is implied)")
     p.add_argument("--hbm-gbps", type=float, default=None,
                    help="HBM bandwidth in GB/s (default: from the device name)")
-    p.add_argument("--sections", default="kernels,attention,step,throughput")
+    p.add_argument("--sections", default="kernels,attention,step,throughput,kv_offload")
     p.add_argument("--model-dir", type=Path, default=None,
                    help="reuse (or build once into) this checkpoint folder")
     a = p.parse_args(argv)

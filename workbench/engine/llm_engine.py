@@ -33,6 +33,9 @@ import torch
 from workbench import profiling
 from workbench.calc import budget_num_blocks, cdiv, max_concurrency, num_blocks_for_budget
 from workbench.config import EngineConfig
+from workbench.distributed.kv_transfer.base import KVConnectorRole
+from workbench.distributed.kv_transfer.factory import KVConnectorFactory
+from workbench.distributed.kv_transfer.metadata import KVConnectorOutput
 from workbench.engine.request import Request, RequestStatus
 from workbench.engine.runner_output import LogprobsTensors, ModelRunnerOutput
 from workbench.engine.scheduler import Scheduler
@@ -79,7 +82,12 @@ class LLMEngine:
             self.runner.shutdown()  # TP: stop the worker processes the runner started
             raise
         self.runner.initialize_kv_cache(self.num_blocks)  # the draft model's blocks too
-        self.scheduler = Scheduler(sc, cc, self.num_blocks, num_lookahead_tokens=lookahead)
+        # the scheduler side of the KV connector (kv_transfer_config); the worker side is
+        # the runner's (made with its KV cache)
+        connector = KVConnectorFactory.create_connector(
+            config, KVConnectorRole.SCHEDULER, self.bytes_per_block)
+        self.scheduler = Scheduler(sc, cc, self.num_blocks, num_lookahead_tokens=lookahead,
+                                   connector=connector)
         self.stats = EngineStats()
         self.vocab_size = int(mc.hf_config["vocab_size"])
         eos = self.tokenizer.eos_token_id
@@ -357,9 +365,13 @@ class LLMEngine:
             except Exception as e:  # noqa: BLE001 - fails this step's requests, not the engine
                 if self.config.parallel_config.tensor_parallel_size > 1:
                     raise  # the executor has stopped every rank: this engine is done (vLLM's)
+                if sched.connector is not None:
+                    sched.connector.step_failed()
                 output = self._execute_one_by_one(out, failed, taint, e)
                 if output is None:
                     progressed = self._fail_step(out, e)
+            if output is not None and output.kv_connector_output is not None:
+                self._kv_transfer_done(output.kv_connector_output)
             if output is not None:
                 sampled = output.sampled_token_ids
                 if output.prompt_logprobs:
@@ -396,6 +408,12 @@ class LLMEngine:
         queries, hits = sched.kv_cache_manager.make_prefix_cache_stats()
         c["vllm:prefix_cache_queries"] += queries
         c["vllm:prefix_cache_hits"] += hits
+        if sched.connector is not None:
+            for name, value in sched.connector.make_stats().items():  # type: ignore[attr-defined]
+                c[name] = c.get(name, 0) + value
+            g = self.stats.gauges
+            g["workbench:num_requests_waiting_for_kv"] = len(sched.loading)
+            g["workbench:kv_offload_cpu_usage_perc"] = sched.connector.host_usage  # type: ignore[attr-defined]
         t1 = time.perf_counter()
         self.stats.record_step(StepRecord(
             step=self.stats.num_steps, wall_time_s=t1, duration_s=t1 - t0,
@@ -406,10 +424,36 @@ class LLMEngine:
             spec_draft_tokens=spec_drafted, spec_accepted_tokens=spec_accepted,
         ))
         if out.preempted_request_ids:
-            preemption_warning(out.preempted_request_ids, int(c["vllm:num_preemptions"]))
+            preemption_warning(out.preempted_request_ids, int(c["vllm:num_preemptions"]),
+                               "swap" if sched.swap else "recompute")
         if self.stat_logger is not None:
             self.stat_logger.observe(self.stats)
         return progressed
+
+    def _kv_transfer_done(self, kv_out: KVConnectorOutput) -> None:
+        """The worker's KV connector report: finished loads resume their requests, failed
+        ones recompute (recorded in `errors`, scope "kv_transfer"); counters."""
+        self.scheduler.update_from_kv_xfer_finished(kv_out)
+        st, c = kv_out.stats, self.stats.counters
+        for name, value in (
+            ("vllm:kv_offload_load_bytes", st.load_bytes),
+            ("vllm:kv_offload_load_time", st.load_time_s),
+            ("vllm:kv_offload_store_bytes", st.store_bytes),
+            ("vllm:kv_offload_store_time", st.store_time_s),
+            ("vllm:kv_offload_tiering_read_bytes", st.disk_read_bytes),
+            ("vllm:kv_offload_tiering_read_time", st.disk_read_time_s),
+            ("workbench:kv_offload_tiering_write_bytes", st.disk_write_bytes),
+            ("workbench:kv_swap_out_bytes", st.swap_out_bytes),
+            ("workbench:kv_swap_out_time", st.swap_out_time_s),
+        ):
+            c[name] += value
+        if kv_out.errors:
+            for msg in kv_out.errors:
+                logger.warning("KV transfer: %s (the request recomputes)", msg)
+            self.errors.append({
+                "step": self.stats.num_steps, "scope": "kv_transfer",
+                "request_ids": sorted(kv_out.failed_recving), "message": kv_out.errors[0],
+            })
 
     # ---------------------------------------------------------------- failures
     def _fail_requests(

@@ -32,10 +32,11 @@ class RequestStatus(enum.IntEnum):
     WAITING = 0
     RUNNING = 1
     PREEMPTED = 2
-    FINISHED_STOPPED = 3  # EOS or a stop token
-    FINISHED_LENGTH_CAPPED = 4  # max_tokens or max_model_len reached
-    FINISHED_ABORTED = 5
-    FINISHED_ERROR = 6  # this request failed inside the engine; the others went on
+    WAITING_FOR_REMOTE_KVS = 3  # its KV is being loaded from an external tier (vLLM's name)
+    FINISHED_STOPPED = 4  # EOS or a stop token
+    FINISHED_LENGTH_CAPPED = 5  # max_tokens or max_model_len reached
+    FINISHED_ABORTED = 6
+    FINISHED_ERROR = 7  # this request failed inside the engine; the others went on
 
     @property
     def finished(self) -> bool:

@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from workbench.distributed.kv_transfer.metadata import KVConnectorOutput
+
 
 @dataclass
 class LogprobsTensors:
@@ -86,13 +88,15 @@ class ModelRunnerOutput:
     (from this step's tokens); the scheduler keeps them only for requests still running.
     spec_token_probs: request id -> [k, vocab] distributions the drafts were drawn from
     (draft model, sampled requests); absent: one-hot drafts (n-gram, greedy).
-    spec_decode_error: why this step has no drafts (the proposer raised); None otherwise."""
+    spec_decode_error: why this step has no drafts (the proposer raised); None otherwise.
+    kv_connector_output: the KV connector's report (loads finished or failed, counters)."""
 
     sampled_token_ids: dict[str, list[int]] = field(default_factory=dict)
     prompt_logprobs: dict[str, LogprobsTensors] = field(default_factory=dict)
     spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
     spec_token_probs: dict[str, torch.Tensor] = field(default_factory=dict)
     spec_decode_error: str | None = None
+    kv_connector_output: KVConnectorOutput | None = None  # loads done, transfer counters
 
     def merge(self, other: ModelRunnerOutput) -> None:
         """Add `other`'s requests (the engine's one-by-one re-run after a failed batch)."""
@@ -101,3 +105,4 @@ class ModelRunnerOutput:
         self.spec_token_ids.update(other.spec_token_ids)
         self.spec_token_probs.update(other.spec_token_probs)
         self.spec_decode_error = self.spec_decode_error or other.spec_decode_error
+        self.kv_connector_output = self.kv_connector_output or other.kv_connector_output

@@ -12,6 +12,13 @@
 
 `update_from_output()` is the one place state changes after a forward: tokens appended,
 stop conditions, blocks freed, `n > 1` children forked (sharing blocks copy-on-write).
+
+With a KV connector (`kv_transfer_config`, vLLM's flow): a waiting request's prefix lookup is
+the device cache, then the connector's tiers (`get_num_new_matched_tokens`), then compute; an
+external hit gets its blocks and waits in WAITING_FOR_REMOTE_KVS (out of the queue, using no
+budget) until the worker reports the load (`update_from_kv_xfer_finished`), then rejoins the
+front of the queue with those tokens computed. `preemption_mode="swap"` hands a victim's
+blocks to the connector's host tier before freeing them.
 """
 
 from __future__ import annotations
@@ -30,6 +37,9 @@ from workbench.kv_cache import KVCacheManager
 if TYPE_CHECKING:
     import torch
 
+    from workbench.distributed.kv_transfer.base import KVConnectorBase_V1
+    from workbench.distributed.kv_transfer.metadata import KVConnectorOutput
+
 
 class Scheduler:
     def __init__(
@@ -38,8 +48,14 @@ class Scheduler:
         cache_config: CacheConfig,
         num_blocks: int,
         num_lookahead_tokens: int = 0,
+        connector: KVConnectorBase_V1 | None = None,
     ) -> None:
         self.config = scheduler_config
+        self.connector = connector
+        self.swap = scheduler_config.preemption_mode == "swap" and connector is not None
+        # WAITING_FOR_REMOTE_KVS: request id -> (request, tokens its load makes computed)
+        self.loading: dict[str, tuple[Request, int]] = {}
+        self._quarantine: dict[str, list] = {}  # timed-out loads' blocks, until released
         # Draft-model speculation: slots for the k draft positions the draft model writes
         # after this step, allocated ahead (vLLM's num_lookahead_tokens).
         self.num_lookahead_tokens = num_lookahead_tokens
@@ -67,7 +83,7 @@ class Scheduler:
         self.waiting.add(request)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.running) or len(self.waiting) > 0
+        return bool(self.running) or len(self.waiting) > 0 or bool(self.loading)
 
     def finish_requests(
         self,
@@ -87,8 +103,17 @@ class Scheduler:
             req = self.requests.get(rid)
             if req is None or (req.is_finished() and status != RequestStatus.FINISHED_ERROR):
                 continue
+            loading = req.status == RequestStatus.WAITING_FOR_REMOTE_KVS
             if req.status == RequestStatus.RUNNING:
                 self.running.remove(req)
+            elif loading:  # its load may still write its blocks: freed when it is done
+                req.status = status
+                if errors is not None:
+                    req.error = errors.get(rid)
+                self.requests.pop(rid, None)
+                self.finished_req_ids.add(rid)
+                done.append(req)
+                continue
             elif not req.is_finished():
                 self.waiting.remove(req)
             elif req in self.running:  # an update that failed after check_stop finished it
@@ -96,6 +121,7 @@ class Scheduler:
             req.status = status
             if errors is not None:
                 req.error = errors.get(rid)
+            self._connector_finished(req)
             self.kv_cache_manager.free(
                 req, None if num_valid_tokens is None else num_valid_tokens.get(rid)
             )
@@ -184,6 +210,8 @@ class Scheduler:
         out.blocks_to_copy = kv.take_copy_ops()
         out.preempted_request_ids = [r.request_id for r in preempted]
         self.num_preemptions_last_step = len(preempted)
+        if self.connector is not None:
+            out.kv_connector_metadata = self.connector.build_connector_meta(out)
         return out
 
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
@@ -194,8 +222,14 @@ class Scheduler:
             req = self.waiting.peek()
             if req.num_computed_tokens == 0:
                 computed_blocks, num_computed = kv.get_computed_blocks(req)
-            else:  # a forked n > 1 child: its blocks are already shared with the parent
+            else:  # a forked n > 1 child (blocks shared with the parent) or a loaded request
                 computed_blocks, num_computed = [], 0
+            if self.connector is not None and req.num_computed_tokens == 0:
+                ext, load_async = self.connector.get_num_new_matched_tokens(req, num_computed)
+                if ext > 0 and load_async:
+                    if not self._start_load(req, computed_blocks, num_computed, ext):
+                        break
+                    continue
             num_new = req.num_tokens - req.num_computed_tokens - num_computed
             if 0 < threshold < num_new:
                 num_new = threshold
@@ -215,14 +249,75 @@ class Scheduler:
             req.num_draft_computed_tokens = req.num_computed_tokens
             if req.num_cached_tokens < 0:
                 req.num_cached_tokens = num_computed
+            if self.connector is not None:
+                self.connector.update_state_after_alloc(req, kv.block_ids_view(req.request_id), 0)
             out.scheduled_requests.append(req)
             out.num_scheduled_tokens[req.request_id] = num_new
             budget -= num_new
+
+    def _start_load(self, req: Request, computed_blocks: list, num_computed: int,
+                    ext: int) -> bool:
+        """Blocks for the device hit and the `ext` external tokens (not offered to the prefix
+        cache until loaded), then WAITING_FOR_REMOTE_KVS; False when the pool is full."""
+        kv = self.kv_cache_manager
+        if kv.allocate_slots(req, ext, computed_blocks, num_computed,
+                             delay_cache_blocks=True) is None:
+            return False
+        self.waiting.pop()
+        req.num_computed_tokens = num_computed
+        if req.num_cached_tokens < 0:
+            req.num_cached_tokens = num_computed + ext
+        req.status = RequestStatus.WAITING_FOR_REMOTE_KVS
+        self.loading[req.request_id] = (req, ext)
+        assert self.connector is not None
+        self.connector.update_state_after_alloc(req, kv.block_ids_view(req.request_id), ext)
+        return True
+
+    def update_from_kv_xfer_finished(self, output: KVConnectorOutput) -> None:
+        """Loads reported done join the front of the waiting queue with their tokens
+        computed (and their blocks offered to the prefix cache); failed ones recompute
+        them. A request finished while loading is freed now."""
+        assert self.connector is not None
+        self.connector.update_connector_output(output)
+        kv = self.kv_cache_manager
+        for rid in sorted(output.released):  # a timed-out load's blocks, its copy now over
+            kv.release_blocks(self._quarantine.pop(rid, []))
+        for rid in sorted(output.finished_recving | output.failed_recving
+                          | output.timed_out_recving):
+            entry = self.loading.pop(rid, None)
+            if entry is None:
+                continue
+            req, ext = entry
+            if rid in output.timed_out_recving:  # still being written: set them aside
+                self._quarantine[rid] = kv.detach_blocks(req)
+                req.num_computed_tokens = 0
+                if req.is_finished():
+                    self._connector_finished(req)
+                    continue
+            elif req.is_finished():
+                self._connector_finished(req)
+                kv.free(req)
+                continue
+            if rid in output.finished_recving:
+                req.num_computed_tokens += ext
+                req.num_draft_computed_tokens = req.num_computed_tokens
+                self.kv_cache_manager.cache_blocks(req, req.num_computed_tokens)
+            req.status = RequestStatus.WAITING
+            self.waiting.prepend(req)
+
+    def _connector_finished(self, req: Request) -> None:
+        if self.connector is not None:
+            self.connector.request_finished(
+                req, self.kv_cache_manager.block_ids_view(req.request_id))
 
     def _pick_victim(self) -> Request:
         return self.waiting.preemption_victim(self.running)  # the policy's choice
 
     def _preempt(self, req: Request) -> None:
+        if self.swap:
+            assert self.connector is not None
+            self.connector.request_preempted(
+                req, self.kv_cache_manager.block_ids_view(req.request_id))
         self.kv_cache_manager.free(req)
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
@@ -233,6 +328,7 @@ class Scheduler:
         self.waiting.prepend(req)
 
     def _free(self, req: Request) -> None:
+        self._connector_finished(req)
         self.kv_cache_manager.free(req)
         self.requests.pop(req.request_id, None)
         self.finished_req_ids.add(req.request_id)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from workbench.distributed.kv_transfer.metadata import KVConnectorMetadata
 from workbench.engine.request import Request
 
 
@@ -32,6 +33,7 @@ class SchedulerOutput:
     finished_req_ids: set[str] = field(default_factory=set)
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
+    kv_connector_metadata: KVConnectorMetadata | None = None  # the KV connector's transfers
 
     @property
     def total_num_scheduled_tokens(self) -> int:

@@ -96,7 +96,8 @@ class LoggingStatLogger:
         return line
 
 
-def preemption_warning(preempted_ids: list[str], total: int) -> str | None:
+def preemption_warning(preempted_ids: list[str], total: int,
+                       mode: str = "recompute") -> str | None:
     """The warning for a step whose preemptions bring the cumulative count to `total`: on
     the first preemption and whenever a multiple of 50 is reached; None otherwise."""
     n = len(preempted_ids)
@@ -105,7 +106,7 @@ def preemption_warning(preempted_ids: list[str], total: int) -> str | None:
     before = total - n
     if before > 0 and before // PREEMPTION_WARNING_EVERY == total // PREEMPTION_WARNING_EVERY:
         return None
-    msg = (f"request {preempted_ids[0]} was preempted (recompute): the KV cache ran out of "
+    msg = (f"request {preempted_ids[0]} was preempted ({mode}): the KV cache ran out of "
            "blocks, which costs end-to-end latency; give the pool more memory "
            "(gpu_memory_utilization, kv_cache_memory_bytes, cpu_memory_budget_bytes or "
            "num_gpu_blocks_override) or lower max_num_seqs / max_num_batched_tokens. "

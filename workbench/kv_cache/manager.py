@@ -74,6 +74,7 @@ class KVCacheManager:
         self._reqs: dict[str, _RequestBlocks] = {}
         self._first_full_at = block_size if enable_caching else sys.maxsize  # never caches
         self._copy_ops: list[tuple[int, int]] = []
+        self._detached: list[KVCacheBlock] = []  # held by no request (detach_blocks)
         self._queries = 0
         self._hits = 0
 
@@ -115,15 +116,18 @@ class KVCacheManager:
         new_computed_blocks: list[KVCacheBlock] | None = None,
         num_new_computed_tokens: int = 0,
         num_lookahead_tokens: int = 0,
+        delay_cache_blocks: bool = False,
     ) -> list[KVCacheBlock] | None:
         """Own blocks for num_computed + num_new_computed + num_new + num_lookahead tokens.
 
         Returns the blocks appended at the end of the request's list (copy-on-write
         replacements are not included: see take_copy_ops / get_block_ids), or None, with
-        nothing changed, when the free queue cannot supply them.
+        nothing changed, when the free queue cannot supply them. `delay_cache_blocks` (vLLM's
+        name): offer no new full block to the prefix cache yet, because its KV arrives later
+        (an asynchronous load from a KV connector); `cache_blocks` offers them once it has.
         """
         st = self._reqs.get(request.request_id)
-        if st is not None and not new_computed_blocks:
+        if st is not None and not new_computed_blocks and not delay_cache_blocks:
             # Fast path (steady decode): the slots exist, the one block written is ours alone
             # and uncached, and no block becomes full.
             nc = request.num_computed_tokens
@@ -144,7 +148,7 @@ class KVCacheManager:
                         return []
         return self._allocate_slots_slow(
             request, st, num_new_tokens, new_computed_blocks or [],
-            num_new_computed_tokens, num_lookahead_tokens,
+            num_new_computed_tokens, num_lookahead_tokens, delay_cache_blocks,
         )
 
     def _allocate_slots_slow(
@@ -155,6 +159,7 @@ class KVCacheManager:
         new_computed: list[KVCacheBlock],
         num_new_computed_tokens: int,
         num_lookahead_tokens: int,
+        delay_cache_blocks: bool = False,
     ) -> list[KVCacheBlock] | None:
         bs = self.block_size
         if num_new_tokens < 0 or num_lookahead_tokens < 0:
@@ -224,21 +229,32 @@ class KVCacheManager:
             ids.extend([block.block_id for block in new_blocks])
         st.num_slots = len(blocks) * bs
 
-        if self.enable_caching:
-            num_full = write_start + num_new_tokens
-            num_tokens = len(request.all_token_ids)
-            num_full = (num_full if num_full < num_tokens else num_tokens) // bs
-            if num_full > st.num_cached_blocks:
-                tokens = request.all_token_ids
-                extend_block_hashes(
-                    self.hash_fn, st.block_hashes, tokens, bs, num_full, request.cache_salt
-                )
-                pool.cache_full_blocks(
-                    blocks, st.block_hashes, tokens, st.num_cached_blocks, num_full, bs
-                )
-                st.num_cached_blocks = num_full
-                st.next_full_at = (num_full + 1) * bs
+        if self.enable_caching and not delay_cache_blocks:
+            self._cache_full(request, st, write_start + num_new_tokens)
         return new_blocks
+
+    def _cache_full(self, request: Request, st: _RequestBlocks, num_tokens: int) -> None:
+        """Offer the request's blocks full within its first `num_tokens` tokens."""
+        bs = self.block_size
+        tokens = request.all_token_ids
+        num_full = (num_tokens if num_tokens < len(tokens) else len(tokens)) // bs
+        num_full = min(num_full, len(st.blocks))
+        if num_full > st.num_cached_blocks:
+            extend_block_hashes(
+                self.hash_fn, st.block_hashes, tokens, bs, num_full, request.cache_salt
+            )
+            self.block_pool.cache_full_blocks(
+                st.blocks, st.block_hashes, tokens, st.num_cached_blocks, num_full, bs
+            )
+            st.num_cached_blocks = num_full
+            st.next_full_at = (num_full + 1) * bs
+
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        """vLLM's name: offer the blocks full within the first `num_computed_tokens` tokens
+        to the prefix cache (after an asynchronous load delayed it)."""
+        st = self._reqs.get(request.request_id)
+        if st is not None and self.enable_caching:
+            self._cache_full(request, st, num_computed_tokens)
 
     def _check_new_computed(
         self, request: Request, st: _RequestBlocks | None, new: list[KVCacheBlock], n: int
@@ -320,6 +336,24 @@ class KVCacheManager:
                 self.block_pool.uncache_block(block)
         self.block_pool.free_blocks(reversed(st.blocks))
 
+    def detach_blocks(self, request: Request) -> list[KVCacheBlock]:
+        """Take the request's blocks away from it without freeing them (a transfer may
+        still write them): it holds nothing afterwards; `release_blocks` frees them later.
+        They lose their prefix-cache keys (their content is unknown)."""
+        st = self._reqs.pop(request.request_id, None)
+        if st is None:
+            return []
+        for block in st.blocks:
+            if block.ref_cnt == 1:
+                self.block_pool.uncache_block(block)
+        self._detached.extend(st.blocks)
+        return st.blocks
+
+    def release_blocks(self, blocks: list[KVCacheBlock]) -> None:
+        for block in blocks:
+            self._detached.remove(block)
+        self.block_pool.free_blocks(reversed(blocks))
+
     def reset_prefix_cache(self) -> bool:
         """Drop every cached key; False (nothing changed) while any request holds a block."""
         return self.block_pool.reset_prefix_cache()
@@ -368,4 +402,5 @@ class KVCacheManager:
                 assert key is None or key == st.block_hashes[i], (
                     f"request {rid!r}: block {ids[i]} at index {i} has a foreign key"
                 )
-        self.block_pool.check_integrity([st.blocks for st in self._reqs.values()])
+        self.block_pool.check_integrity([st.blocks for st in self._reqs.values()]
+                                        + [[b] for b in self._detached])

@@ -132,6 +132,8 @@ def sampling_params(
             ignore_eos=req.ignore_eos,
             seed=req.seed,
             skip_special_tokens=req.skip_special_tokens,
+            extra_args=({"kv_transfer_params": req.kv_transfer_params}
+                        if req.kv_transfer_params is not None else None),
         )
     except ValueError as e:
         raise APIError(str(e), param=param_of(str(e), req, None)) from None

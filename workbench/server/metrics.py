@@ -172,7 +172,7 @@ class _EngineCollector:
         stats: dict[str, Any] = dict(m.engine.stats())
         stats.update(m._live)
         for name, value in sorted(stats.items()):
-            if not name.startswith("vllm:") or name == "vllm:request_success":
+            if not name.startswith(("vllm:", "workbench:")) or name == "vllm:request_success":
                 continue
             row = metric_registry.get(name)  # help text and type: the registry's engine row
             if row.kind == "gauge":

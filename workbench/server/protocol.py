@@ -107,6 +107,7 @@ class _SamplingFields(BaseModel):
     cache_salt: str | None = None
     return_token_ids: bool | None = None
     user: str | None = None
+    kv_transfer_params: dict[str, Any] | None = None  # vLLM's: read by the KV connector
     # accepted only at their neutral value (see _UNSUPPORTED)
     logprobs: Any = None
     echo: Any = None

@@ -40,6 +40,8 @@ from workbench.attention.metadata import (
 )
 from workbench.calc import cdiv, kv_bytes_per_block, kv_cache_dtype_bytes, tp_kv_heads_per_rank
 from workbench.config import EngineConfig
+from workbench.distributed.kv_transfer.base import KVConnectorBase_V1, KVConnectorRole
+from workbench.distributed.kv_transfer.factory import KVConnectorFactory
 from workbench.distributed.parallel_state import (
     get_tp_group,
     rank_for_tensor_parallel_size,
@@ -104,6 +106,8 @@ class ModelRunner:
         self.graph_runner: DecodeGraphRunner | None = None
         self.cudagraph_bytes = 0  # measured after capture_model (CUDA)
         self.sampling_metadata_builder = SamplingMetadataBuilder(self.device)
+        # The worker side of the KV connector (kv_transfer_config), made with the KV cache.
+        self.kv_connector: KVConnectorBase_V1 | None = None
         # Speculative decoding: the proposer runs after sampling in execute_model; a draft
         # model has its own runner, whose KV blocks share the target's block ids.
         self.drafter: Drafter | None = None
@@ -199,6 +203,11 @@ class ModelRunner:
         """Allocate the KV cache, then capture decode graphs when they are on; a draft model
         gets as many blocks (the same block ids)."""
         self.allocate_kv_cache(num_blocks)
+        if self.config.kv_transfer_config is not None:
+            self.kv_connector = KVConnectorFactory.create_connector(
+                self.config, KVConnectorRole.WORKER, self.bytes_per_block)
+            assert self.kv_connector is not None
+            self.kv_connector.register_kv_caches(self.kv_caches)
         if self.use_cuda_graphs:
             self.capture_model()
         if self.draft_runner is not None:
@@ -263,8 +272,10 @@ class ModelRunner:
                 m.kv_cache = torch.tensor([])
 
     def shutdown(self) -> None:
-        """Release what outlives the model; the tensor-parallel runners stop their ranks
-        (workbench.executor.tp_runner). Nothing to do for one process."""
+        """Release what outlives the model (the KV connector's threads); the tensor-parallel
+        runners stop their ranks (workbench.executor.tp_runner)."""
+        if self.kv_connector is not None:
+            self.kv_connector.shutdown()
 
     @torch.inference_mode()
     def profile_run(self, num_tokens: int, max_num_seqs: int) -> int:
@@ -327,7 +338,25 @@ class ModelRunner:
         blamed); a failing proposer costs only the drafts (`spec_decode_error`)."""
         if out.finished_req_ids:
             self.sampling_metadata_builder.remove_requests(out.finished_req_ids)
-        output = self._forward_and_sample(out, failed)
+        connector = self.kv_connector if out.kv_connector_metadata is not None else None
+        if connector is not None:  # swap-outs, then loads on the connector's thread
+            assert out.kv_connector_metadata is not None
+            connector.bind_connector_metadata(out.kv_connector_metadata)
+            with nvtx_range("kv_connector.start_load_kv"):
+                connector.start_load_kv()
+        try:
+            output = self._forward_and_sample(out, failed)
+            if connector is not None:
+                with nvtx_range("kv_connector.wait_for_save"):
+                    for layer, cache in enumerate(self.kv_caches):
+                        connector.save_kv_layer(layer, cache)
+                    connector.wait_for_save()
+        finally:
+            if connector is not None:
+                connector.clear_connector_metadata()
+        if connector is not None:
+            output.kv_connector_output = connector.get_finished(
+                out.finished_req_ids, wait=out.is_empty)
         if self.drafter is not None and not out.is_empty:
             propose_drafts(self.drafter, out, output, failed)
         return output

@@ -1,0 +1,138 @@
+"""The worker's side of the tiers: host tensors and the copies device <-> host <-> disk.
+
+Host pool: one tensor [num_slots, num_layers, 2, group, block_size, Hkv, D] in the KV cache's
+dtype (fp8 copied as bytes), pinned on CUDA so that copies are DMA transfers. A slot holds one
+offloaded block = `group` consecutive device blocks. On CPU "host" and "device" are both RAM:
+a copy is a memcpy (its cost is measured and counted, `KVConnectorStats`); on a GPU the same
+copies cross PCIe or NVLink (`workbench calc` has the break-even against recomputing).
+
+Disk tier file (`tiers.disk_file`): b"WBKV1\\n" + one JSON header line (key, shape, dtype) +
+the slot's raw bytes; written to a temporary name and renamed, so readers never see half a
+file. A file that is missing, short, or whose header disagrees is a failed load: the request
+recomputes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from workbench.distributed.kv_transfer.metadata import BlockCopy, KVConnectorStats
+from workbench.distributed.kv_transfer.tiers import disk_file
+
+MAGIC = b"WBKV1\n"
+
+
+def _bytes_view(t: torch.Tensor) -> torch.Tensor:
+    """fp8 caches are copied as bytes (no fp8 indexing kernels on CPU)."""
+    return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
+
+
+class HostKVPool:
+    def __init__(self, kv_caches: Sequence[torch.Tensor], num_slots: int, group: int,
+                 disk_root: str | None = None, namespace: str = "default") -> None:
+        if not kv_caches:
+            raise ValueError("no KV caches to offload (allocate the KV cache first)")
+        self.caches = [_bytes_view(c) for c in kv_caches]
+        two, _, bs, hkv, d = self.caches[0].shape
+        self.group = group
+        self.slot_shape = (len(self.caches), two, group, bs, hkv, d)
+        on_cuda = self.caches[0].device.type == "cuda"
+        self.host = torch.zeros((num_slots, *self.slot_shape), dtype=self.caches[0].dtype,
+                                pin_memory=on_cuda)
+        self.block_bytes = len(self.caches) * two * bs * hkv * d * self.caches[0].element_size()
+        self.disk_root = disk_root
+        self.namespace = namespace
+
+    # ---- device -> host ----------------------------------------------------------------
+    def store(self, slot: int, block_ids: Sequence[int], stats: KVConnectorStats,
+              swap: bool = False) -> None:
+        t0 = time.perf_counter()
+        ids = torch.tensor(list(block_ids), device=self.caches[0].device)
+        n = len(block_ids)
+        for layer, cache in enumerate(self.caches):
+            self.host[slot, layer, :, :n].copy_(cache[:, ids])
+        dt = time.perf_counter() - t0
+        if swap:
+            stats.swap_out_bytes += n * self.block_bytes
+            stats.swap_out_time_s += dt
+        else:
+            stats.store_bytes += n * self.block_bytes
+            stats.store_time_s += dt
+
+    # ---- host / disk -> device ---------------------------------------------------------
+    def load(self, copies: Sequence[BlockCopy], stats: KVConnectorStats) -> None:
+        """Fill device blocks from host slots and disk files; raises on a bad file."""
+        t0 = time.perf_counter()
+        host = [(ref, sub, bid) for tier, ref, sub, bid in copies if tier == "host"]
+        if host:
+            dev = self.caches[0].device
+            slots = torch.tensor([c[0] for c in host])
+            subs = torch.tensor([c[1] for c in host])
+            bids = torch.tensor([c[2] for c in host], device=dev)
+            for layer, cache in enumerate(self.caches):
+                src = self.host[slots, layer, :, subs]  # [n, 2, bs, Hkv, D]
+                cache[:, bids] = src.transpose(0, 1).to(dev, non_blocking=True)
+            if dev.type == "cuda":
+                torch.cuda.current_stream(dev).synchronize()
+        files: dict[str, list[tuple[int, int]]] = {}
+        for tier, ref, sub, bid in copies:
+            if tier == "disk":
+                files.setdefault(ref, []).append((sub, bid))
+        for key_hex, pairs in files.items():
+            t1 = time.perf_counter()
+            data = self.read_file(key_hex)
+            stats.disk_read_bytes += data.numel() * data.element_size()
+            stats.disk_read_time_s += time.perf_counter() - t1
+            for sub, bid in pairs:
+                for layer, cache in enumerate(self.caches):
+                    cache[:, bid] = data[layer, :, sub].to(cache.device)
+        stats.load_bytes += len(copies) * self.block_bytes
+        stats.load_time_s += time.perf_counter() - t0
+
+    # ---- disk ----------------------------------------------------------------------------
+    def _path(self, key_hex: str) -> Path:
+        assert self.disk_root is not None
+        return disk_file(self.disk_root, self.namespace, key_hex)
+
+    def write_file(self, slot: int, key_hex: str, stats: KVConnectorStats) -> None:
+        """The slot as a file (temporary name, then rename: readers see all or nothing)."""
+        t0 = time.perf_counter()
+        path = self._path(key_hex)
+        if path.exists():
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = self.host[slot].contiguous()
+        header = json.dumps({"key": key_hex, "shape": list(self.slot_shape),
+                             "dtype": str(data.dtype)}).encode() + b"\n"
+        raw = data.view(torch.uint8).numpy().tobytes() if data.dtype != torch.uint8 else \
+            data.numpy().tobytes()
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        with open(tmp, "wb") as f:
+            f.write(MAGIC + header + raw)
+        os.replace(tmp, path)
+        stats.disk_write_bytes += len(raw)
+        stats.disk_write_time_s += time.perf_counter() - t0
+
+    def read_file(self, key_hex: str) -> torch.Tensor:
+        path = self._path(key_hex)
+        blob = path.read_bytes()
+        if not blob.startswith(MAGIC):
+            raise ValueError(f"{path}: not a KV block file")
+        nl = blob.index(b"\n", len(MAGIC))
+        header = json.loads(blob[len(MAGIC):nl])
+        if header.get("key") != key_hex or tuple(header.get("shape", ())) != self.slot_shape \
+                or header.get("dtype") != str(self.host.dtype):
+            raise ValueError(f"{path}: header {header} does not match key {key_hex}, shape "
+                             f"{self.slot_shape}, dtype {self.host.dtype}")
+        raw = blob[nl + 1:]
+        want = self.host[0].numel() * self.host.element_size()
+        if len(raw) != want:
+            raise ValueError(f"{path}: {len(raw)} bytes, expected {want}")
+        flat = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+        return flat.view(self.host.dtype).view(self.slot_shape)

@@ -1,0 +1,152 @@
+"""vLLM's `kv_transfer_config`, validated: which KV connector an engine runs and its settings.
+
+    kv_transfer_config={"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+                        "kv_connector_extra_config": {"cpu_bytes_to_use": 1 << 30,
+                                                      "block_size": 16,
+                                                      "spec_name": "CPUOffloadingSpec"}}
+
+`OffloadingConnector` (vLLM 0.32's name) keeps a second KV tier in host memory (an LRU pool of
+`cpu_bytes_to_use` bytes, keyed by the block hash chain); `spec_name="TieringOffloadingSpec"`
+adds a third tier, a folder of content-addressed files (`disk_path`) that several engine
+instances can share. vLLM's OffloadingConnector runs on CUDA, ROCm and XPU; this one also runs
+on CPU, where "host" and "device" are both RAM (`docs/kv_offload.md` says what a copy costs
+there and on a GPU).
+
+Per request: `SamplingParams(extra_args={"kv_transfer_params": {"max_load_tokens": K}})` (the
+OpenAI server's `kv_transfer_params` field) caps the tokens loaded from the external tiers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+KV_CONNECTORS = ("OffloadingConnector",)
+KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
+OFFLOADING_SPECS = ("CPUOffloadingSpec", "TieringOffloadingSpec")
+PREEMPTION_MODES = ("recompute", "swap")
+
+
+def _positive_int(where: str, name: str, value: Any, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{where} {name} ({value!r}) must be an integer >= {minimum}")
+    return value
+
+
+@dataclass
+class OffloadingConfig:
+    """`kv_connector_extra_config` of the OffloadingConnector."""
+
+    cpu_bytes_to_use: int
+    block_size: int | None = None  # tokens per offloaded block; None: the KV cache's
+    spec_name: str = "CPUOffloadingSpec"
+    disk_path: str | None = None  # TieringOffloadingSpec: the shared folder
+    disk_bytes_to_use: int | None = None  # TieringOffloadingSpec: LRU cap on the folder
+    namespace: str | None = None  # shared-store key prefix; None: derived from the model
+    load_timeout_s: float = 30.0  # a load still running after this is given up: recompute
+
+    WHERE = "kv_transfer_config kv_connector_extra_config"
+
+    def __post_init__(self) -> None:
+        w = self.WHERE
+        _positive_int(w, "cpu_bytes_to_use", self.cpu_bytes_to_use)
+        if self.block_size is not None:
+            _positive_int(w, "block_size", self.block_size)
+        if self.spec_name not in OFFLOADING_SPECS:
+            raise ValueError(f"{w} spec_name ({self.spec_name!r}) must be one of "
+                             f"{', '.join(OFFLOADING_SPECS)}")
+        tiering = self.spec_name == "TieringOffloadingSpec"
+        if tiering and not (isinstance(self.disk_path, str) and self.disk_path):
+            raise ValueError(f"{w} disk_path ({self.disk_path!r}) is required for "
+                             "TieringOffloadingSpec: the folder of the shared tier")
+        if not tiering and (self.disk_path is not None or self.disk_bytes_to_use is not None):
+            raise ValueError(f"{w} disk_path / disk_bytes_to_use are only for "
+                             "spec_name 'TieringOffloadingSpec'")
+        if self.disk_bytes_to_use is not None:
+            _positive_int(w, "disk_bytes_to_use", self.disk_bytes_to_use)
+        if self.namespace is not None and (not isinstance(self.namespace, str)
+                                           or not self.namespace.replace("-", "").replace(
+                                               "_", "").isalnum()):
+            raise ValueError(f"{w} namespace ({self.namespace!r}) must be letters, digits, "
+                             "'-' or '_'")
+        t = self.load_timeout_s
+        if isinstance(t, bool) or not isinstance(t, int | float) or not t > 0:
+            raise ValueError(f"{w} load_timeout_s ({t!r}) must be a number > 0")
+
+    @classmethod
+    def from_dict(cls, extra: dict[str, Any]) -> OffloadingConfig:
+        allowed = {f.name for f in fields(cls)}
+        unknown = sorted(set(extra) - allowed)
+        if unknown:
+            raise ValueError(f"{cls.WHERE} has unknown key(s) {', '.join(unknown)}; allowed: "
+                             f"{', '.join(sorted(allowed))}")
+        if "cpu_bytes_to_use" not in extra:
+            raise ValueError(f"{cls.WHERE} needs cpu_bytes_to_use (the host tier's size in "
+                             "bytes) for the OffloadingConnector")
+        return cls(**extra)
+
+
+@dataclass
+class KVTransferConfig:
+    """vLLM's KVTransferConfig (the fields this engine uses)."""
+
+    kv_connector: str | None = None
+    kv_role: str = "kv_both"
+    kv_connector_extra_config: dict[str, Any] = field(default_factory=dict)
+    engine_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.kv_connector not in KV_CONNECTORS:
+            raise ValueError(f"kv_transfer_config kv_connector ({self.kv_connector!r}) must be "
+                             f"one of {', '.join(KV_CONNECTORS)}")
+        if self.kv_role not in KV_ROLES:
+            raise ValueError(f"kv_transfer_config kv_role ({self.kv_role!r}) must be one of "
+                             f"{', '.join(KV_ROLES)}")
+        if not isinstance(self.kv_connector_extra_config, dict):
+            raise ValueError("kv_transfer_config kv_connector_extra_config "
+                             f"({self.kv_connector_extra_config!r}) must be a dict")
+        if self.kv_connector == "OffloadingConnector" and self.kv_role != "kv_both":
+            raise ValueError(f"kv_transfer_config kv_role ({self.kv_role!r}) must be 'kv_both' "
+                             "for the OffloadingConnector (it saves and loads)")
+        self.offloading  # validates the extra config up front  # noqa: B018
+
+    @property
+    def offloading(self) -> OffloadingConfig | None:
+        if self.kv_connector != "OffloadingConnector":
+            return None
+        return OffloadingConfig.from_dict(self.kv_connector_extra_config)
+
+    @classmethod
+    def from_dict(cls, cfg: dict[str, Any] | KVTransferConfig) -> KVTransferConfig:
+        if isinstance(cfg, KVTransferConfig):
+            return cfg
+        if not isinstance(cfg, dict):
+            raise ValueError(f"kv_transfer_config ({cfg!r}) must be a dict such as "
+                             '{"kv_connector": "OffloadingConnector", "kv_role": "kv_both", '
+                             '"kv_connector_extra_config": {"cpu_bytes_to_use": 1073741824}}')
+        allowed = {f.name for f in fields(cls)}
+        unknown = sorted(set(cfg) - allowed)
+        if unknown:
+            raise ValueError(f"kv_transfer_config has unknown key(s) {', '.join(unknown)}; "
+                             f"allowed: {', '.join(sorted(allowed))}")
+        return cls(**cfg)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if getattr(self, f.name) is not None}
+
+
+def kv_transfer_params(extra_args: dict[str, Any] | None) -> dict[str, Any]:
+    """A request's `kv_transfer_params` (from SamplingParams.extra_args), validated."""
+    params = (extra_args or {}).get("kv_transfer_params") or {}
+    if not isinstance(params, dict):
+        raise ValueError(f"kv_transfer_params ({params!r}) must be a dict such as "
+                         '{"max_load_tokens": 256}')
+    allowed = {"max_load_tokens"}
+    unknown = sorted(set(params) - allowed)
+    if unknown:
+        raise ValueError(f"kv_transfer_params has unknown key(s) {', '.join(unknown)}; "
+                         f"allowed: {', '.join(sorted(allowed))}")
+    if "max_load_tokens" in params:
+        _positive_int("kv_transfer_params", "max_load_tokens", params["max_load_tokens"], 0)
+    return params
