@@ -455,6 +455,12 @@ class SpeculativeConfig:
                 if getattr(self, f.name) is not None}
 
 
+# EngineConfig fields that are knobs themselves (the sub-configs' fields are the others):
+# what `from_kwargs`, the CLI flags and the template check accept at the top level.
+TOP_LEVEL_KNOBS = ("speculative_config", "enforce_eager", "device", "attention_backend",
+                   "kv_transfer_config")
+
+
 @dataclass
 class EngineConfig:
     model_config: ModelConfig
@@ -563,8 +569,7 @@ class EngineConfig:
             SchedulerConfig: {f.name for f in fields(SchedulerConfig)} - {"max_model_len"},
             ParallelConfig: {f.name for f in fields(ParallelConfig)},
         }
-        top = {"speculative_config", "enforce_eager", "device", "attention_backend",
-               "kv_transfer_config"}
+        top = set(TOP_LEVEL_KNOBS)
         allowed = set().union(*known.values()) | top
         unknown = sorted(set(kwargs) - allowed)
         if unknown:

@@ -25,6 +25,7 @@ from collections.abc import Collection
 from typing import Any
 
 from workbench.config import (
+    TOP_LEVEL_KNOBS,
     CacheConfig,
     EngineConfig,
     ModelConfig,
@@ -33,10 +34,7 @@ from workbench.config import (
 )
 
 _SKIP = {"model", "hf_config"}
-_TOP_LEVEL = {  # EngineConfig fields that are knobs (the sub-configs are expanded)
-    "speculative_config", "quantization", "enforce_eager", "device", "attention_backend",
-    "kv_transfer_config",
-}
+_TOP_LEVEL = {"quantization", *TOP_LEVEL_KNOBS}  # knobs among EngineConfig's fields
 ALIASES = {"policy": ["--scheduling-policy"]}  # vLLM's spelling beside ours
 
 

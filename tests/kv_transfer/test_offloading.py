@@ -299,3 +299,20 @@ def test_bad_kv_transfer_params_are_refused(ckpt: Path) -> None:
         SamplingParams(extra_args={"kv_transfer_params": {"max_load_tokens": -1}})
     with pytest.raises(ValueError, match=r"kv_transfer_params has unknown key\(s\) do_remote"):
         SamplingParams(extra_args={"kv_transfer_params": {"do_remote": True}})
+
+
+def test_disk_bytes_to_use_prunes_the_least_recently_used_files(
+        ckpt: Path, prompts: list[list[int]], tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    probe = engine(ckpt, kv_transfer_config=offloading(
+        spec_name="TieringOffloadingSpec", disk_path=str(tmp_path / "probe")))
+    one_by_one(probe, prompts[:1])
+    probe.engine.runner.kv_connector.flush()
+    size = next((tmp_path / "probe").rglob("*.kv")).stat().st_size  # one block's file
+    cap = 20 * size
+    llm = engine(ckpt, kv_transfer_config=offloading(
+        spec_name="TieringOffloadingSpec", disk_path=str(store), disk_bytes_to_use=cap))
+    one_by_one(llm, prompts)  # 6 x 9 = 54 blocks written through
+    llm.engine.runner.kv_connector.flush()
+    kept = sum(f.stat().st_size for f in store.rglob("*.kv"))
+    assert 0 < kept <= cap

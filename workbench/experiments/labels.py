@@ -35,10 +35,17 @@ SHORT = {
     "tensor_parallel_size": "tp",
     "max_model_len": "max_len",
     "speculative_config": "spec",
+    "kv_transfer_config": "kv_tier",
+    "kv_connector": "connector",
+    "spec_name": "spec",
+    "preemption_mode": "preemption",
 }
+# dict-valued knobs: None reads "off"
+DICT_KNOBS = ("speculative_config", "kv_transfer_config")
 
 # the fields that name a dict value when nothing differs (a lone value, or one against "off")
-IDENTIFYING = ("speculative_method", "num_speculative_tokens", "speculative_model")
+IDENTIFYING = ("speculative_method", "num_speculative_tokens", "speculative_model",
+               "kv_connector")
 
 
 def short_name(name: str) -> str:
@@ -66,7 +73,11 @@ def _fields(name: str, value: Any) -> dict[str, Any]:
     """A dict value's fields under their param keys (speculative_config: k, method, ...)."""
     if param_key(name) == "speculative_config":
         return engine_params({"speculative_config": value})
-    return {str(k): v for k, v in value.items()}
+    out: dict[str, Any] = {}
+    for k, v in value.items():  # nested dicts (kv_connector_extra_config) by their fields
+        out.update({str(k2): v2 for k2, v2 in v.items()} if isinstance(v, Mapping)
+                   else {str(k): v})
+    return out
 
 
 def _cut(text: str) -> str:
@@ -76,7 +87,7 @@ def _cut(text: str) -> str:
 def _inner(name: str, value: Any, values: Sequence[Any]) -> tuple[str, bool]:
     """(text, named): `named` when the text already carries field names (a dict)."""
     dict_like = isinstance(value, Mapping) or (
-        value is None and param_key(name) == "speculative_config"
+        value is None and param_key(name) in DICT_KNOBS
         and any(isinstance(v, Mapping) for v in values))
     if not dict_like:
         return value_text(value), False

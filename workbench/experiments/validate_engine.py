@@ -13,6 +13,7 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 from typing import Any
 
+from workbench.config import TOP_LEVEL_KNOBS
 from workbench.errors import did_you_mean
 
 TARGET_KEYS = ("kind", "model", "tokenizer", "base_url", "command", "ready_timeout_s", "env",
@@ -26,7 +27,7 @@ ROUTER_KNOBS = ("num_replicas", "num_workers", "policy", "routing_policy", "pref
                 "replica_ready_timeout_s", "replica_log_dir", "replica_log_level",
                 "replica_url", "scheduling_policy", "max_attempts", "health_interval_s")
 ROUTING_POLICIES = ("round_robin", "least_outstanding", "prefix_aware")
-_TOP_LEVEL_KNOBS = ("speculative_config", "enforce_eager", "device", "attention_backend")
+
 
 
 def _config_fields() -> list[Any]:
@@ -41,7 +42,7 @@ def _config_fields() -> list[Any]:
 
 def engine_knobs() -> tuple[str, ...]:
     """Every keyword `EngineConfig.from_kwargs` accepts (the `LLM(...)` knobs)."""
-    return tuple(sorted({f.name for f in _config_fields()} | set(_TOP_LEVEL_KNOBS)))
+    return tuple(sorted({f.name for f in _config_fields()} | set(TOP_LEVEL_KNOBS)))
 
 
 def knob_default(name: str) -> Any:

@@ -14,6 +14,7 @@ recomputes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -119,9 +120,39 @@ class HostKVPool:
         stats.disk_write_bytes += len(raw)
         stats.disk_write_time_s += time.perf_counter() - t0
 
+    def prune(self, max_bytes: int) -> int:
+        """Delete the least recently used files of this namespace (modification time; a
+        read touches its file) until the folder holds at most 90% of `max_bytes`; returns
+        the files deleted. Another instance may be reading one: its load fails and
+        recomputes, which is the tier's contract."""
+        assert self.disk_root is not None
+        files = []
+        for f in (Path(self.disk_root) / self.namespace).rglob("*.kv"):
+            try:
+                st = f.stat()
+            except OSError:
+                continue
+            files.append((st.st_mtime, st.st_size, f))
+        total = sum(size for _, size, _ in files)
+        if total <= max_bytes:
+            return 0
+        deleted = 0
+        for _, size, f in sorted(files, key=lambda t: t[0]):
+            if total <= 0.9 * max_bytes:
+                break
+            try:
+                f.unlink()
+            except OSError:
+                continue
+            total -= size
+            deleted += 1
+        return deleted
+
     def read_file(self, key_hex: str) -> torch.Tensor:
         path = self._path(key_hex)
         blob = path.read_bytes()
+        with contextlib.suppress(OSError):
+            os.utime(path)  # recently used: pruned last
         if not blob.startswith(MAGIC):
             raise ValueError(f"{path}: not a KV block file")
         nl = blob.index(b"\n", len(MAGIC))

@@ -305,6 +305,7 @@ class OffloadingConnector(KVConnectorBase_V1):
             if self.tiering else None
         self._jobs: dict[str, tuple[Future[KVConnectorStats], float]] = {}
         self._timed_out: dict[str, Future[KVConnectorStats]] = {}
+        self._disk_written = 0  # bytes since the last prune (disk_bytes_to_use)
         self._lock = threading.Lock()
         self._write_stats = KVConnectorStats()
         self._step_stats = KVConnectorStats()
@@ -350,6 +351,12 @@ class OffloadingConnector(KVConnectorBase_V1):
         stats = KVConnectorStats()
         try:
             self.pool.write_file(slot, key_hex, stats)
+            cap = self.extra.disk_bytes_to_use
+            if cap is not None:
+                self._disk_written += stats.disk_write_bytes
+                if self._disk_written > cap // 10:  # scan the folder now and then
+                    self._disk_written = 0
+                    self.pool.prune(cap)
         except OSError as e:  # a dead or full store: the block stays in host memory only
             stats.failed_disk_writes += 1
             with self._lock:
