@@ -379,3 +379,133 @@ def test_parse_bytes_units() -> None:
     assert parse_bytes("2 GiB") == 2 * GiB
     assert parse_bytes("1024") == 1024
     assert parse_bytes("0.5kib") == 512
+
+
+# ------------------------------------------------------------------ KV transfer vs recompute
+# Seed 003 (PD disaggregation): 80 layers, 8 KV heads, head_dim 128, FP16 -> about 320 KB a
+# token; an 8K prompt about 2.6 GB; a 400 Gb/s link (about 50 GB/s) moves it in a little over
+# 50 ms, which pays against a prefill of hundreds of ms; on short prompts the overhead wins.
+# The seed names no model size or GPU: the recompute side assumes its shape is Llama-70B's
+# (64 query heads, 70e9 weights) prefilled on 8 x H100 SXM (989 TFLOP/s dense) at 50% MFU.
+SEED003 = dict(num_layers=80, num_kv_heads=8, num_heads=64, head_dim=128, dtype_bytes=2,
+               num_params=70e9, bandwidth_bytes_per_s=50e9, peak_flops=8 * 989e12)
+
+
+def test_kv_transfer_seed003_8k_prompt_over_400g() -> None:
+    r = calc.kv_transfer_break_even(prompt_tokens=8192, **SEED003)
+    assert r["kv_bytes_per_token"] == 327_680 == 320 * 1024  # "about 320 KB"
+    assert r["kv_bytes"] == 2_684_354_560 == 2.5 * GiB  # 8,192 tokens: 2.68 GB
+    assert calc.kv_transfer_break_even(prompt_tokens=8000, **SEED003)["kv_bytes"] == 2.62144e9
+    assert r["transfer_s"] == pytest.approx(0.05369, abs=1e-5)  # "a little over 50 ms"
+    assert calc.link_bandwidth("400gbe") == 50e9  # 400 Gb/s / 8: the seed's "about 50 GB/s"
+    assert r["linear_flops"] == 2 * 70e9 * 8192
+    assert r["attention_flops"] == 4 * 80 * 64 * 128 * 8192 * 8193 / 2
+    assert r["recompute_s"] == pytest.approx(0.3121, abs=1e-4)  # "hundreds of ms"
+    assert r["winner"] == "transfer" and r["speedup"] == pytest.approx(5.814, abs=1e-3)
+    assert r["break_even_bandwidth_bytes_per_s"] == pytest.approx(8.5997e9, rel=1e-4)
+    assert r["break_even_tokens"] == 0  # no fixed cost: the transfer wins at any length
+    # "on short prompts the transfer overhead eats the gain": 1 ms per transfer
+    short = calc.kv_transfer_break_even(prompt_tokens=16, latency_s=1e-3, **SEED003)
+    assert short["winner"] == "recompute" and short["recompute_s"] < short["transfer_s"]
+    assert short["break_even_tokens"] == pytest.approx(34.665, abs=1e-3)
+    assert short["break_even_bandwidth_bytes_per_s"] == math.inf  # latency alone loses
+    assert calc.kv_transfer_break_even(prompt_tokens=34, latency_s=1e-3,
+                                       **SEED003)["winner"] == "recompute"
+    assert calc.kv_transfer_break_even(prompt_tokens=35, latency_s=1e-3,
+                                       **SEED003)["winner"] == "transfer"
+
+
+def test_kv_transfer_break_even_is_where_the_times_meet() -> None:
+    assert calc.prefill_flops(1000, 3, 2, 2, 4) == {"linear": 6000.0, "attention": 384.0,
+                                                   "total": 6384.0}
+    shape = {**SEED003, "num_params": 8e9, "num_layers": 32, "num_heads": 32}
+    r = calc.kv_transfer_break_even(prompt_tokens=4096, **shape)
+    at = calc.kv_transfer_break_even(
+        prompt_tokens=4096, **{**shape, "bandwidth_bytes_per_s":
+                               r["break_even_bandwidth_bytes_per_s"]})
+    assert at["transfer_s"] == pytest.approx(at["recompute_s"], rel=1e-12)
+    slow = calc.kv_transfer_break_even(prompt_tokens=4096, **{**shape,
+                                                             "bandwidth_bytes_per_s": 1e9})
+    assert slow["winner"] == "recompute" and slow["break_even_tokens"] > 4096
+    n = slow["break_even_tokens"]
+    for tokens, winner in ((math.floor(n), "recompute"), (math.ceil(n), "transfer")):
+        got = calc.kv_transfer_break_even(prompt_tokens=tokens, **{
+            **shape, "bandwidth_bytes_per_s": 1e9})
+        assert got["winner"] == winner
+    assert calc.kv_transfer_time_s(1e9, 31.5e9, 2e-3) == pytest.approx(1 / 31.5 + 2e-3)
+
+
+def test_link_and_gpu_presets() -> None:
+    assert calc.link_bandwidth("pcie4-x16") == pytest.approx(31.5077e9, rel=1e-5)
+    assert calc.link_bandwidth("pcie5-x16") == pytest.approx(63.0154e9, rel=1e-5)
+    assert calc.link_bandwidth("nvlink-h100") == calc.link_bandwidth("nvlink-h200") == 450e9
+    assert calc.link_bandwidth("100gbe") == 12.5e9
+    assert calc.link_bandwidth("host-dram") == 8 * 38.4e9 / 2
+    assert calc.gpu_peak_flops("h100-sxm") == calc.gpu_peak_flops("h200") == 989e12
+    assert calc.gpu_peak_flops("a100") == 312e12
+
+
+@pytest.mark.parametrize(("kw", "needle"), [
+    ({"prompt_tokens": 0}, "prompt_tokens must be an integer >= 1, got 0"),
+    ({"num_heads": 60}, "num_heads (60) must be a multiple of num_kv_heads (8)"),
+    ({"bandwidth_bytes_per_s": 0}, "bandwidth_bytes_per_s must be a finite number > 0, got 0"),
+    ({"peak_flops": -1.0}, "peak_flops must be a number >= 0.0, got -1.0"),
+    ({"efficiency": 0}, "efficiency must be a number in (0, 1]"),
+    ({"efficiency": 1.5}, "efficiency must be a number in (0, 1] (the share of the peak "
+                          "FLOP/s a prefill sustains), got 1.5"),
+    ({"latency_s": -1e-3}, "latency_s must be a number >= 0.0, got -0.001"),
+    ({"num_params": 0}, "num_params must be a finite number > 0, got 0"),
+    ({"num_kv_heads": 0}, "num_kv_heads must be an integer >= 1, got 0"),
+])
+def test_kv_transfer_bad_arguments(kw: dict[str, object], needle: str) -> None:
+    with pytest.raises(ValueError) as err:
+        calc.kv_transfer_break_even(**{**SEED003, "prompt_tokens": 8192, **kw})
+    assert needle in str(err.value)
+    with pytest.raises(ValueError, match=r"link \('pcie6'\) must be one of \['100gbe', "):
+        calc.link_bandwidth("pcie6")
+    with pytest.raises(ValueError, match=r"gpu \('b200'\) must be one of \['a100', "):
+        calc.gpu_peak_flops("b200")
+
+
+SEED003_CLI = ("transfer", "--layers", "80", "--kv-heads", "8", "--heads", "64",
+               "--head-dim", "128", "--params", "70e9")
+
+
+def test_cli_transfer_seed003(capsys: pytest.CaptureFixture[str]) -> None:
+    rows = _cli(capsys, *SEED003_CLI, "--prompt", "8192", "--link", "400gbe", "--gpu",
+                "h100-sxm", "--gpus", "8")
+    assert _row(rows, "kv bytes/token") == "327,680"
+    assert _row(rows, "kv GB") == "2.6844"
+    assert _row(rows, "transfer ms") == "53.6871"
+    assert _row(rows, "prefill TFLOPs (linear + attention)") == "1,234.9 (1,146.9 + 88.0)"
+    assert _row(rows, "recompute ms") == "312.1465"
+    assert _row(rows, "faster") == "transfer (5.81x)"
+    assert _row(rows, "break-even link GB/s") == "8.60"
+    assert _row(rows, "transfer wins above tokens") == "any length"
+    rows = _cli(capsys, *SEED003_CLI, "--prompt", "16", "--bandwidth", "50GB", "--latency-ms",
+                "1", "--peak-tflops", "989", "--gpus", "8")
+    assert _row(rows, "faster") == "recompute (1.95x)"
+    assert _row(rows, "break-even link GB/s") == "never (latency >= recompute)"
+    assert _row(rows, "transfer wins above tokens") == "34.7"
+    rows = _cli(capsys, *SEED003_CLI, "--prompt", "8192", "--link", "pcie4-x16", "--links",
+                "8", "--gpu", "h100-sxm", "--gpus", "8")
+    assert _row(rows, "link GB/s") == "252.0615"
+
+
+@pytest.mark.parametrize(("extra", "needle"), [
+    (("--link", "400gbe", "--bandwidth", "50GB", "--gpu", "h200"), "give --link (one of"),
+    (("--gpu", "h200"), "give --link (one of"),
+    (("--link", "400gbe"), "give --gpu (one of ['a100', 'h100-sxm', 'h200']) or --peak-tflops"),
+    (("--link", "pcie6", "--gpu", "h200"), "link ('pcie6') must be one of"),
+    (("--link", "400gbe", "--gpu", "h200", "--gpus", "0"), "--gpus must be an integer >= 1"),
+    (("--link", "400gbe", "--gpu", "h200", "--efficiency", "2"), "efficiency must be a number"),
+])
+def test_cli_transfer_bad_input(capsys: pytest.CaptureFixture[str], extra: tuple[str, ...],
+                                needle: str) -> None:
+    from workbench.calc_cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main([*SEED003_CLI, "--prompt", "8192", *extra])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("workbench calc transfer: ") and needle in err

@@ -433,7 +433,8 @@ def test_papermill_stops_at_a_bad_parameter_naming_it(tmp_path: Path) -> None:
     ("Model()", "dem", "a local model folder or one of bundled, demo, demo-draft "
                        "(did you mean 'demo'?)"),
     ("Fixture()", "long_prefill", "one of balanced-chat, long-decode, long-prefill, "
-                                  "repetitive, shared-prefix (did you mean 'long-prefill'?)"),
+                                  "long_doc_qa, multi_turn_chat, repetitive, shared-prefix "
+                                  "(did you mean 'long-prefill'?)"),
 ])
 def test_parameter_specs(spec: str, value: Any, message: str) -> None:
     from workbench import notebook_params as p

@@ -12,6 +12,10 @@
     workbench calc spec-counters --drafts 80 --accepted 340 --per-position 70 70 70 70 60
                       [--output-tokens 680]
     workbench calc tp --kv-heads 8 --tp 16
+    workbench calc transfer --layers 80 --kv-heads 8 --heads 64 --head-dim 128 --params 70e9
+                      --prompt 8192 (--link 400gbe | --bandwidth 50GB) [--links 1]
+                      [--latency-ms 0] (--gpu h100-sxm | --peak-tflops 989) [--gpus 8]
+                      [--efficiency 0.5] [--dtype-bytes 2]
 
 Also `python -m workbench.calc_cli ...`. Sizes take B, KB/MB/GB/TB (10^3) or KiB/MiB/GiB/TiB.
 """
@@ -19,6 +23,7 @@ Also `python -m workbench.calc_cli ...`. Sizes take B, KB/MB/GB/TB (10^3) or KiB
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import sys
 
@@ -162,6 +167,43 @@ def _tp(a: argparse.Namespace) -> None:
     _rows([("kv heads per rank", heads), ("layout", mode)])
 
 
+def _transfer(a: argparse.Namespace) -> None:
+    if (a.link is None) == (a.bandwidth is None):
+        raise ValueError(f"give --link (one of {sorted(calc.LINKS)}) or --bandwidth, not both "
+                         "or neither")
+    if (a.gpu is None) == (a.peak_tflops is None):
+        raise ValueError(f"give --gpu (one of {sorted(calc.GPU_PEAK_FLOPS)}) or --peak-tflops, "
+                         "not both or neither")
+    for name in ("links", "gpus"):
+        if getattr(a, name) < 1:
+            raise ValueError(f"--{name} must be an integer >= 1, got {getattr(a, name)}")
+    one_link = calc.link_bandwidth(a.link) if a.link else a.bandwidth
+    one_gpu = calc.gpu_peak_flops(a.gpu) if a.gpu else a.peak_tflops * 1e12
+    r = calc.kv_transfer_break_even(
+        num_layers=a.layers, num_kv_heads=a.kv_heads, num_heads=a.heads, head_dim=a.head_dim,
+        dtype_bytes=a.dtype_bytes, num_params=a.params, prompt_tokens=a.prompt,
+        bandwidth_bytes_per_s=one_link * a.links, peak_flops=one_gpu * a.gpus,
+        efficiency=a.efficiency, latency_s=a.latency_ms / 1e3)
+    bw, tokens = r["break_even_bandwidth_bytes_per_s"], r["break_even_tokens"]
+    faster = "transfer" if r["winner"] == "transfer" else "recompute"
+    ratio = r["speedup"] if faster == "transfer" else 1 / r["speedup"]  # type: ignore[operator]
+    _rows([
+        ("kv bytes/token", r["kv_bytes_per_token"]),
+        ("kv GB", r["kv_bytes"] / 1e9),  # type: ignore[operator]
+        ("link GB/s", one_link * a.links / 1e9),
+        ("transfer ms", r["transfer_s"] * 1e3),  # type: ignore[operator]
+        ("prefill TFLOPs (linear + attention)",
+         f"{r['prefill_flops'] / 1e12:,.1f} ({r['linear_flops'] / 1e12:,.1f} + "  # type: ignore
+         f"{r['attention_flops'] / 1e12:,.1f})"),  # type: ignore[operator]
+        ("sustained TFLOP/s", one_gpu * a.gpus * a.efficiency / 1e12),
+        ("recompute ms", r["recompute_s"] * 1e3),  # type: ignore[operator]
+        ("faster", "tie" if r["winner"] == "tie" else f"{faster} ({ratio:.2f}x)"),
+        ("break-even link GB/s", "never (latency >= recompute)" if math.isinf(bw)  # type: ignore
+         else f"{bw / 1e9:,.2f}"),  # type: ignore[operator]
+        ("transfer wins above tokens", "any length" if tokens == 0 else f"{tokens:,.1f}"),
+    ])
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="workbench calc", description="Serving arithmetic.")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -212,6 +254,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-heads", type=int, required=True)
     p.add_argument("--tp", type=int, required=True)
     p.set_defaults(run=_tp)
+    p = sub.add_parser("transfer", help="KV transfer over a link vs prefill recompute: "
+                       "break-even bandwidth and prompt length")
+    p.add_argument("--layers", type=int, required=True)
+    p.add_argument("--kv-heads", type=int, required=True)
+    p.add_argument("--heads", type=int, required=True, help="query heads (attention FLOPs)")
+    p.add_argument("--head-dim", type=int, required=True)
+    p.add_argument("--dtype-bytes", type=int, default=2, help="KV dtype: 2 bf16/fp16, 1 fp8")
+    p.add_argument("--params", type=float, required=True,
+                   help="weights each token multiplies (no embeddings), e.g. 70e9")
+    p.add_argument("--prompt", type=int, required=True, help="prefix tokens moved or redone")
+    p.add_argument("--link", default=None, help="preset: " + "; ".join(
+        f"{k} {v / 1e9:,.1f} GB/s" for k, (v, _) in calc.LINKS.items()))
+    p.add_argument("--bandwidth", type=parse_bytes, default=None, help="bytes per second")
+    p.add_argument("--links", type=int, default=1, help="links in parallel (one per GPU)")
+    p.add_argument("--latency-ms", type=float, default=0.0, help="fixed cost per transfer")
+    p.add_argument("--gpu", default=None, help="preset: " + "; ".join(
+        f"{k} {v / 1e12:,.0f} TFLOP/s" for k, v in calc.GPU_PEAK_FLOPS.items()))
+    p.add_argument("--peak-tflops", type=float, default=None, help="dense peak per GPU")
+    p.add_argument("--gpus", type=int, default=1, help="GPUs sharing the prefill (TP)")
+    p.add_argument("--efficiency", type=float, default=calc.DEFAULT_EFFICIENCY,
+                   help="share of the peak a prefill sustains (MFU)")
+    p.set_defaults(run=_transfer)
     return ap
 
 

@@ -188,7 +188,8 @@ def test_the_duplicated_names_match_their_owners() -> None:
 @pytest.mark.parametrize(("workload", "expected"), [
     ({"fixture": "long_prefill"}, ["workload.fixture ('long_prefill') is not a fixture (did "
                                    "you mean 'long-prefill'?); fixtures: balanced-chat, "
-                                   "long-decode, long-prefill, repetitive, shared-prefix"]),
+                                   "long-decode, long-prefill, long_doc_qa, multi_turn_chat, "
+                                   "repetitive, shared-prefix"]),
     ({"fixture": "balanced-chat", "param": {}},
      ["unknown workload key 'param' (did you mean 'params'?)"]),
     ({"fixture": "shared-prefix", "params": {"prefix_length": 4}},

@@ -102,7 +102,7 @@ def test_engine_stats_keys_are_the_registry_engine_rows() -> None:
 
     stats = EngineStats()
     stats.record_spec(3, 2)  # the per-position counter appears once speculation ran
-    vllm_keys = {k for k in stats.snapshot() if k.startswith("vllm:")}
+    vllm_keys = {k for k in stats.snapshot() if k.startswith(("vllm:", "workbench:"))}
     rows = {r.name for r in registry.METRICS if r.source == "engine"}
     assert vllm_keys == rows
     assert set(registry.engine_names("gauge")) == set(stats.gauges)

@@ -219,11 +219,9 @@ def _variable(data: dict[str, Any], baseline: dict[str, Any], out: list[str]
 
 # --------------------------------------------------------------------------- workload
 def _fixture_params(name: str) -> tuple[str, ...]:
-    from workbench.harness import workloads as w
+    from workbench.harness.workloads import fixture_params
 
-    extra = w.IO_DEFAULTS.get(name) or {"shared-prefix": w.SHARED_PREFIX_DEFAULTS,
-                                         "repetitive": w.REPETITIVE_DEFAULTS}.get(name, {})
-    return tuple(sorted({**w.COMMON_DEFAULTS, **extra}))
+    return tuple(sorted(fixture_params(name)))
 
 
 def _check_workload(spec: Any, tokenizer: str | None, out: list[str]) -> Any:

@@ -1,6 +1,10 @@
 """The measuring library: fixed, seeded traffic in, vLLM's serving metrics out.
 
     workloads, lengths   prompts and output lengths (synthetic, ShareGPT-like, prefix-sharing)
+    workload_base        BenchRequest, Workload (checksum), the synthetic text
+    workload_jsonl       a workload as JSONL and back
+    sessions             multi_turn_chat and long_doc_qa (session traffic for tiered KV)
+    follow_ups           requests sent think_s after the one they follow has finished
     arrivals             seeded arrival times (Poisson, gamma, constant, bursts)
     targets              what traffic is sent to: our engine in-process or an HTTP server
     http_target, sse     OpenAI-compatible client and its server-sent-events reader

@@ -2,9 +2,11 @@
 
     run_benchmark(target, workload, arrival, cache_state=...)
       1. target.start(); bring the cache to `cache_state` (unmeasured)
-      2. server_before = target.server_snapshot(); t0 = perf_counter(); target.t0 = t0
+      2. server_before = target.server_snapshot(); t0 = clock.now(); target.t0 = t0
       3. closed loop: C workers, each sends its next request when the previous finishes
          open loop:   request i sent at t0 + offset_i, at most max_concurrency in flight
+         follow-ups:  a request with `follows` (a later chat turn) is sent think_s after the
+                      request it follows finished, successfully or not (see below)
       4. server_after, the step trace of the measured run, validity -> RunResult
          (step 3 runs inside a `CpuWatch`: a run during which other processes took more than
          `max_other_cpu_share` of the machine's CPUs is invalid, "disturbed")
@@ -13,6 +15,18 @@ Cache states: "cold" = target.restart() (fresh engine, no warm-up); "warm-model"
 synthetic prompts (shuffled workload tokens: no workload prefix is warmed) then
 reset_prefix_cache(); "warm-prefix" = warm-model, then every workload request replayed once
 with max_tokens=1, keeping the prefix cache.
+
+Follow-ups (a workload where some request has `follows`): the requests without one (the
+first turns) are the arrival process's: a closed loop sends them at once, an open loop at its
+offsets (one per first turn, "trace" = their arrival_s). A follow-up is due think_s after its
+predecessor finished on the runner's clock; a failed predecessor releases it too (so a failed
+turn never blocks its session; `RunResult.follow_ups` records which predecessor failed). Due
+requests go in (due time, workload order), at most `concurrency` (closed) or `max_concurrency`
+(open) in flight. Follow-ups carry no target_arrival_s: the validity check judges the first
+turns' schedule only. A workload without `follows` runs exactly as before.
+
+Clock: the runner reads `clock.now()` and waits with `clock.sleep()` (`RunClock`: perf_counter
+and asyncio.sleep); tests inject a virtual clock, and a target's `now_s()` reads the same one.
 
 Nothing is lost: a failing request becomes a failed record with its error and the run goes on;
 an exception in the runner itself returns RunResult(error=...) with every record so far.
@@ -31,6 +45,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
 from workbench.harness.arrivals import ArrivalSpec, arrival_offsets
+from workbench.harness.follow_ups import FollowUpDispatch, follow_ups_of
 from workbench.harness.metrics import SLO, RequestRecord, compute_metrics
 from workbench.harness.targets import Target
 from workbench.harness.validity import (
@@ -53,6 +68,15 @@ WARMUP_MAX_TOKENS = 16  # decode steps per warm-up request, at most
 PREFIX_REPLAY_CONCURRENCY = 16  # warm-prefix replay in flight, at most
 
 
+@dataclass(frozen=True)
+class RunClock:
+    """Where the runner reads time (`now()`, monotonic seconds) and how it waits
+    (`await sleep(s)`): time.perf_counter and asyncio.sleep unless a test injects another."""
+
+    now: Callable[[], float] = time.perf_counter
+    sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep
+
+
 @dataclass
 class RunResult:
     """One measured run: per-request rows plus everything needed to judge and repeat it."""
@@ -72,6 +96,9 @@ class RunResult:
     error: str | None = None
     unsent_requests: int = 0  # workload requests never sent (max_duration_s or an error)
     server_delta: dict[str, float] = field(default_factory=dict)  # after - before, numeric
+    # one row per follow-up scheduled: request_id, follows, follows_success (did the request
+    # it follows succeed), due_s (its finish + think_s) and sent_s (None: never sent)
+    follow_ups: list[dict[str, Any]] = field(default_factory=list)
 
     def metrics(
         self, percentiles: Sequence[float] = (50, 90, 95, 99), slo: SLO | None = None
@@ -90,12 +117,14 @@ async def run_benchmark(
     max_other_cpu_share: float | None = DEFAULT_MAX_OTHER_CPU_SHARE,
     cpu_watch: CpuWatch | None = None,
     progress: bool = False,
+    clock: RunClock | None = None,
 ) -> RunResult:
     """Measure `workload` on `target`; the target is started if needed and left running.
     `cpu_watch` (default: `default_cpu_watch()`) measures the other processes' CPU share
     over the measured part; above `max_other_cpu_share` (None: record only) it is invalid.
     `progress`: a tqdm bar of finished requests on stderr (a widget in Jupyter), removed
-    when the run ends; off by default (the CLI turns it on)."""
+    when the run ends; off by default (the CLI turns it on). `clock`: the runner's time
+    source (default `RunClock()`); requests with `follows` must name an earlier request."""
     if cache_state not in CACHE_STATES:
         raise ValueError(f"cache_state ({cache_state!r}) must be one of {list(CACHE_STATES)}")
     if warmup_requests < 0:
@@ -105,7 +134,8 @@ async def run_benchmark(
     if max_other_cpu_share is not None and not 0 <= max_other_cpu_share <= 1:
         raise ValueError(f"max_other_cpu_share ({max_other_cpu_share}) must be a share of the "
                          "machine's CPUs in [0, 1], or None to record without judging")
-    driver = _Driver(target, workload, arrival)
+    clock = clock if clock is not None else RunClock()
+    driver = _Driver(target, workload, arrival, clock)
     res = RunResult(
         records=driver.records, duration_s=0.0, open_loop=arrival.is_open_loop,
         arrival=arrival.to_dict(), cache_state=cache_state,
@@ -138,8 +168,10 @@ async def run_benchmark(
         await driver.cancel_all()
         if driver.bar is not None:
             driver.bar.close()
-    res.duration_s = (time.perf_counter() - driver.t0) if driver.t0 is not None else 0.0
+    res.duration_s = (clock.now() - driver.t0) if driver.t0 is not None else 0.0
     res.unsent_requests = len(workload.requests) - len(driver.records)
+    res.follow_ups = driver.follow_ups
+    _warn_failed_predecessors(res.follow_ups)
     _finish(res, target, driver, trace_start, max_duration_s)
     res.validity.judge_cpu(share.others, max_other_cpu_share)
     _warn_invalid(res)
@@ -174,25 +206,38 @@ def run(target: Target, workload: Workload, arrival: ArrivalSpec, **kw: Any) -> 
 class _Driver:
     """Sends the workload on schedule and owns the records and in-flight tasks."""
 
-    def __init__(self, target: Target, workload: Workload, arrival: ArrivalSpec) -> None:
+    def __init__(self, target: Target, workload: Workload, arrival: ArrivalSpec,
+                 clock: RunClock | None = None) -> None:
         self.target, self.workload, self.arrival = target, workload, arrival
+        self.clock = clock if clock is not None else RunClock()
         self.records: list[RequestRecord] = []
-        self.tasks: set[asyncio.Task[None]] = set()
+        self.tasks: set[asyncio.Task[Any]] = set()
         self.t0: float | None = None
         self.timed_out = False
         self.bar: Any = None  # a tqdm bar of finished requests (run_benchmark(progress=True))
+        self.follow_ups: list[dict[str, Any]] = []  # RunResult.follow_ups
+        self.children = follow_ups_of(workload)  # request id -> its follow-ups; {}: none
 
     async def run(self, max_duration_s: float | None) -> None:
         reqs = list(self.workload.requests)
+        firsts = [r for r in reqs if r.follows is None] if self.children else reqs
         offsets = None
         if self.arrival.is_open_loop:
-            trace = [r.arrival_s for r in reqs] if self.arrival.mode == "trace" else None
-            offsets = arrival_offsets(self.arrival, len(reqs), trace=trace)
-        self.t0 = time.perf_counter()
+            trace = [r.arrival_s for r in firsts] if self.arrival.mode == "trace" else None
+            offsets = arrival_offsets(self.arrival, len(firsts), trace=trace)
+        self.t0 = self.clock.now()
         self.target.t0 = self.t0
-        main = asyncio.ensure_future(
-            self._closed(reqs) if offsets is None else self._open(reqs, offsets)
-        )
+        if self.children:
+            arrival = self.arrival
+            dispatch = FollowUpDispatch(
+                reqs, self.children, firsts, offsets,
+                cap=arrival.max_concurrency if arrival.is_open_loop else arrival.concurrency,
+                now_s=self.now_s, sleep=self.clock.sleep, spawn=self._spawn, send=self._one)
+            self.follow_ups = dispatch.follow_ups
+            coro = dispatch.run()
+        else:
+            coro = self._closed(reqs) if offsets is None else self._open(reqs, offsets)
+        main = asyncio.ensure_future(coro)
         done, _ = await asyncio.wait({main}, timeout=max_duration_s)
         if not done:
             self.timed_out = True
@@ -203,6 +248,11 @@ class _Driver:
             await asyncio.gather(main, return_exceptions=True)
         else:
             main.result()
+
+    def now_s(self) -> float:
+        """Seconds since the run start on the runner's clock."""
+        assert self.t0 is not None
+        return self.clock.now() - self.t0
 
     async def _closed(self, reqs: list[BenchRequest]) -> None:
         it = iter(reqs)
@@ -220,9 +270,9 @@ class _Driver:
         cap = self.arrival.max_concurrency
         sem = asyncio.Semaphore(cap) if cap else None
         for req, off in zip(reqs, offsets, strict=True):
-            delay = self.t0 + off - time.perf_counter()
+            delay = self.t0 + off - self.clock.now()
             if delay > 0:
-                await asyncio.sleep(delay)
+                await self.clock.sleep(delay)
             if sem is not None:
                 await sem.acquire()  # late sends show up as lateness in the validity check
             task = self._spawn(self._one(req, off))
@@ -230,18 +280,19 @@ class _Driver:
                 task.add_done_callback(lambda _t, s=sem: s.release())  # type: ignore[misc]
         await asyncio.gather(*list(self.tasks))
 
-    def _spawn(self, coro: Any) -> asyncio.Task[None]:
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
         task = asyncio.ensure_future(coro)
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
         return task
 
-    async def _one(self, req: BenchRequest, target_arrival_s: float | None) -> None:
+    async def _one(self, req: BenchRequest, target_arrival_s: float | None) -> RequestRecord:
         rec = _new_record(req, target_arrival_s)
         self.records.append(rec)  # before sending: a cancelled request keeps its row
         await _send(self.target, req, rec)
         if self.bar is not None:
             self.bar.update(1)
+        return rec
 
     async def cancel_all(self) -> None:
         pending = [t for t in self.tasks if not t.done()]
@@ -394,6 +445,14 @@ def _finish(
         )
     if res.error is not None:
         res.validity.invalidate(f"the run failed: {res.error}")
+
+
+def _warn_failed_predecessors(follow_ups: list[dict[str, Any]]) -> None:
+    failed = [row for row in follow_ups if not row["follows_success"]]
+    if failed:
+        logger.warning("%d follow-up requests were released by a failed request (e.g. %s "
+                       "after %s): sessions went on; see RunResult.follow_ups", len(failed),
+                       failed[0]["request_id"], failed[0]["follows"])
 
 
 def _warn_invalid(res: RunResult) -> None:

@@ -12,7 +12,7 @@ cut instead); `prompt` is the decode of the ids. Draw order, so tests can replay
 input (or suffix) lengths, then all output lengths, from `random.Random(seed)`, then text.
 
 Defaults (all overridable as params; lengths as `LengthDist` dicts or ints) are sized for the
-bundled tiny CPU model (seconds per run). Every fixture takes `num_requests` (32),
+bundled tiny CPU model (seconds per run). Every fixture in this module takes `num_requests` (32),
 `max_model_len` (1024) and `max_input_len`; inputs are capped at `max_input_len` and outputs
 at `max_model_len` minus the longest possible input, so every request fits. Fixed/uniform
 lengths must fit under their cap; lognormal tails are clamped at it (recorded in `params`).
@@ -33,126 +33,34 @@ num_requests=1000, input_len={"kind": "lognormal", "p50": 256, "p95": 1024},
 output_len={"kind": "lognormal", "p50": 128, "p95": 512}, max_input_len=4096,
 max_model_len=8192; shared-prefix with prefix_len=2048, suffix_len={"kind": "uniform",
 "low": 64, "high": 256}, num_prefix_groups=8.
+
+Session-shaped traffic, the kind a tiered KV cache serves, lives in `sessions.py`:
+`multi_turn_chat` (users in sessions of T turns, each prompt the whole history plus a new
+message, turn t+1 sent think_s after turn t finished) and `long_doc_qa` (a few long
+documents, many questions each). Both are registered here. `BenchRequest`, `Workload`
+(`workload_base.py`) and the JSONL reader and writer (`workload_jsonl.py`) are re-exported.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import math
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from functools import cached_property, partial
-from pathlib import Path
+from dataclasses import replace
+from functools import partial
 from typing import Any
 
+from workbench.harness import sessions
 from workbench.harness.lengths import LengthDist
+from workbench.harness.workload_base import WORDS as WORDS
+from workbench.harness.workload_base import BenchRequest as BenchRequest
+from workbench.harness.workload_base import Workload as Workload
+from workbench.harness.workload_base import _int_param, _Text, _upper
+from workbench.harness.workload_jsonl import JSONL_FIELDS as JSONL_FIELDS
+from workbench.harness.workload_jsonl import load_jsonl as load_jsonl
+from workbench.harness.workload_jsonl import save_jsonl as save_jsonl
 
-WORDS = tuple(
-    "the of to and a in is for that return value list file data name type object default "
-    "string set key line text result method class function module field group first new "
-    "start end check count add format match number error time user system request model "
-    "token cache block memory queue batch server client prompt output input length word "
-    "order state table call test case path buffer stream event thread process page record "
-    "index entry node tree graph point range share short long fast slow last next old open "
-    "close read write send receive stop begin build run load save copy move find sort "
-    "remove update create delete parse print split join river mountain garden window light "
-    "music letter story city market winter summer morning evening travel simple quiet".split()
-)
 REPEAT_HEADER = "Repeat the following text exactly:"
 COMMON_DEFAULTS: dict[str, Any] = {"num_requests": 32, "max_model_len": 1024}
-
-
-@dataclass(frozen=True)
-class BenchRequest:
-    """One request: exact prompt token ids, how many tokens to generate, and optional extras."""
-
-    request_id: str
-    prompt_token_ids: list[int]  # always token ids (exact for the in-process engine)
-    max_tokens: int
-    prompt: str | None = None  # the text, when known (HTTP targets may prefer it)
-    arrival_s: float | None = None  # only from a user JSONL; else the arrival process decides
-    group: str | None = None  # e.g. the prefix group for shared-prefix
-
-
-def _percentile(values: list[int], q: float) -> float:
-    """Linear-interpolation percentile (numpy's default), q in [0, 100]."""
-    xs = sorted(values)
-    if not xs:
-        return math.nan
-    pos = (len(xs) - 1) * q / 100.0
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
-@dataclass(frozen=True)
-class Workload:
-    """A named, seeded request list and the parameters that made it."""
-
-    name: str
-    seed: int
-    params: dict[str, Any]  # the fixture parameters after defaults, JSON-serialisable
-    requests: tuple[BenchRequest, ...]
-
-    @cached_property
-    def checksum(self) -> str:
-        """sha256 hex of the canonical JSON of (request_id, prompt_token_ids, max_tokens,
-        arrival_s), in request order."""
-        rows = [{"request_id": r.request_id, "prompt_token_ids": list(r.prompt_token_ids),
-                 "max_tokens": r.max_tokens, "arrival_s": r.arrival_s} for r in self.requests]
-        blob = json.dumps(rows, separators=(",", ":"), sort_keys=True)
-        return hashlib.sha256(blob.encode()).hexdigest()
-
-    def summary(self) -> dict[str, Any]:
-        """Counts, token totals, measured p50/p95 input and output lengths, params, checksum."""
-        ins = [len(r.prompt_token_ids) for r in self.requests]
-        outs = [r.max_tokens for r in self.requests]
-        return {
-            "name": self.name, "seed": self.seed, "num_requests": len(self.requests),
-            "total_input_tokens": sum(ins), "total_output_tokens": sum(outs),
-            "input_len_p50": _percentile(ins, 50), "input_len_p95": _percentile(ins, 95),
-            "output_len_p50": _percentile(outs, 50), "output_len_p95": _percentile(outs, 95),
-            "params": self.params, "checksum": self.checksum,
-        }
-
-
-class _Text:
-    """Synthetic text of an exact token length for one tokenizer."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self.tok = tokenizer
-        ids = tokenizer([" " + w for w in WORDS], add_special_tokens=False)["input_ids"]
-        self.cost = {w: len(i) for w, i in zip(WORDS, ids, strict=True)}
-        self.singles = [w for w in WORDS if self.cost[w] == 1]
-
-    def encode(self, text: str) -> list[int]:
-        return list(self.tok(text, add_special_tokens=False)["input_ids"])
-
-    def ids(self, rng: random.Random, n: int) -> list[int]:
-        """`n` token ids of space-led words (" w1 w2 ..."), whole words when possible."""
-        words, total = [], 0
-        while True:
-            w = rng.choice(WORDS)
-            if total + self.cost[w] > n:
-                break
-            words.append(w)
-            total += self.cost[w]
-        if self.singles:
-            words += [rng.choice(self.singles) for _ in range(n - total)]
-        ids = self.encode("".join(" " + w for w in words))
-        while len(ids) < n:  # fallback: the tokenizer is not additive over words
-            words += [rng.choice(WORDS) for _ in range(n - len(ids))]
-            ids = self.encode("".join(" " + w for w in words))
-        return ids[:n]
-
-
-def _int_param(p: dict[str, Any], name: str, low: int) -> int:
-    v = p[name]
-    if not isinstance(v, int) or isinstance(v, bool) or v < low:
-        raise ValueError(f"{name} ({v!r}) must be an integer >= {low}")
-    return v
 
 
 def _resolve(name: str, defaults: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
@@ -170,12 +78,6 @@ def _resolve(name: str, defaults: dict[str, Any], params: dict[str, Any]) -> dic
         raise ValueError(f"max_input_len ({p['max_input_len']}) must be < max_model_len "
                          f"({p['max_model_len']}) to leave room for output tokens")
     return p
-
-
-def _upper(d: LengthDist) -> int | None:
-    """The largest length `d` can produce (None: unbounded)."""
-    top = {"fixed": d.value, "uniform": d.high}.get(d.kind)
-    return d.max if top is None else d.clamp(top)
 
 
 def _capped(field: str, raw: Any, cap: int, cap_name: str) -> LengthDist:
@@ -288,7 +190,21 @@ FIXTURES: dict[str, Callable[..., Workload]] = {
     **{k: partial(_io_fixture, k, v) for k, v in IO_DEFAULTS.items()},
     "shared-prefix": _shared_prefix,
     "repetitive": _repetitive,
+    "multi_turn_chat": sessions.multi_turn_chat,
+    "long_doc_qa": sessions.long_doc_qa,
 }
+
+
+def fixture_params(name: str) -> tuple[str, ...]:
+    """The parameter names fixture `name` accepts, sorted (what template validation checks
+    `workload.params` against)."""
+    if name in sessions.DEFAULTS:
+        return tuple(sorted(sessions.DEFAULTS[name]))
+    extra = IO_DEFAULTS.get(name) or {"shared-prefix": SHARED_PREFIX_DEFAULTS,
+                                      "repetitive": REPETITIVE_DEFAULTS}.get(name)
+    if extra is None:
+        raise ValueError(f"workload name ({name!r}) must be one of {sorted(FIXTURES)}")
+    return tuple(sorted({**COMMON_DEFAULTS, **extra}))
 
 
 def make_workload(name: str, seed: int, tokenizer: Any, **params: Any) -> Workload:
@@ -301,104 +217,3 @@ def make_workload(name: str, seed: int, tokenizer: Any, **params: Any) -> Worklo
     if tokenizer is None:
         raise ValueError("tokenizer is None; fixtures need one to build exact-length prompts")
     return FIXTURES[name](seed, tokenizer, **params)
-
-
-_JSONL_FIELDS = ("request_id", "prompt", "prompt_token_ids", "max_tokens", "arrival_s", "group")
-
-
-def _bad(lineno: int, field: str, why: str) -> ValueError:
-    return ValueError(f"JSONL line {lineno}: {field} {why}")
-
-
-def _parse_line(obj: Any, lineno: int, tokenizer: Any | None) -> dict[str, Any]:
-    """One JSONL object, validated, as BenchRequest keyword arguments (request_id may be None)."""
-    if not isinstance(obj, dict):
-        raise _bad(lineno, "line", f"must be a JSON object, got {type(obj).__name__}")
-    unknown = sorted(set(obj) - set(_JSONL_FIELDS))
-    if unknown:
-        raise _bad(lineno, str(unknown), f"unknown; allowed fields: {list(_JSONL_FIELDS)}")
-    prompt, ids = obj.get("prompt"), obj.get("prompt_token_ids")
-    if prompt is not None and (not isinstance(prompt, str) or not prompt):
-        raise _bad(lineno, "prompt", f"({prompt!r}) must be a non-empty string")
-    if ids is not None:
-        vocab = len(tokenizer) if tokenizer is not None else None
-        if (not isinstance(ids, list) or not ids
-                or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
-                           and (vocab is None or t < vocab) for t in ids)):
-            raise _bad(lineno, "prompt_token_ids", "must be a non-empty list of token ids "
-                       f"(ints >= 0{f' and < {vocab}' if vocab else ''})")
-    elif prompt is None:
-        raise _bad(lineno, "prompt", "or prompt_token_ids is required")
-    elif tokenizer is None:
-        raise _bad(lineno, "prompt", "is text but no tokenizer was given; pass tokenizer= or "
-                   "give prompt_token_ids")
-    else:
-        ids = list(tokenizer(prompt, add_special_tokens=False)["input_ids"])
-        if not ids:
-            raise _bad(lineno, "prompt", f"({prompt!r}) tokenizes to no tokens")
-    mt = obj.get("max_tokens")
-    if not isinstance(mt, int) or isinstance(mt, bool) or mt < 1:
-        raise _bad(lineno, "max_tokens", f"({mt!r}) must be an integer >= 1")
-    arr = obj.get("arrival_s")
-    if arr is not None and (isinstance(arr, bool) or not isinstance(arr, int | float)
-                            or not 0 <= arr < math.inf):
-        raise _bad(lineno, "arrival_s", f"({arr!r}) must be a finite number >= 0 (seconds)")
-    for key in ("request_id", "group"):
-        v = obj.get(key)
-        if v is not None and (not isinstance(v, str) or not v):
-            raise _bad(lineno, key, f"({v!r}) must be a non-empty string")
-    return {"request_id": obj.get("request_id"), "prompt_token_ids": ids, "max_tokens": mt,
-            "prompt": prompt, "arrival_s": None if arr is None else float(arr),
-            "group": obj.get("group")}
-
-
-def load_jsonl(path: str | Path, tokenizer: Any | None = None, name: str | None = None
-               ) -> Workload:
-    """A workload from a JSONL file: one object per line with `prompt` (str, needs
-    `tokenizer`) or `prompt_token_ids` (authoritative when both are given), `max_tokens`,
-    and optional `arrival_s` (non-decreasing), `request_id` (unique; default
-    "<name>-<index>") and `group`. Blank lines are skipped; bad lines raise ValueError
-    naming the line number and field."""
-    path = Path(path)
-    data = path.read_bytes()
-    name = name or path.stem
-    reqs: list[BenchRequest] = []
-    seen: set[str] = set()
-    last_arrival: float | None = None
-    for lineno, line in enumerate(data.decode("utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise _bad(lineno, "line", f"is not valid JSON ({e.msg})") from None
-        kw = _parse_line(obj, lineno, tokenizer)
-        kw["request_id"] = kw["request_id"] or f"{name}-{len(reqs):05d}"
-        if kw["request_id"] in seen:
-            raise _bad(lineno, "request_id", f"({kw['request_id']!r}) is a duplicate")
-        seen.add(kw["request_id"])
-        arr = kw["arrival_s"]
-        if arr is not None:
-            if last_arrival is not None and arr < last_arrival:
-                raise _bad(lineno, "arrival_s", f"({arr}) is before the previous line's "
-                           f"({last_arrival}); sort the file by arrival_s")
-            last_arrival = arr
-        reqs.append(BenchRequest(**kw))
-    if not reqs:
-        raise ValueError(f"JSONL file {str(path)!r} has no requests")
-    params = {"source": "jsonl", "path": str(path),
-              "file_sha256": hashlib.sha256(data).hexdigest()}
-    return Workload(name=name, seed=0, params=params, requests=tuple(reqs))
-
-
-def save_jsonl(workload: Workload, path: str | Path) -> Path:
-    """Write `workload` as JSONL that `load_jsonl` reads back with the same checksum."""
-    path = Path(path)
-    with path.open("w", encoding="utf-8") as f:
-        for r in workload.requests:
-            row = {"request_id": r.request_id, "prompt_token_ids": list(r.prompt_token_ids),
-                   "max_tokens": r.max_tokens}
-            row.update({k: getattr(r, k) for k in ("prompt", "arrival_s", "group")
-                        if getattr(r, k) is not None})
-            f.write(json.dumps(row) + "\n")
-    return path
