@@ -118,11 +118,11 @@ def test_a_loading_request_waits_without_blocking_the_step(ckpt: Path,
     eng.step()  # admitted: blocks for 64 loaded tokens, load started; nothing scheduled
     assert eng.stats.step_trace[-1].prefill_tokens == 0
     assert req.output_token_ids == []
-    # the step had nothing else to run, so it waited for the load: done, back in the queue
+    # the step had nothing else to run, so it waited for the load: done, now running
     assert (req.status, req.num_computed_tokens) in (
-        (RequestStatus.WAITING_FOR_REMOTE_KVS, 0), (RequestStatus.WAITING, 64))
+        (RequestStatus.WAITING_FOR_REMOTE_KVS, 0), (RequestStatus.RUNNING, 64))
     steps = 1
-    while req.status != RequestStatus.RUNNING and steps < 50:
+    while not req.output_token_ids and steps < 50:
         eng.step()
         steps += 1
     assert req.num_computed_tokens == DOC_LEN + TAIL  # 64 loaded + the last one computed
@@ -316,3 +316,24 @@ def test_disk_bytes_to_use_prunes_the_least_recently_used_files(
     llm.engine.runner.kv_connector.flush()
     kept = sum(f.stat().st_size for f in store.rglob("*.kv"))
     assert 0 < kept <= cap
+
+
+def test_loaded_requests_under_pool_pressure_all_finish(ckpt: Path, prompts: list[list[int]],
+                                                        reference: list[list[int]]) -> None:
+    """Six offloaded prompts at once into a 34-block pool (each loads 16 blocks): a loaded
+    request joins the running ones (preemptable), so holders never starve each other."""
+    llm = LLM(str(ckpt), block_size=BLOCK, num_gpu_blocks_override=34, max_num_seqs=6,
+              max_num_batched_tokens=64, max_model_len=128, kv_transfer_config=offloading())
+    one_by_one(llm, prompts)
+    eng = llm.engine
+    reqs = [eng.make_request(p, GREEDY) for p in prompts]
+    for r in reqs:
+        eng.add_request(r)
+    for _ in range(400):
+        if not eng.has_unfinished_requests():
+            break
+        eng.step()
+        eng.scheduler.kv_cache_manager.check_integrity()
+    assert not eng.has_unfinished_requests()
+    assert [r.output_token_ids for r in reqs] == reference[NUM_DOCS:]
+    assert llm.stats()["vllm:num_preemptions"] > 0

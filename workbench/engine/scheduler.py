@@ -16,8 +16,9 @@ stop conditions, blocks freed, `n > 1` children forked (sharing blocks copy-on-w
 With a KV connector (`kv_transfer_config`, vLLM's flow): a waiting request's prefix lookup is
 the device cache, then the connector's tiers (`get_num_new_matched_tokens`), then compute; an
 external hit gets its blocks and waits in WAITING_FOR_REMOTE_KVS (out of the queue, using no
-budget) until the worker reports the load (`update_from_kv_xfer_finished`), then rejoins the
-front of the queue with those tokens computed. `preemption_mode="swap"` hands a victim's
+budget, holding a max_num_seqs seat) until the worker reports the load
+(`update_from_kv_xfer_finished`), then joins the running requests with those tokens computed
+(a request holding blocks must be preemptable, or blocked holders could starve each other). `preemption_mode="swap"` hands a victim's
 blocks to the connector's host tier before freeing them.
 """
 
@@ -218,7 +219,9 @@ class Scheduler:
         cfg = self.config
         kv = self.kv_cache_manager
         threshold = cfg.long_prefill_token_threshold
-        while len(self.waiting) and budget > 0 and len(self.running) < cfg.max_num_seqs:
+        # a loading request holds blocks and a seat: it counts against max_num_seqs
+        while len(self.waiting) and budget > 0 and \
+                len(self.running) + len(self.loading) < cfg.max_num_seqs:
             req = self.waiting.peek()
             if req.num_computed_tokens == 0:
                 computed_blocks, num_computed = kv.get_computed_blocks(req)
@@ -267,6 +270,8 @@ class Scheduler:
         req.num_computed_tokens = num_computed
         if req.num_cached_tokens < 0:
             req.num_cached_tokens = num_computed + ext
+        if req.times.first_scheduled is None:
+            req.times.first_scheduled = time.perf_counter()
         req.status = RequestStatus.WAITING_FOR_REMOTE_KVS
         self.loading[req.request_id] = (req, ext)
         assert self.connector is not None
@@ -302,8 +307,12 @@ class Scheduler:
                 req.num_computed_tokens += ext
                 req.num_draft_computed_tokens = req.num_computed_tokens
                 self.kv_cache_manager.cache_blocks(req, req.num_computed_tokens)
-            req.status = RequestStatus.WAITING
-            self.waiting.prepend(req)
+            if rid in output.timed_out_recving:  # holds nothing now: queued again
+                req.status = RequestStatus.WAITING
+                self.waiting.prepend(req)
+            else:  # holds its blocks: it runs (and is preemptable) like any running request
+                req.status = RequestStatus.RUNNING
+                self.running.append(req)
 
     def _connector_finished(self, req: Request) -> None:
         if self.connector is not None:
