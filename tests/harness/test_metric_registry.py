@@ -34,8 +34,19 @@ def test_run_level_metrics_are_the_registry_run_rows() -> None:
 
     shares = phase_shares([{"duration_s": 1.0, "prefill_tokens": 3},
                            {"duration_s": 3.0, "prefill_tokens": 0}])
-    logged = set(shares) | {"valid", "other_cpu_share"}  # Store.log_validity
+    from workbench.harness.cache_metrics import kv_cache_metrics
+
+    every_counter = {  # a delta with every counter kv_cache_metrics reads
+        name: 1.0 for name in ("vllm:prefix_cache_hits", "vllm:prefix_cache_queries",
+                               "vllm:external_prefix_cache_hits",
+                               "vllm:external_prefix_cache_queries",
+                               "workbench:kv_offload_host_hits", "workbench:kv_offload_disk_hits",
+                               "vllm:kv_offload_load_bytes", "vllm:kv_offload_store_bytes",
+                               "vllm:num_preemptions", "vllm:kv_offload_load_time")}
+    cache = kv_cache_metrics(every_counter, engine_time_s=4.0)
+    logged = set(shares) | set(cache) | {"valid", "other_cpu_share"}  # + Store.log_validity
     assert logged == set(registry.metric_names(("run",)))
+    assert cache["kv_transfer_time_share"] == 0.25 and cache["prefix_cache_hit_rate"] == 1.0
 
 
 def test_server_histograms_are_the_registry_prometheus_rows() -> None:

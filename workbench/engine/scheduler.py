@@ -18,8 +18,9 @@ the device cache, then the connector's tiers (`get_num_new_matched_tokens`), the
 external hit gets its blocks and waits in WAITING_FOR_REMOTE_KVS (out of the queue, using no
 budget, holding a max_num_seqs seat) until the worker reports the load
 (`update_from_kv_xfer_finished`), then joins the running requests with those tokens computed
-(a request holding blocks must be preemptable, or blocked holders could starve each other). `preemption_mode="swap"` hands a victim's
-blocks to the connector's host tier before freeing them.
+(a request holding blocks must be preemptable, or blocked holders could starve each other).
+`preemption_mode="swap"` hands a victim's blocks to the connector's host tier before freeing
+them.
 """
 
 from __future__ import annotations

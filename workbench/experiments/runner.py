@@ -42,6 +42,7 @@ from workbench.experiments.verdict import (
     verdict_summary,
     verdict_table,
 )
+from workbench.harness.cache_metrics import kv_cache_metrics
 from workbench.profiling import torch_trace
 from workbench.tracking.param_keys import run_params
 
@@ -388,6 +389,9 @@ def run_one(
         if result.error:
             raise RuntimeError(result.error)
         record.metrics = result.metrics(slo=slo)
+        engine_time = (phase_shares(result.step_trace)["engine_time_s"]
+                       if result.step_trace else None)
+        record.metrics.update(kv_cache_metrics(result.server_delta, engine_time))
         v = result.validity
         record.valid, record.disturbed = v.valid, v.disturbed
         record.other_cpu_share = v.other_cpu_share
