@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
+from tests.harness.fakes import QuietTarget
 from workbench.harness.arrivals import ArrivalSpec
 from workbench.harness.metrics import RequestRecord
 from workbench.harness.runner import run
-from workbench.harness.targets import Target
 from workbench.harness.validity import (
     DEFAULT_MAX_OTHER_CPU_SHARE,
     STATED_SHARE_ENV,
@@ -151,28 +151,13 @@ def test_local_server_pids() -> None:
 
 
 # --------------------------------------------------------------------------- runner
-class InstantTarget(Target):
+class InstantTarget(QuietTarget):
     """Answers every request at once with `max_tokens` tokens."""
-
-    async def start(self) -> None: ...
-
-    async def stop(self) -> None: ...
 
     async def generate(self, req: BenchRequest, record: RequestRecord) -> None:
         record.first_token_s = record.end_s = self.now_s()
         record.output_tokens, record.success = req.max_tokens, True
 
-    async def reset_prefix_cache(self) -> bool:
-        return True
-
-    def server_snapshot(self) -> dict[str, Any]:
-        return {}
-
-    def step_trace(self) -> list[dict[str, Any]]:
-        return []
-
-    def describe(self) -> dict[str, Any]:
-        return {"kind": "fake"}
 
 
 def _workload() -> Workload:

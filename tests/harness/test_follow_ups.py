@@ -14,14 +14,14 @@ import heapq
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from tests.harness.fakes import QuietTarget
 from workbench.harness.arrivals import ArrivalSpec, arrival_offsets
 from workbench.harness.metrics import RequestRecord
 from workbench.harness.runner import RunClock, RunResult, run, run_benchmark
-from workbench.harness.targets import InProcessTarget, Target
+from workbench.harness.targets import InProcessTarget
 from workbench.harness.validity import FixedCpuWatch
 from workbench.harness.workloads import BenchRequest, Workload, make_workload
 
@@ -76,7 +76,7 @@ def run_virtual(clock: VirtualClock, make: Callable[[], Awaitable[RunResult]]) -
     return asyncio.run(go())
 
 
-class FakeTarget(Target):
+class FakeTarget(QuietTarget):
     """Each request takes `service_s` (per id, default 1 s) of virtual time; ids in `fail`
     raise after it."""
 
@@ -87,12 +87,6 @@ class FakeTarget(Target):
     def now_s(self) -> float:
         return self.clock.now() - self.t0
 
-    async def start(self) -> None:
-        pass
-
-    async def stop(self) -> None:
-        pass
-
     async def generate(self, req: BenchRequest, record: RequestRecord) -> None:
         await self.clock.sleep(self.service_s.get(req.request_id, 1.0))
         if req.request_id in self.fail:
@@ -102,17 +96,6 @@ class FakeTarget(Target):
         record.chunk_times_s, record.chunk_tokens = [now], [req.max_tokens]
         record.output_tokens, record.success = req.max_tokens, True
 
-    async def reset_prefix_cache(self) -> bool:
-        return True
-
-    def server_snapshot(self) -> dict[str, Any]:
-        return {}
-
-    def step_trace(self) -> list[dict[str, Any]]:
-        return []
-
-    def describe(self) -> dict[str, Any]:
-        return {"kind": "fake"}
 
 
 def _chat() -> Workload:

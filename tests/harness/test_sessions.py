@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from tests.harness.fakes import encode, jsonl_error
 from workbench.harness.lengths import LengthDist
 from workbench.harness.workload_base import _Text
 from workbench.harness.workloads import (
@@ -23,17 +24,7 @@ from workbench.harness.workloads import (
     save_jsonl,
 )
 
-
-@pytest.fixture(scope="session")
-def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from workbench.models.tokenizer import load_tokenizer
-    from workbench.testing import tiny_checkpoint
-
-    return load_tokenizer(tiny_checkpoint(tmp_path_factory.mktemp("tok"), arch="llama"))
-
-
-def _encode(tok: Any, text: str) -> list[int]:
-    return list(tok(text, add_special_tokens=False)["input_ids"])
+_encode = encode
 
 
 CHAT = dict(num_users=3, num_turns=4, system_prompt_len=20,
@@ -297,12 +288,7 @@ def test_jsonl_round_trip_keeps_follows_think_and_turn(tokenizer: Any, tmp_path:
 ])
 def test_jsonl_dependency_errors_name_line_and_field(tmp_path: Path, line: str, msg: str
                                                      ) -> None:
-    p = tmp_path / "bad.jsonl"
-    p.write_text('{"prompt_token_ids": [1, 2], "max_tokens": 3, "arrival_s": 1.0, '
-                 '"request_id": "a"}\n' + line + "\n")
-    with pytest.raises(ValueError) as e:
-        load_jsonl(p)
-    assert msg in str(e.value)
+    assert msg in jsonl_error(tmp_path, line)
 
 
 def test_jsonl_follow_up_line(tmp_path: Path) -> None:

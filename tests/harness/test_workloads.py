@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from tests.harness.fakes import encode, jsonl_error
 from workbench.harness.lengths import LengthDist
 from workbench.harness.workloads import (
     FIXTURES,
@@ -21,17 +22,7 @@ from workbench.harness.workloads import (
     save_jsonl,
 )
 
-
-@pytest.fixture(scope="session")
-def tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from workbench.models.tokenizer import load_tokenizer
-    from workbench.testing import tiny_checkpoint
-
-    return load_tokenizer(tiny_checkpoint(tmp_path_factory.mktemp("tok"), arch="llama"))
-
-
-def _encode(tok: Any, text: str) -> list[int]:
-    return list(tok(text, add_special_tokens=False)["input_ids"])
+_encode = encode
 
 
 # ---- LengthDist -------------------------------------------------------------------------
@@ -220,12 +211,7 @@ def test_jsonl_text_prompts_and_arrivals(tokenizer: Any, tmp_path: Path) -> None
     ("[1, 2]", "line 2: line must be a JSON object"),
 ])
 def test_jsonl_errors_name_line_and_field(tmp_path: Path, line: str, msg: str) -> None:
-    p = tmp_path / "bad.jsonl"
-    p.write_text('{"prompt_token_ids": [1, 2], "max_tokens": 3, "arrival_s": 1.0, '
-                 '"request_id": "a"}\n' + line + "\n")
-    with pytest.raises(ValueError) as e:
-        load_jsonl(p)
-    assert msg in str(e.value)
+    assert msg in jsonl_error(tmp_path, line)
 
 
 def test_jsonl_empty_file(tmp_path: Path) -> None:

@@ -5,16 +5,14 @@ both return the same greedy tokens."""
 from __future__ import annotations
 
 import json
-import socket
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
+from tests.router.serving import serve_router
 from workbench.harness import prom
 from workbench.models.tokenizer import load_tokenizer
 from workbench.router.app import build_router_app
@@ -41,28 +39,8 @@ def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
     pool = ReplicaPool(serve, 2, log_dir=tmp / "logs", ready_timeout_s=180)
     app = build_router_app(RouterConfig(num_replicas=2, policy="round_robin", block_size=BLOCK,
                                         health_interval_s=0.2), pool, load_tokenizer(model))
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    else:
-        server.should_exit = True
-        pool.stop()
-        raise RuntimeError("the router did not become healthy")
-    yield {"url": url, "pool": pool, "store": store}
-    server.should_exit = True
-    thread.join(timeout=60)
-    pool.stop()
+    with serve_router(app, pool) as (url, _, _):
+        yield {"url": url, "pool": pool, "store": store}
 
 
 def complete(url: str, prompt: list[int], **extra: Any) -> list[int]:

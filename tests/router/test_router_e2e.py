@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 
+from tests.router.serving import serve_router
 from workbench.harness import prom
 from workbench.models.tokenizer import load_tokenizer
 from workbench.router.app import build_router_app
@@ -62,28 +62,8 @@ def handle(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Handle]:
     pool = ReplicaPool(["--model", str(model), *SERVE], 2, log_dir=tmp / "logs",
                        ready_timeout_s=180)
     app = build_router_app(config, pool, load_tokenizer(model))
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 240
-    while time.monotonic() < deadline and thread.is_alive():
-        try:
-            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    else:
-        server.should_exit = True
-        pool.stop()
-        raise RuntimeError("the router did not become healthy")
-    yield Handle(app, url, server, thread)
-    server.should_exit = True
-    thread.join(timeout=60)
-    pool.stop()  # idempotent; in case the lifespan did not finish
+    with serve_router(app, pool) as (url, server, thread):
+        yield Handle(app, url, server, thread)
 
 
 def post(url: str, body: dict[str, Any], path: str = "/v1/completions") -> dict[str, Any]:

@@ -50,7 +50,14 @@ import random
 from typing import Any
 
 from workbench.harness.lengths import LengthDist
-from workbench.harness.workload_base import BenchRequest, Workload, _int_param, _Text, _upper
+from workbench.harness.workload_base import (
+    BenchRequest,
+    Workload,
+    _int_param,
+    _Text,
+    _upper,
+    merged_params,
+)
 
 THINK_TIME_DISTS = ("exponential", "uniform", "fixed")
 DOC_ORDERS = ("random", "grouped", "interleaved")
@@ -74,13 +81,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {"multi_turn_chat": MULTI_TURN_DEFAULTS,
 
 
 def _params(name: str, params: dict[str, Any]) -> dict[str, Any]:
-    allowed = DEFAULTS[name]
-    unknown = sorted(set(params) - set(allowed))
-    if unknown:
-        raise ValueError(
-            f"fixture {name!r} got unknown params {unknown}; allowed: {sorted(allowed)}"
-        )
-    p = {**allowed, **params}
+    p = merged_params(name, DEFAULTS[name], params)
     _int_param(p, "max_model_len", 2)
     return p
 

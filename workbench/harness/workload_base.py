@@ -153,6 +153,17 @@ class _Text:
         return ids[:n]
 
 
+def merged_params(name: str, allowed: dict[str, Any], params: dict[str, Any]
+                  ) -> dict[str, Any]:
+    """A fixture's params over its defaults; an unknown one is refused naming the allowed."""
+    unknown = sorted(set(params) - set(allowed))
+    if unknown:
+        raise ValueError(
+            f"fixture {name!r} got unknown params {unknown}; allowed: {sorted(allowed)}"
+        )
+    return {**allowed, **params}
+
+
 def _int_param(p: dict[str, Any], name: str, low: int) -> int:
     v = p[name]
     if not isinstance(v, int) or isinstance(v, bool) or v < low:

@@ -54,7 +54,7 @@ from workbench.harness.lengths import LengthDist
 from workbench.harness.workload_base import WORDS as WORDS
 from workbench.harness.workload_base import BenchRequest as BenchRequest
 from workbench.harness.workload_base import Workload as Workload
-from workbench.harness.workload_base import _int_param, _Text, _upper
+from workbench.harness.workload_base import _int_param, _Text, _upper, merged_params
 from workbench.harness.workload_jsonl import JSONL_FIELDS as JSONL_FIELDS
 from workbench.harness.workload_jsonl import load_jsonl as load_jsonl
 from workbench.harness.workload_jsonl import save_jsonl as save_jsonl
@@ -64,13 +64,7 @@ COMMON_DEFAULTS: dict[str, Any] = {"num_requests": 32, "max_model_len": 1024}
 
 
 def _resolve(name: str, defaults: dict[str, Any], params: dict[str, Any]) -> dict[str, Any]:
-    allowed = {**COMMON_DEFAULTS, **defaults}
-    unknown = sorted(set(params) - set(allowed))
-    if unknown:
-        raise ValueError(
-            f"fixture {name!r} got unknown params {unknown}; allowed: {sorted(allowed)}"
-        )
-    p = {**allowed, **params}
+    p = merged_params(name, {**COMMON_DEFAULTS, **defaults}, params)
     _int_param(p, "num_requests", 1)
     _int_param(p, "max_model_len", 2)
     _int_param(p, "max_input_len", 1)
