@@ -58,7 +58,7 @@ def test_every_notebook_is_tested() -> None:
                      "03_chunked_prefill_sweep.ipynb", "04_prefix_caching.ipynb",
                      "05_saturation.ipynb", "06_compare_runs.ipynb",
                      "07_speculative_decoding.ipynb", "08_quantization.ipynb",
-                     "09_tp_vs_replicas.ipynb", "10_routing.ipynb"}
+                     "09_tp_vs_replicas.ipynb", "10_routing.ipynb", "11_kv_offload.ipynb"}
 
 
 # --------------------------------------------------------------------------- py <-> ipynb pairs
@@ -319,6 +319,56 @@ def test_10_routing_round_robin_vs_prefix_aware(tmp_path: Path) -> None:
     assert run["metrics.round_robin_prefix_hit_rate"] == 0.0
     # 3 of 6 prompts reuse 128 tokens (2 if the load bound sent one elsewhere): >= 0.25
     assert run["metrics.prefix_aware_prefix_hit_rate"] > 0.2
+
+
+def test_11_kv_offload_host_tier_vs_off(tmp_path: Path) -> None:
+    """4 users x 3 turns on a 41-block pool (the histories need about 64 blocks), 2 running
+    at once: off never reads a tier; the host tier brings evicted histories back, and every
+    byte it loads is a hit token's KV; a first turn can only reuse the shared system prompt."""
+    import json
+
+    from workbench.analysis import parent_runs, run_artifact_frame
+    from workbench.named_models import resolve_model
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    nb, figs = execute("11_kv_offload.ipynb", tmp_path, model="demo", num_users=4, num_turns=3,
+                       think_time_s=0.05, num_gpu_blocks=41, max_num_seqs=2, repeats=1,
+                       mlflow_uri=uri, mlflow_experiment="kv-nb")
+    assert "external_prefix_cache_hit_rate" in text_of(nb)
+    assert pngs(figs) == {"ttft_by_turn.png", "reuse_by_turn.png"} and num_images(nb) == 2
+    source = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    assert "](../docs/kv_offload.md)" in source and "memcpy" in source and "PCIe" in source
+
+    run = parent_runs("kv-nb", uri).loc[0]
+    tiers = run_artifact_frame(run["run_id"], "11_kv_offload/tiers.csv", uri)
+    assert list(tiers["config"]) == ["off", "host tier"] and list(tiers["repeats"]) == [1, 1]
+    off, on = tiers.iloc[0], tiers.iloc[1]
+    for col in ("external_prefix_cache_hit_rate", "kv_host_hit_tokens", "kv_load_mb",
+                "kv_store_mb", "kv_transfer_time_share"):
+        assert off[col] == 0.0, col
+    assert off["prefix_cache_hit_rate"] > 0  # the system prompt and the histories kept
+    assert on["external_prefix_cache_hit_rate"] > 0 and on["kv_host_hit_tokens"] > 0
+    assert on["kv_store_mb"] > 0 and 0 < on["kv_transfer_time_share"] < 1
+    cfg = json.loads((Path(resolve_model("demo")) / "config.json").read_text())
+    kv_bytes_per_token = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] \
+        * cfg["head_dim"] * 4  # K and V, float32
+    assert round(on["kv_load_mb"] * 1e6) == on["kv_host_hit_tokens"] * kv_bytes_per_token
+    assert run["metrics.host_tier.external_prefix_cache_hit_rate"] == \
+        on["external_prefix_cache_hit_rate"]
+
+    requests = run_artifact_frame(run["run_id"], "11_kv_offload/requests.csv", uri)
+    assert requests.groupby("config")["success"].agg(["size", "all"]).to_dict("index") == {
+        "host tier": {"size": 12, "all": True}, "off": {"size": 12, "all": True}}
+    assert (requests.loc[requests["config"] == "off", "external_tokens"] == 0).all()
+    first = requests[requests["turn"] == 0]
+    assert (first["cached_tokens"] <= 32).all() and (first["external_tokens"] == 0).all()
+    later = requests[(requests["config"] == "host tier") & (requests["turn"] > 0)]
+    assert later["external_tokens"].sum() > 0
+    assert (later["external_tokens"] <= later["cached_tokens"]).all()
+    turns = run_artifact_frame(run["run_id"], "11_kv_offload/turns.csv", uri)
+    assert list(zip(turns["config"], turns["turn"], strict=True)) == [
+        ("off", 0), ("off", 1), ("off", 2), ("host tier", 0), ("host tier", 1),
+        ("host tier", 2)]
 
 
 # --------------------------------------------------------------------------- parameters

@@ -337,3 +337,21 @@ def test_loaded_requests_under_pool_pressure_all_finish(ckpt: Path, prompts: lis
     assert not eng.has_unfinished_requests()
     assert [r.output_token_ids for r in reqs] == reference[NUM_DOCS:]
     assert llm.stats()["vllm:num_preemptions"] > 0
+
+
+def test_reset_prefix_cache_with_reset_connector_empties_the_tiers(
+        ckpt: Path, prompts: list[list[int]], tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    llm = engine(ckpt, kv_transfer_config=offloading(spec_name="TieringOffloadingSpec",
+                                                     disk_path=str(store)))
+    one_by_one(llm, prompts)
+    llm.engine.runner.kv_connector.flush()
+    assert list(store.rglob("*.kv"))
+    assert llm.reset_prefix_cache() is True  # the device cache only: the tiers keep theirs
+    assert list(store.rglob("*.kv"))
+    assert llm.reset_prefix_cache(reset_connector=True) is True
+    assert list(store.rglob("*.kv")) == []
+    assert llm.stats()["workbench:kv_offload_cpu_usage_perc"] > 0  # the gauge: last step
+    before = llm.stats()["vllm:external_prefix_cache_hits"]
+    one_by_one(llm, prompts)  # nothing to load: every tier was emptied
+    assert llm.stats()["vllm:external_prefix_cache_hits"] == before

@@ -4,10 +4,13 @@ Place in the flow: experiments and sweeps write runs to MLflow (`workbench.track
 `frames` reads them back as one row per run (params, metrics and tags flattened) and builds
 the baseline-vs-variant comparison; `plots` turns frames into matplotlib Figures (Agg
 canvas, never a window); `notebook` is the small glue notebooks use to resolve a tracking
-URI and publish their figures and headline metrics.
+URI and publish their figures and headline metrics; `kv_tiers` measures a tiered KV cache
+per config and per chat turn (notebook 11; imported on first use: it loads the engine).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from workbench.analysis.frames import (
     compare_frame,
@@ -29,13 +32,19 @@ from workbench.analysis.plots import (
     sweep_tradeoff,
 )
 
+# workbench.analysis.kv_tiers's names, imported on first use (it imports the engine and torch)
+_KV_TIERS = ("by_turn", "host_tier", "measure_tiers", "tier_table", "turn_table")
+
 __all__ = [
     "bar_compare",
+    "by_turn",
     "compare_frame",
     "compare_plot",
     "experiment_sweep",
     "grid_heatmap",
+    "host_tier",
     "latency_ecdf",
+    "measure_tiers",
     "memory_split",
     "parent_runs",
     "request_frames",
@@ -45,4 +54,14 @@ __all__ = [
     "save",
     "step_series",
     "sweep_tradeoff",
+    "tier_table",
+    "turn_table",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _KV_TIERS:
+        from workbench.analysis import kv_tiers
+
+        return getattr(kv_tiers, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

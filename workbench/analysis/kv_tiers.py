@@ -6,24 +6,29 @@ per KV tier setup, repeats interleaved, read out per run and per chat turn.
                                         -> (one row per run, one row per request)
     tier_table(runs)                    one row per config: medians over its repeats
     turn_table(requests)                one row per (config, turn): TTFT and reused tokens
+    tier_metrics(table, turns)          both as flat MLflow metrics
+    by_turn(requests, y)                a figure: median y per turn, one bar per config
 
 Per request, besides the client's TTFT, a `TierProbe` (an InProcessTarget) records what the
-engine reused for it: `cached_tokens`, the prompt tokens it did not compute at its first
-schedule (device prefix cache + tokens loaded from the tiers: the engine's
-`num_cached_tokens`), and `external_tokens`, the tokens the KV connector loaded for it, first
-schedule and any reload after a preemption (the per-request share of
-`vllm:external_prefix_cache_hits`). The run-level read-out is
-`workbench.harness.cache_metrics.kv_cache_metrics` on the engine counters' delta.
+engine reused for it when it was first scheduled: `cached_tokens`, the prompt tokens it did
+not compute (the engine's `num_cached_tokens`: device prefix cache + tokens loaded from the
+tiers), and of those `external_tokens`, the tokens the KV connector loaded. A reload after a
+preemption is not a request's reuse of earlier turns and is left out here; the run-level
+read-out (`workbench.harness.cache_metrics.kv_cache_metrics` on the engine counters' delta)
+counts it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from matplotlib.figure import Figure
 
+from workbench.analysis.plots import bar_compare
+from workbench.experiments.labels import metric_label
 from workbench.harness.arrivals import ArrivalSpec
 from workbench.harness.cache_metrics import kv_cache_metrics
 from workbench.harness.metrics import records_frame
@@ -45,10 +50,11 @@ def host_tier(cpu_bytes_to_use: int) -> dict[str, Any]:
 
 
 class TierProbe(InProcessTarget):
-    """The in-process engine, plus what it reused per request (see the module docstring):
-    after a run, `reuse()` maps request id -> {"cached_tokens", "external_tokens"}. It wraps
-    the engine's `make_request` and the connector's `update_state_after_alloc` (called once
-    per allocation, with the tokens to load) on the engine it builds; nothing else changes."""
+    """The in-process engine, plus what it reused per request at its first schedule (see the
+    module docstring): after a run, `reuse()` maps request id -> {"cached_tokens",
+    "external_tokens"}. It wraps the engine's `make_request` and the connector's
+    `update_state_after_alloc` (called at each allocation with the tokens to load; the first
+    call is the first schedule) on the engine it builds; nothing else changes."""
 
     def __init__(self, model: str, engine_kwargs: Mapping[str, Any] | None = None) -> None:
         super().__init__(model, dict(engine_kwargs or {}))
@@ -71,8 +77,7 @@ class TierProbe(InProcessTarget):
             update = connector.update_state_after_alloc
 
             def update_state_after_alloc(request: Any, block_ids: Any, num_external: int) -> Any:
-                rid = request.request_id
-                self._loaded[rid] = self._loaded.get(rid, 0) + max(int(num_external), 0)
+                self._loaded.setdefault(request.request_id, max(int(num_external), 0))
                 return update(request, block_ids, num_external)
 
             connector.update_state_after_alloc = update_state_after_alloc
@@ -125,7 +130,8 @@ def measure_tiers(model: str | Path, engine_kwargs: Mapping[str, Any], workload:
     """`workload` under each named kv_transfer_config (None: no connector), on a fresh
     engine per run, stopped after it; repeats interleaved (config A, B, A, B, ...). Returns
     one row per run (TIER_COLUMNS, completed, engine_time_s, valid) and one row per request
-    (config, repeat, session, turn, ttft_ms, cached_tokens, external_tokens)."""
+    (config, repeat, session, turn, ttft_ms, cached_tokens, external_tokens; the reuse at
+    first schedule, see the module docstring)."""
     if repeats < 1:
         raise ValueError(f"repeats ({repeats}) must be >= 1")
     runs, requests = [], []
@@ -145,18 +151,19 @@ def measure_tiers(model: str | Path, engine_kwargs: Mapping[str, Any], workload:
 
 
 def tier_table(runs: pd.DataFrame) -> pd.DataFrame:
-    """One row per config (in the order measured): the median of each TIER_COLUMNS number
-    over its repeats, and the number of repeats."""
-    order = list(dict.fromkeys(runs["config"]))
-    table = runs.groupby("config", sort=False)[list(TIER_COLUMNS)].median()
-    table.insert(0, "repeats", runs.groupby("config", sort=False).size())
-    return table.loc[order].reset_index()
+    """One row per config (in the order measured): the number of repeats and of valid ones
+    (the CPUs undisturbed), then the median of each TIER_COLUMNS number over the repeats."""
+    g = runs.groupby("config", sort=False)
+    table = g[list(TIER_COLUMNS)].median()
+    table.insert(0, "valid_repeats", g["valid"].sum().astype(int))
+    table.insert(0, "repeats", g.size())
+    return table.reset_index()
 
 
 def turn_table(requests: pd.DataFrame) -> pd.DataFrame:
     """One row per (config, turn) over every repeat's successful requests: how many, median
     and p95 TTFT, mean prompt tokens, and the mean tokens reused per request (cached: device
-    prefix cache + tiers at first schedule; external: loaded from the tiers)."""
+    prefix cache + tiers at first schedule; external: of those, loaded from the tiers)."""
     ok = requests[requests["success"].astype(bool)]
     g = ok.groupby(["config", "turn"], sort=False)
     table = g.agg(requests=("ttft_ms", "size"), median_ttft_ms=("ttft_ms", "median"),
@@ -164,19 +171,39 @@ def turn_table(requests: pd.DataFrame) -> pd.DataFrame:
                   prompt_tokens=("prompt_tokens", "mean"),
                   cached_tokens=("cached_tokens", "mean"),
                   external_tokens=("external_tokens", "mean"))
-    return table.reset_index().sort_values(["config", "turn"], kind="stable",
-                                           key=_config_order(requests)).reset_index(drop=True)
-
-
-def _config_order(requests: pd.DataFrame) -> Any:
     order = {c: i for i, c in enumerate(dict.fromkeys(requests["config"]))}
-    return lambda col: col.map(order) if col.name == "config" else col
+    table = table.reset_index()
+    rank = table["config"].map(order)
+    return table.assign(_rank=rank).sort_values(["_rank", "turn"]).drop(columns="_rank") \
+        .reset_index(drop=True)
 
 
-def turn_metrics(turns: pd.DataFrame, configs: Sequence[str]) -> dict[str, float]:
-    """MLflow metrics: median TTFT per turn per config (`<config>.turn<t>.median_ttft_ms`)."""
+def tier_metrics(table: pd.DataFrame, turns: pd.DataFrame) -> dict[str, float]:
+    """MLflow metrics, keyed by the config's label: each TIER_COLUMNS number of `tier_table`
+    (`host_tier.p95_ttft_ms`) and the median TTFT per turn of `turn_table`
+    (`host_tier.turn2.median_ttft_ms`)."""
     out = {}
-    for _, row in turns[turns["config"].isin(configs)].iterrows():
-        key = str(row["config"]).replace(" ", "_")
+    for _, row in table.iterrows():
+        key = metric_label(str(row["config"]))
+        out.update({f"{key}.{c}": float(row[c]) for c in TIER_COLUMNS})
+    for _, row in turns.iterrows():
+        key = metric_label(str(row["config"]))
         out[f"{key}.turn{int(row['turn'])}.median_ttft_ms"] = float(row["median_ttft_ms"])
     return out
+
+
+TOKEN_COLUMNS = {"cached_tokens": "reused prompt (tokens)",
+                 "external_tokens": "loaded from the tiers (tokens)",
+                 "prompt_tokens": "prompt (tokens)"}
+
+
+def by_turn(requests: pd.DataFrame, y: str = "ttft_ms", *, title: str | None = None
+            ) -> Figure | None:
+    """Median `y` over the successful requests of each turn (every repeat), one bar per
+    config (`plots.bar_compare`); token columns get a label with their unit. None when no
+    request succeeded."""
+    ok = requests[requests["success"].astype(bool)] if len(requests) else requests
+    fig = bar_compare(ok, x="turn", y=y, hue="config", title=title)
+    if fig is not None and y in TOKEN_COLUMNS:
+        fig.axes[0].set_ylabel(TOKEN_COLUMNS[y])
+    return fig

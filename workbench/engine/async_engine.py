@@ -211,9 +211,11 @@ class AsyncEngine:
             self._command("call", fn, fut)
         return fut
 
-    def reset_prefix_cache(self, timeout: float | None = None) -> bool:
-        """Drop the prefix cache between steps; False while any request holds blocks."""
-        return self.submit(lambda e: e.reset_prefix_cache()).result(timeout)
+    def reset_prefix_cache(self, timeout: float | None = None,
+                           reset_connector: bool = False) -> bool:
+        """Drop the prefix cache between steps (and the KV connector's tiers with
+        `reset_connector`); False while any request holds blocks."""
+        return self.submit(lambda e: e.reset_prefix_cache(reset_connector)).result(timeout)
 
     def stats(self) -> dict[str, float]:
         """A copy of the engine's stats (read without pausing the loop)."""

@@ -140,8 +140,8 @@ class LLM:
     def step_trace(self) -> list[dict[str, Any]]:
         return [r.as_dict() for r in self.engine.stats.step_trace]
 
-    def reset_prefix_cache(self) -> bool:
-        return self.engine.reset_prefix_cache()
+    def reset_prefix_cache(self, reset_connector: bool = False) -> bool:
+        return self.engine.reset_prefix_cache(reset_connector)
 
     def memory_readout(self) -> dict[str, Any]:
         return self.engine.memory_readout()

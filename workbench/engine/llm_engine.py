@@ -562,8 +562,14 @@ class LLMEngine:
             {r.request_id: r.num_computed_tokens for r in reqs},
         )
 
-    def reset_prefix_cache(self) -> bool:
-        return self.scheduler.kv_cache_manager.reset_prefix_cache()
+    def reset_prefix_cache(self, reset_connector: bool = False) -> bool:
+        """Drop the device prefix cache (False while a request holds blocks); with
+        `reset_connector` (vLLM's name) the KV connector's tiers too."""
+        done = self.scheduler.kv_cache_manager.reset_prefix_cache()
+        connector = self.scheduler.connector
+        if reset_connector and connector is not None:
+            done = connector.reset_cache() and done  # type: ignore[attr-defined]
+        return done
 
     def shutdown(self) -> None:
         """Stop the tensor-parallel worker processes (a no-op with one process); idempotent.

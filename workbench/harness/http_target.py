@@ -259,12 +259,13 @@ class OpenAITarget(Target):
 
     # ---------------------------------------------------------------- server side
     async def reset_prefix_cache(self) -> bool:
-        """POST /reset_prefix_cache (vLLM; dev mode), else /flush_cache (SGLang)."""
+        """POST /reset_prefix_cache?reset_external=true (vLLM, dev mode: the KV connector's
+        tiers too; workbench serve), else /flush_cache (SGLang)."""
         return await self._on_io(self._areset())
 
     async def _areset(self) -> bool:
         assert self._client is not None
-        for path in ("/reset_prefix_cache", "/flush_cache"):
+        for path in ("/reset_prefix_cache?reset_external=true", "/flush_cache"):
             try:
                 resp = await self._client.post(self.root + path, timeout=30.0)
             except httpx.HTTPError as e:

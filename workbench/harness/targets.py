@@ -36,7 +36,8 @@ class Target(ABC):
       entry per streamed chunk with content, at its arrival), end_s, output_tokens,
       success/error, and the server_* durations when it knows them. It may raise: the runner
       then marks the record failed with the error. Cancellation must abort the request.
-    - `reset_prefix_cache()` drops the server's prefix cache; True when it did.
+    - `reset_prefix_cache()` drops the server's prefix cache, and a KV connector's external
+      tiers (vLLM's `reset_external`); True when it did.
     - `server_snapshot()` is a flat dict of server counters/gauges (vLLM metric names) now;
       `step_trace()` the per-step rows so far ([] when the server does not expose them).
     - `describe()` says what was measured: {"kind", "model", "config", ...}.
@@ -158,7 +159,8 @@ class InProcessTarget(Target):
 
     async def reset_prefix_cache(self) -> bool:
         ae = self._require()
-        return await asyncio.wrap_future(ae.submit(lambda e: e.reset_prefix_cache()))
+        return await asyncio.wrap_future(
+            ae.submit(lambda e: e.reset_prefix_cache(reset_connector=True)))
 
     # ---------------------------------------------------------------- reporting
     def server_snapshot(self) -> dict[str, Any]:

@@ -129,7 +129,9 @@ def build_router_app(config: RouterConfig, pool: ReplicaPool, tokenizer: Any,
     async def reset_prefix_cache(request: Request) -> JSONResponse:
         router: Router = request.app.state.router
         headers = forward_headers(request.headers)  # the replicas' API key, if they have one
-        done = await asyncio.gather(*(_reset(router, r, headers) for r in router.pool.live()))
+        query = str(request.url.query)
+        done = await asyncio.gather(*(_reset(router, r, headers, query)
+                                      for r in router.pool.live()))
         return JSONResponse({"success": bool(done) and all(done)})
 
     @app.get("/router/replicas")
@@ -182,10 +184,11 @@ async def _scrape(router: Router, replica: Replica) -> None:
         replica.last_metrics = resp.text
 
 
-async def _reset(router: Router, replica: Replica, headers: dict[str, str]) -> bool:
+async def _reset(router: Router, replica: Replica, headers: dict[str, str],
+                 query: str = "") -> bool:
     try:
-        resp = await router.client.post(replica.base_url + "/reset_prefix_cache", timeout=30.0,
-                                        headers=headers)
+        url = replica.base_url + "/reset_prefix_cache" + (f"?{query}" if query else "")
+        resp = await router.client.post(url, timeout=30.0, headers=headers)
         return resp.status_code == 200 and bool(resp.json().get("success", True))
     except (httpx.HTTPError, ValueError, AttributeError) as e:
         logger.warning("reset_prefix_cache on replica %d failed: %s", replica.index, e)

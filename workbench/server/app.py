@@ -132,9 +132,11 @@ def _add_service_routes(app: FastAPI) -> None:
         return Response(m.render(), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/reset_prefix_cache", **openapi.reset_route())
-    async def reset_prefix_cache(request: Request) -> JSONResponse:
+    async def reset_prefix_cache(request: Request, reset_external: bool = False) -> JSONResponse:
+        """The prefix cache; `reset_external=true` (vLLM's) the KV connector's tiers too."""
         engine = serving_state(request).engine
-        done = await asyncio.wrap_future(engine.submit(lambda e: e.reset_prefix_cache()))
+        done = await asyncio.wrap_future(
+            engine.submit(lambda e: e.reset_prefix_cache(reset_connector=reset_external)))
         return JSONResponse({"success": bool(done)})
 
 

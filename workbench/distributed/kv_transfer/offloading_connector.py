@@ -286,6 +286,17 @@ class OffloadingConnector(KVConnectorBase_V1):
         self._count("workbench:kv_swap_out_blocks", num_blocks)
         return True
 
+    def reset_cache(self) -> bool:
+        """vLLM's reset of the external caches (`reset_prefix_cache(reset_connector=True)`,
+        the server's `?reset_external=true`): the host tier's blocks and the disk tier's
+        files of this namespace; what a transfer in flight still uses stays."""
+        done = self.host.reset()
+        if self.disk is not None:
+            done = self.disk.reset() and done
+        for st in self._reqs.values():
+            st.num_stored = 0  # stored blocks are gone: completed blocks are stored again
+        return done
+
     def has_pending_loads(self) -> bool:
         return any(st.load is not None for st in self._reqs.values())
 

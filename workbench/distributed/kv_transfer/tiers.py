@@ -113,6 +113,19 @@ class HostTier:
             self._pins.pop(slot, None)
             self._free.append(slot)
 
+    def reset(self) -> bool:
+        """Forget every ready, unpinned block (their slots become free); False when some
+        are pinned or pending (those stay)."""
+        kept = False
+        for key, slot in list(self._lru.items()):
+            if slot in self._pins or slot in self._pending:
+                kept = True
+                continue
+            del self._lru[key]
+            del self._slot_key[slot]
+            self._free.append(slot)
+        return not kept
+
     @property
     def usage(self) -> float:
         return 1.0 - len(self._free) / self.num_slots
@@ -127,6 +140,16 @@ class DiskTier:
         self.root = Path(root)
         self.namespace = namespace
         (self.root / namespace).mkdir(parents=True, exist_ok=True)
+
+    def reset(self) -> bool:
+        """Delete this namespace's files (every instance sharing it loses them)."""
+        ok = True
+        for f in (self.root / self.namespace).rglob("*.kv"):
+            try:
+                f.unlink()
+            except OSError:
+                ok = False
+        return ok
 
     def holds(self, key: bytes) -> bool:
         """A complete file for `key` exists (written by this or another instance); an
