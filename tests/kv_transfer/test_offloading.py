@@ -355,3 +355,37 @@ def test_reset_prefix_cache_with_reset_connector_empties_the_tiers(
     before = llm.stats()["vllm:external_prefix_cache_hits"]
     one_by_one(llm, prompts)  # nothing to load: every tier was emptied
     assert llm.stats()["vllm:external_prefix_cache_hits"] == before
+
+
+def test_a_store_killed_mid_load_degrades_to_recompute(
+        ckpt: Path, prompts: list[list[int]], reference: list[list[int]],
+        tmp_path: Path) -> None:
+    """The disk tier dies between the lookup (files there) and the load (files gone): the
+    load fails, the request recomputes, its tokens are the reference's; the step trace shows
+    the request waiting for its KV and the bytes moved."""
+    store = tmp_path / "store"
+    kt = offloading(spec_name="TieringOffloadingSpec", disk_path=str(store))
+    a = engine(ckpt, kv_transfer_config=kt)
+    one_by_one(a, prompts)
+    a.engine.runner.kv_connector.flush()
+    b = engine(ckpt, kv_transfer_config=kt)
+    gate = gate_loads(b)
+    eng = b.engine
+    req = eng.make_request(prompts[0], GREEDY)
+    other = eng.make_request(list(range(20, 40)), SamplingParams(temperature=0, max_tokens=6,
+                                                                 ignore_eos=True))
+    eng.add_request(other)
+    eng.add_request(req)
+    eng.step()  # `other` runs; `req` found its 8 blocks on disk and waits for them
+    assert req.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+    assert eng.stats.step_trace[-1].waiting_for_kv == 1
+    shutil.rmtree(store)  # the store dies
+    gate.set()
+    while eng.has_unfinished_requests():
+        eng.step()
+    assert req.output_token_ids == reference[NUM_DOCS]
+    assert b.stats()["workbench:kv_offload_failed_loads"] == 1
+    assert [e["scope"] for e in b.errors()] == ["kv_transfer"]
+    trace = eng.stats.step_trace
+    assert sum(r.kv_store_bytes for r in trace) == b.stats()["vllm:kv_offload_store_bytes"]
+    eng.scheduler.kv_cache_manager.check_integrity()

@@ -422,6 +422,7 @@ class LLMEngine:
             kv_cache_usage_perc=sched.kv_cache_manager.usage,
             preemptions=sched.num_preemptions_last_step,
             spec_draft_tokens=spec_drafted, spec_accepted_tokens=spec_accepted,
+            **self._kv_step_fields(output),
         ))
         if out.preempted_request_ids:
             preemption_warning(out.preempted_request_ids, int(c["vllm:num_preemptions"]),
@@ -429,6 +430,16 @@ class LLMEngine:
         if self.stat_logger is not None:
             self.stat_logger.observe(self.stats)
         return progressed
+
+    def _kv_step_fields(self, output: ModelRunnerOutput | None) -> dict[str, int]:
+        """The step trace's KV connector columns (none without a connector)."""
+        if self.scheduler.connector is None:
+            return {}
+        kv_out = output.kv_connector_output if output is not None else None
+        st = kv_out.stats if kv_out is not None else None
+        return {"waiting_for_kv": len(self.scheduler.loading),
+                "kv_load_bytes": st.load_bytes if st else 0,
+                "kv_store_bytes": (st.store_bytes + st.swap_out_bytes) if st else 0}
 
     def _kv_transfer_done(self, kv_out: KVConnectorOutput) -> None:
         """The worker's KV connector report: finished loads resume their requests, failed

@@ -35,6 +35,11 @@ class StepRecord:
     preemptions: int  # preemptions that happened in this step
     spec_draft_tokens: int = 0  # draft tokens verified in this step
     spec_accepted_tokens: int = 0  # of which accepted
+    # KV connector (kv_transfer_config): requests in WAITING_FOR_REMOTE_KVS after the step,
+    # and the bytes its worker side moved during the step (loads finished, stores, swap-outs)
+    waiting_for_kv: int = 0
+    kv_load_bytes: int = 0
+    kv_store_bytes: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
