@@ -239,6 +239,7 @@ def test_a_dead_or_corrupt_disk_tier_degrades_to_recompute(
     errors = list(b.errors())
     assert {e["scope"] for e in errors} == {"kv_transfer"}
     assert all("load for" in e["message"] for e in errors)
+    b.engine.runner.kv_connector.flush()
     shutil.rmtree(store)  # the store is gone altogether: lookups miss, nothing fails
     c = engine(ckpt, kv_transfer_config=kt)
     assert one_by_one(c, prompts) == reference[NUM_DOCS:]
@@ -379,6 +380,7 @@ def test_a_store_killed_mid_load_degrades_to_recompute(
     eng.step()  # `other` runs; `req` found its 8 blocks on disk and waits for them
     assert req.status == RequestStatus.WAITING_FOR_REMOTE_KVS
     assert eng.stats.step_trace[-1].waiting_for_kv == 1
+    b.engine.runner.kv_connector.flush()  # no write of `other`'s blocks in flight
     shutil.rmtree(store)  # the store dies
     gate.set()
     while eng.has_unfinished_requests():
