@@ -409,11 +409,11 @@ class LLMEngine:
         c["vllm:prefix_cache_queries"] += queries
         c["vllm:prefix_cache_hits"] += hits
         if sched.connector is not None:
-            for name, value in sched.connector.make_stats().items():  # type: ignore[attr-defined]
+            for name, value in sched.connector.make_stats().items():
                 c[name] = c.get(name, 0) + value
             g = self.stats.gauges
             g["workbench:num_requests_waiting_for_kv"] = len(sched.loading)
-            g["workbench:kv_offload_cpu_usage_perc"] = sched.connector.host_usage  # type: ignore[attr-defined]
+            g["workbench:kv_offload_cpu_usage_perc"] = sched.connector.host_usage
         t1 = time.perf_counter()
         self.stats.record_step(StepRecord(
             step=self.stats.num_steps, wall_time_s=t1, duration_s=t1 - t0,
@@ -579,7 +579,7 @@ class LLMEngine:
         done = self.scheduler.kv_cache_manager.reset_prefix_cache()
         connector = self.scheduler.connector
         if reset_connector and connector is not None:
-            done = connector.reset_cache() and done  # type: ignore[attr-defined]
+            done = connector.reset_cache() and done
         return done
 
     def shutdown(self) -> None:

@@ -105,17 +105,12 @@ class Scheduler:
             req = self.requests.get(rid)
             if req is None or (req.is_finished() and status != RequestStatus.FINISHED_ERROR):
                 continue
+            # its load may still write its blocks: freed when the load is done
             loading = req.status == RequestStatus.WAITING_FOR_REMOTE_KVS
             if req.status == RequestStatus.RUNNING:
                 self.running.remove(req)
-            elif loading:  # its load may still write its blocks: freed when it is done
-                req.status = status
-                if errors is not None:
-                    req.error = errors.get(rid)
-                self.requests.pop(rid, None)
-                self.finished_req_ids.add(rid)
-                done.append(req)
-                continue
+            elif loading:
+                pass
             elif not req.is_finished():
                 self.waiting.remove(req)
             elif req in self.running:  # an update that failed after check_stop finished it
@@ -123,10 +118,11 @@ class Scheduler:
             req.status = status
             if errors is not None:
                 req.error = errors.get(rid)
-            self._connector_finished(req)
-            self.kv_cache_manager.free(
-                req, None if num_valid_tokens is None else num_valid_tokens.get(rid)
-            )
+            if not loading:
+                self._connector_finished(req)
+                self.kv_cache_manager.free(
+                    req, None if num_valid_tokens is None else num_valid_tokens.get(rid)
+                )
             self.requests.pop(rid, None)
             self.finished_req_ids.add(rid)
             done.append(req)

@@ -18,12 +18,10 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import re
 import tempfile
 import traceback
 import warnings
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -300,29 +298,6 @@ def _log_sweep_plot(store: Any, parent: str, template: Template, runs: list[RunR
                       RuntimeWarning, stacklevel=2)
 
 
-class _DropInvalid(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(INVALID_PREFIX)
-
-
-INVALID_PREFIX = "INVALID benchmark run"
-
-
-@contextlib.contextmanager
-def _invalid_reported_here() -> Iterator[None]:
-    """The harness's own report of an invalid run (a log line and a RuntimeWarning) is left
-    out: run_one prints one line per disturbed run, with the run's label."""
-    harness_log = logging.getLogger("workbench.harness.runner")
-    drop = _DropInvalid()
-    harness_log.addFilter(drop)
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=INVALID_PREFIX, category=RuntimeWarning)
-            yield
-    finally:
-        harness_log.removeFilter(drop)
-
-
 def _fingerprint_warning(store: Any, fingerprint: str) -> str | None:
     """Warn when the previous run of this experiment was measured on other hardware/software."""
     prev = store.client.search_runs(
@@ -376,12 +351,11 @@ def run_one(
         with lifecycle, tempfile.TemporaryDirectory() as tmp:
             trace = Path(tmp) / TRACE_NAME
             try:
-                with (torch_trace(str(trace)) if profile == "torch"
-                      else contextlib.nullcontext()), _invalid_reported_here():
+                with torch_trace(str(trace)) if profile == "torch" else contextlib.nullcontext():
                     result = run(target, workload, arrival, cache_state=template.cache_state,
                                  warmup_requests=template.warmup_requests,
                                  max_other_cpu_share=max_other_cpu_share, cpu_watch=cpu_watch,
-                                 progress=progress)
+                                 progress=progress, warn_invalid=False)
             finally:
                 run_sync(target.stop)  # the target before its server
             if trace.exists():

@@ -118,13 +118,16 @@ async def run_benchmark(
     cpu_watch: CpuWatch | None = None,
     progress: bool = False,
     clock: RunClock | None = None,
+    warn_invalid: bool = True,
 ) -> RunResult:
     """Measure `workload` on `target`; the target is started if needed and left running.
     `cpu_watch` (default: `default_cpu_watch()`) measures the other processes' CPU share
     over the measured part; above `max_other_cpu_share` (None: record only) it is invalid.
     `progress`: a tqdm bar of finished requests on stderr (a widget in Jupyter), removed
     when the run ends; off by default (the CLI turns it on). `clock`: the runner's time
-    source (default `RunClock()`); requests with `follows` must name an earlier request."""
+    source (default `RunClock()`); requests with `follows` must name an earlier request.
+    `warn_invalid`: log and warn when the run is invalid (off for a caller that reports it
+    itself, as the experiment runner does)."""
     if cache_state not in CACHE_STATES:
         raise ValueError(f"cache_state ({cache_state!r}) must be one of {list(CACHE_STATES)}")
     if warmup_requests < 0:
@@ -174,7 +177,8 @@ async def run_benchmark(
     _warn_failed_predecessors(res.follow_ups)
     _finish(res, target, driver, trace_start, max_duration_s)
     res.validity.judge_cpu(share.others, max_other_cpu_share)
-    _warn_invalid(res)
+    if warn_invalid:
+        _warn_invalid(res)
     return res
 
 

@@ -64,6 +64,19 @@ class KVConnectorBase_V1(ABC):  # noqa: N801 - vLLM's name
         """(delay freeing the blocks, kv_transfer_params for the client)."""
         return False, None
 
+    def make_stats(self) -> dict[str, float]:
+        """Scheduler-side counters since the last call (name -> increment)."""
+        return {}
+
+    @property
+    def host_usage(self) -> float:
+        """Share of the host tier holding blocks (0 without one)."""
+        return 0.0
+
+    def reset_cache(self) -> bool:
+        """Empty the external tiers (`reset_prefix_cache(reset_connector=True)`)."""
+        return True
+
     def request_preempted(self, request: Request, block_ids: list[int]) -> bool:
         """preemption_mode='swap': keep the request's KV outside the device pool; False
         when it cannot (it recomputes instead)."""

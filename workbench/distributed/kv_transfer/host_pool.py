@@ -111,8 +111,7 @@ class HostKVPool:
         data = self.host[slot].contiguous()
         header = json.dumps({"key": key_hex, "shape": list(self.slot_shape),
                              "dtype": str(data.dtype)}).encode() + b"\n"
-        raw = data.view(torch.uint8).numpy().tobytes() if data.dtype != torch.uint8 else \
-            data.numpy().tobytes()
+        raw = data.view(torch.uint8).numpy().tobytes()
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         with open(tmp, "wb") as f:
             f.write(MAGIC + header + raw)

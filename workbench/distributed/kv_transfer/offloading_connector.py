@@ -297,9 +297,6 @@ class OffloadingConnector(KVConnectorBase_V1):
             st.num_stored = 0  # stored blocks are gone: completed blocks are stored again
         return done
 
-    def has_pending_loads(self) -> bool:
-        return any(st.load is not None for st in self._reqs.values())
-
     def make_stats(self) -> dict[str, float]:
         out, self.counters = self.counters, {}
         return out
