@@ -100,9 +100,14 @@ def _check(declared: dict[str, Any], param: str, fixed: dict[str, Any], nb: Path
                          f"declared: {sorted(declared)}")
 
 
+KERNEL_SHUTDOWN_WAIT_S = 30.0  # jupyter_client's 5 s default is short on 2 busy CPUs
+
+
 def _ipc_kernel_manager() -> type:
     """jupyter_client's AsyncKernelManager on IPC transport (Unix sockets in Jupyter's
-    runtime folder): ipykernel >= 7 warns on every start over plain TCP."""
+    runtime folder): ipykernel >= 7 warns on every start over plain TCP. A kernel that has
+    not exited 5 s after its shutdown request is interrupted (an "[IPKernelApp] ERROR |
+    KeyboardInterrupt caught in kernel" line) on a loaded machine: it gets 30 s."""
     from jupyter_client import AsyncKernelManager
     from traitlets import default
 
@@ -110,6 +115,10 @@ def _ipc_kernel_manager() -> type:
         @default("transport")
         def _transport_default(self) -> str:
             return "ipc" if os.name == "posix" else "tcp"
+
+        @default("shutdown_wait_time")
+        def _shutdown_wait_time_default(self) -> float:
+            return KERNEL_SHUTDOWN_WAIT_S
 
     return IpcKernelManager
 
