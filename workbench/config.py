@@ -520,22 +520,23 @@ class EngineConfig:
             raise ValueError("preemption_mode ('swap') needs a host KV tier: kv_transfer_config "
                              '{"kv_connector": "OffloadingConnector", ...}; or use '
                              "preemption_mode='recompute'")
-        off = kt.offloading if kt is not None else None
-        if off is None:
+        if kt is None:
             return
+        off = kt.offloading
         bs = self.cache_config.block_size
-        if off.block_size is not None and off.block_size % bs:
+        if off is not None and off.block_size is not None and off.block_size % bs:
             raise ValueError(f"kv_transfer_config kv_connector_extra_config block_size "
                              f"({off.block_size}) must be a multiple of block_size ({bs})")
+        name = kt.kv_connector
         if self.parallel_config.tensor_parallel_size > 1:
-            raise ValueError(f"kv_transfer_config (OffloadingConnector) with "
+            raise ValueError(f"kv_transfer_config ({name}) with "
                              f"tensor_parallel_size ({self.parallel_config.tensor_parallel_size})"
                              " is not supported yet; use tensor_parallel_size=1")
         spec = self.speculative_config
         if spec is not None and not isinstance(spec, dict) and spec.method != "ngram":
-            raise ValueError("kv_transfer_config (OffloadingConnector) with a draft model "
+            raise ValueError(f"kv_transfer_config ({name}) with a draft model "
                              "(speculative_config method 'draft_model') is not supported: the "
-                             "draft model's KV is not offloaded; use method 'ngram'")
+                             "draft model's KV is not handed over; use method 'ngram'")
 
     @property
     def quantization(self) -> str | None:

@@ -14,6 +14,15 @@ there and on a GPU).
 
 Per request: `SamplingParams(extra_args={"kv_transfer_params": {"max_load_tokens": K}})` (the
 OpenAI server's `kv_transfer_params` field) caps the tokens loaded from the external tiers.
+
+    kv_transfer_config={"kv_connector": "P2pConnector", "kv_role": "kv_producer",
+                        "kv_connector_extra_config": {"side_channel_port": 0}}
+
+`P2pConnector` hands a request's KV from a prefill instance (`kv_producer`) to a decode
+instance (`kv_consumer`) over a point-to-point channel (ZeroMQ over TCP), with NixlConnector's
+handshake in `kv_transfer_params`: `do_remote_decode` on the prefill request; the prefill
+returns `do_remote_prefill`, `remote_engine_id`, `remote_request_id`, `remote_block_ids`,
+`remote_host`, `remote_port`, which the decode request carries (`docs/disaggregation.md`).
 """
 
 from __future__ import annotations
@@ -21,7 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-KV_CONNECTORS = ("OffloadingConnector",)
+KV_CONNECTORS = ("OffloadingConnector", "P2pConnector")
+P2P_TRANSPORTS = ("zmq",)
 KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
 OFFLOADING_SPECS = ("CPUOffloadingSpec", "TieringOffloadingSpec")
 PREEMPTION_MODES = ("recompute", "swap")
@@ -87,6 +97,45 @@ class OffloadingConfig:
 
 
 @dataclass
+class P2pConfig:
+    """`kv_connector_extra_config` of the P2pConnector."""
+
+    transport: str = "zmq"  # ZeroMQ over TCP; NIXL / NCCL would be other transports
+    side_channel_host: str = "127.0.0.1"  # where the producer serves its blocks
+    side_channel_port: int = 0  # 0: a free port, announced in kv_transfer_params
+    abort_timeout_s: float = 120.0  # producer: blocks nobody read by then are freed
+    load_timeout_s: float = 30.0  # consumer: a read not done by then -> recompute
+
+    WHERE = "kv_transfer_config kv_connector_extra_config"
+
+    def __post_init__(self) -> None:
+        w = self.WHERE
+        if self.transport not in P2P_TRANSPORTS:
+            raise ValueError(f"{w} transport ({self.transport!r}) must be one of "
+                             f"{', '.join(P2P_TRANSPORTS)}")
+        if not isinstance(self.side_channel_host, str) or not self.side_channel_host:
+            raise ValueError(f"{w} side_channel_host ({self.side_channel_host!r}) must be a "
+                             "host name or address")
+        _positive_int(w, "side_channel_port", self.side_channel_port, 0)
+        if self.side_channel_port > 65535:
+            raise ValueError(f"{w} side_channel_port ({self.side_channel_port}) must be "
+                             "<= 65535")
+        for name in ("abort_timeout_s", "load_timeout_s"):
+            t = getattr(self, name)
+            if isinstance(t, bool) or not isinstance(t, int | float) or not t > 0:
+                raise ValueError(f"{w} {name} ({t!r}) must be a number > 0")
+
+    @classmethod
+    def from_dict(cls, extra: dict[str, Any]) -> P2pConfig:
+        allowed = {f.name for f in fields(cls)}
+        unknown = sorted(set(extra) - allowed)
+        if unknown:
+            raise ValueError(f"{cls.WHERE} has unknown key(s) {', '.join(unknown)}; allowed: "
+                             f"{', '.join(sorted(allowed))}")
+        return cls(**extra)
+
+
+@dataclass
 class KVTransferConfig:
     """vLLM's KVTransferConfig (the fields this engine uses)."""
 
@@ -108,7 +157,26 @@ class KVTransferConfig:
         if self.kv_connector == "OffloadingConnector" and self.kv_role != "kv_both":
             raise ValueError(f"kv_transfer_config kv_role ({self.kv_role!r}) must be 'kv_both' "
                              "for the OffloadingConnector (it saves and loads)")
+        if self.engine_id is not None and (not isinstance(self.engine_id, str)
+                                           or not self.engine_id):
+            raise ValueError(f"kv_transfer_config engine_id ({self.engine_id!r}) must be a "
+                             "non-empty string")
         self.offloading  # validates the extra config up front  # noqa: B018
+        self.p2p  # noqa: B018
+
+    @property
+    def is_kv_producer(self) -> bool:
+        return self.kv_role in ("kv_producer", "kv_both")
+
+    @property
+    def is_kv_consumer(self) -> bool:
+        return self.kv_role in ("kv_consumer", "kv_both")
+
+    @property
+    def p2p(self) -> P2pConfig | None:
+        if self.kv_connector != "P2pConnector":
+            return None
+        return P2pConfig.from_dict(self.kv_connector_extra_config)
 
     @property
     def offloading(self) -> OffloadingConfig | None:
@@ -136,17 +204,52 @@ class KVTransferConfig:
                 if getattr(self, f.name) is not None}
 
 
+# NixlConnector's handshake fields (vLLM): the prefill request asks for do_remote_decode; its
+# response carries the rest, which the decode request sends back with do_remote_prefill.
+REMOTE_FIELDS = ("remote_engine_id", "remote_request_id", "remote_block_ids", "remote_host",
+                 "remote_port")
+KV_TRANSFER_PARAM_KEYS = ("max_load_tokens", "do_remote_decode", "do_remote_prefill",
+                          *REMOTE_FIELDS, "tp_size")
+
+
 def kv_transfer_params(extra_args: dict[str, Any] | None) -> dict[str, Any]:
     """A request's `kv_transfer_params` (from SamplingParams.extra_args), validated."""
     params = (extra_args or {}).get("kv_transfer_params") or {}
     if not isinstance(params, dict):
         raise ValueError(f"kv_transfer_params ({params!r}) must be a dict such as "
-                         '{"max_load_tokens": 256}')
-    allowed = {"max_load_tokens"}
-    unknown = sorted(set(params) - allowed)
+                         '{"max_load_tokens": 256} or {"do_remote_decode": true}')
+    unknown = sorted(set(params) - set(KV_TRANSFER_PARAM_KEYS))
     if unknown:
         raise ValueError(f"kv_transfer_params has unknown key(s) {', '.join(unknown)}; "
-                         f"allowed: {', '.join(sorted(allowed))}")
+                         f"allowed: {', '.join(KV_TRANSFER_PARAM_KEYS)}")
     if "max_load_tokens" in params:
         _positive_int("kv_transfer_params", "max_load_tokens", params["max_load_tokens"], 0)
+    for name in ("do_remote_decode", "do_remote_prefill"):
+        if params.get(name) is not None and not isinstance(params[name], bool):
+            raise ValueError(f"kv_transfer_params {name} ({params[name]!r}) must be true or "
+                             "false")
+    if params.get("tp_size") is not None and params["tp_size"] != 1:
+        raise ValueError(f"kv_transfer_params tp_size ({params['tp_size']!r}) must be 1: "
+                         "the P2pConnector hands over single-rank KV")
+    if params.get("do_remote_decode") and params.get("do_remote_prefill"):
+        raise ValueError("kv_transfer_params do_remote_decode and do_remote_prefill cannot "
+                         "both be true (a request is either the prefill or the decode leg)")
+    if params.get("do_remote_prefill"):
+        missing = [k for k in REMOTE_FIELDS if params.get(k) is None]
+        if missing:
+            raise ValueError(f"kv_transfer_params do_remote_prefill needs {', '.join(missing)} "
+                             "(the prefill instance's response carries them)")
+        for name in ("remote_engine_id", "remote_request_id", "remote_host"):
+            if not isinstance(params[name], str) or not params[name]:
+                raise ValueError(f"kv_transfer_params {name} ({params[name]!r}) must be a "
+                                 "non-empty string")
+        port = params["remote_port"]
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 < port <= 65535:
+            raise ValueError(f"kv_transfer_params remote_port ({port!r}) must be an integer "
+                             "in 1..65535")
+        ids = params["remote_block_ids"]
+        if not isinstance(ids, list) or not ids or any(
+                isinstance(b, bool) or not isinstance(b, int) or b < 0 for b in ids):
+            raise ValueError(f"kv_transfer_params remote_block_ids ({ids!r}) must be a "
+                             "non-empty list of block ids (integers >= 0)")
     return params

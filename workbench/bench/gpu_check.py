@@ -20,6 +20,9 @@ writes OUTDIR/gpu_check.json and OUTDIR/gpu_check.md with five sections:
               `generate_batch` (continuous batching) on the same greedy workload;
 5. kv_offload the OffloadingConnector's copy path (pinned host tier; PCIe/NVLink DMA on a
               GPU): greedy tokens with the tier equal the recompute run, load/store GB/s.
+6. pd_disagg  the P2pConnector: a prefill engine and a decode engine on the device, the KV read
+              over ZeroMQ (device -> host -> wire -> host -> device; NIXL would read device
+              memory directly): greedy tokens equal a colocated engine, transfer GB/s.
 
 Every section runs inside its own try block: a failure is recorded in the report with its
 traceback and the other sections still run. The HBM bandwidth comes from the device name
@@ -88,7 +91,8 @@ class CheckConfig:
     device: str = "cuda"
     quick: bool = False
     hbm_bytes_per_s: float | None = None
-    sections: tuple[str, ...] = ("kernels", "attention", "step", "throughput", "kv_offload")
+    sections: tuple[str, ...] = ("kernels", "attention", "step", "throughput", "kv_offload",
+                                 "pd_disagg")
     contexts: tuple[int, ...] = (1024, 4096, 16384, 32768)
     attn_batches: tuple[int, ...] = (1, 64)
     step_batches: tuple[int, ...] = (1, 16, 64)
@@ -99,7 +103,7 @@ class CheckConfig:
     model_dir: Path | None = None  # reuse a checkpoint instead of building the 0.5B one
 
     def __post_init__(self) -> None:
-        allowed = ("kernels", "attention", "step", "throughput", "kv_offload")
+        allowed = ("kernels", "attention", "step", "throughput", "kv_offload", "pd_disagg")
         bad = [s for s in self.sections if s not in allowed]
         if bad:
             raise ValueError(f"sections ({','.join(bad)}) unknown; allowed: {', '.join(allowed)}")
@@ -442,6 +446,56 @@ def kv_offload_round_trip(cfg: CheckConfig, ckpt: Path) -> list[dict[str, Any]]:
     return rows
 
 
+def pd_disagg_round_trip(cfg: CheckConfig, ckpt: Path) -> list[dict[str, Any]]:
+    """The P2pConnector on the device: prompts prefilled on a producer engine (max_tokens=1,
+    do_remote_decode), decoded on a consumer engine that reads the held blocks; greedy
+    tokens must equal a colocated engine's, and the counters give the transfer rate."""
+    from workbench import LLM
+    from workbench.sampling_params import SamplingParams
+
+    vocab = int(json.loads((ckpt / "config.json").read_text())["vocab_size"])
+    n, length, out_len = (3, 40, 4) if cfg.quick else (8, 2048, 16)
+    prompts = _random_prompts(n, length, vocab, seed=5)
+    dtype = "bfloat16" if cfg.device == "cuda" else "float32"
+    kw = {"dtype": dtype, "device": cfg.device, "max_num_seqs": n,
+          "max_model_len": length + out_len + 16, "attention_backend": "triton",
+          "block_size": 16, "num_gpu_blocks_override": n * -(-(length + out_len) // 16) + 8}
+    greedy = SamplingParams(temperature=0.0, max_tokens=out_len, ignore_eos=True)
+    ref_llm = LLM(str(ckpt), **kw)
+    t0 = time.perf_counter()
+    want = [list(o.outputs[0].token_ids) for o in ref_llm.generate(prompts, greedy)]
+    colocated_s = time.perf_counter() - t0
+    del ref_llm
+    prod = LLM(str(ckpt), kv_transfer_config={"kv_connector": "P2pConnector",
+                                              "kv_role": "kv_producer"}, **kw)
+    cons = LLM(str(ckpt), kv_transfer_config={"kv_connector": "P2pConnector",
+                                              "kv_role": "kv_consumer"}, **kw)
+    prefill = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True,
+                             extra_args={"kv_transfer_params": {"do_remote_decode": True}})
+    t0 = time.perf_counter()
+    handshakes = [o.kv_transfer_params for o in prod.generate(prompts, prefill)]
+    prefill_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    outs = cons.generate(prompts, [SamplingParams(
+        temperature=0.0, max_tokens=out_len, ignore_eos=True,
+        extra_args={"kv_transfer_params": k}) for k in handshakes])
+    decode_s = time.perf_counter() - t0
+    got = [list(o.outputs[0].token_ids) for o in outs]
+    st = cons.stats()
+    recv_s = st["workbench:kv_transfer_recv_time"]
+    row = {"prompts": n, "prompt_len": length, "colocated_s": colocated_s,
+           "prefill_leg_s": prefill_s, "decode_leg_s": decode_s,
+           "kv_bytes": st["workbench:kv_transfer_recv_bytes"],
+           "recv_gb_per_s": st["workbench:kv_transfer_recv_bytes"] / recv_s / 1e9
+           if recv_s else None,
+           "failed_recvs": st["workbench:kv_transfer_failed_recvs"],
+           "requests_equal_to_colocated": sum(a == b for a, b in zip(got, want, strict=True))}
+    row["ok"] = row["requests_equal_to_colocated"] == n and row["failed_recvs"] == 0
+    prod.engine.shutdown()
+    cons.engine.shutdown()
+    return [row]
+
+
 def _fmt(x: Any, digits: int = 3) -> str:
     if x is None:
         return "–"
@@ -503,6 +557,14 @@ def render_markdown(report: Report) -> str:
         lines += _table(s["kv_offload"], ["system", "seconds", "external_hit_tokens",
                                           "load_gb_per_s", "store_gb_per_s",
                                           "requests_equal_to_recompute", "ok"]) + [""]
+    if "pd_disagg" in s:
+        lines += ["## Prefill/decode disaggregation (P2pConnector over ZeroMQ)", "",
+                  "Prefill on one engine, KV read by a second that decodes. Target: every "
+                  "request equal to the colocated engine, no failed read.", ""]
+        lines += _table(s["pd_disagg"], ["prompts", "prompt_len", "colocated_s",
+                                         "prefill_leg_s", "decode_leg_s", "kv_bytes",
+                                         "recv_gb_per_s", "requests_equal_to_colocated",
+                                         "ok"]) + [""]
     for name, err in report.errors.items():
         lines += [f"## {name}: FAILED", "", "```", err.rstrip(), "```", ""]
     lines.append("Section wall times (s): " + ", ".join(
@@ -560,6 +622,7 @@ def run_check(cfg: CheckConfig) -> Report:
     section("step", lambda: decode_step_roofline(cfg, model()))
     section("throughput", lambda: throughput_vs_hf(cfg, model()))
     section("kv_offload", lambda: kv_offload_round_trip(cfg, model()))
+    section("pd_disagg", lambda: pd_disagg_round_trip(cfg, model()))
     return report
 
 
@@ -573,7 +636,8 @@ def parse_args(argv: Sequence[str] | None) -> CheckConfig:
                    help="default: cuda when available, else cpu (then --quick is implied)")
     p.add_argument("--hbm-gbps", type=float, default=None,
                    help="HBM bandwidth in GB/s (default: from the device name)")
-    p.add_argument("--sections", default="kernels,attention,step,throughput,kv_offload")
+    p.add_argument("--sections",
+                   default="kernels,attention,step,throughput,kv_offload,pd_disagg")
     p.add_argument("--model-dir", type=Path, default=None,
                    help="reuse (or build once into) this checkpoint folder")
     a = p.parse_args(argv)

@@ -60,6 +60,8 @@ class StreamEvent:
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error" when finished
     times: RequestTimes | None = None
     num_cached_tokens: int = -1
+    # the KV connector's answer when the request finished (a prefill leg's handshake)
+    kv_transfer_params: dict[str, Any] | None = None
     error: str | None = None  # why the engine failed this sequence (finish_reason "error")
 
 
@@ -313,6 +315,7 @@ class AsyncEngine:
             times=_copy_times(req.times) if done else None,
             num_cached_tokens=req.num_cached_tokens,
             error=req.error if done else None,
+            kv_transfer_params=req.kv_transfer_params if done else None,
         )
         self._sent[sid] = req.num_output_tokens
         if done:

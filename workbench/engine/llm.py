@@ -95,6 +95,9 @@ class LLM:
                         if root in done:
                             done[root].append(req)
                             remaining -= 1
+            connector = engine.scheduler.connector
+            while connector is not None and connector.has_pending_work():
+                engine.step()  # e.g. a prefill instance announces its held blocks
         except BaseException:
             # A bug escaping the step (or Ctrl-C): take this call's requests out of the
             # engine so the next generate() starts clean, then re-raise.
@@ -132,6 +135,7 @@ class LLM:
             request_id=req.request_id, prompt=prompt, prompt_token_ids=req.prompt_token_ids,
             outputs=outs, finished=True, metrics=outs[0].metrics if outs else None,
             prompt_logprobs_tensors=collect_prompt_logprobs(req),
+            kv_transfer_params=req.kv_transfer_params,
         )
 
     def stats(self) -> dict[str, float]:

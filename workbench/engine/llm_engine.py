@@ -43,6 +43,7 @@ from workbench.engine.scheduler_output import SchedulerOutput
 from workbench.engine.stat_logger import LoggingStatLogger, preemption_warning
 from workbench.engine.stats import EngineStats, StepRecord
 from workbench.executor.tp_runner import create_model_runner
+from workbench.kv_transfer_config import kv_transfer_params
 from workbench.models.tokenizer import load_tokenizer
 from workbench.sampling_params import SamplingParams, is_int
 
@@ -88,6 +89,11 @@ class LLMEngine:
             config, KVConnectorRole.SCHEDULER, self.bytes_per_block)
         self.scheduler = Scheduler(sc, cc, self.num_blocks, num_lookahead_tokens=lookahead,
                                    connector=connector)
+        worker_connector = getattr(self.runner, "kv_connector", None)
+        if connector is not None and worker_connector is not None:
+            handshake = worker_connector.get_handshake_metadata()
+            if handshake is not None:  # e.g. the P2pConnector's side channel
+                connector.set_xfer_handshake_metadata(handshake)
         self.stats = EngineStats()
         self.vocab_size = int(mc.hf_config["vocab_size"])
         eos = self.tokenizer.eos_token_id
@@ -293,6 +299,15 @@ class LLMEngine:
                     f"0..{self.vocab_size - 1} (the model's vocabulary)"
                 )
         params.check_token_ids(self.vocab_size)
+        handshake = kv_transfer_params(params.extra_args)
+        if handshake:
+            connector = self.scheduler.connector
+            if connector is not None:
+                connector.check_request(handshake, params.n)
+            elif handshake.get("do_remote_decode") or handshake.get("do_remote_prefill"):
+                raise ValueError("kv_transfer_params do_remote_decode / do_remote_prefill "
+                                 "need an engine with a kv_transfer_config (kv_connector "
+                                 "'P2pConnector'); this one has none")
         max_seqs = self.config.scheduler_config.max_num_seqs
         if params.n > max_seqs:
             raise ValueError(
@@ -445,6 +460,7 @@ class LLMEngine:
         """The worker's KV connector report: finished loads resume their requests, failed
         ones recompute (recorded in `errors`, scope "kv_transfer"); counters."""
         self.scheduler.update_from_kv_xfer_finished(kv_out)
+        self.stats.gauges["workbench:kv_transfer_held_requests"] = len(self.scheduler.sending)
         st, c = kv_out.stats, self.stats.counters
         for name, value in (
             ("vllm:kv_offload_load_bytes", st.load_bytes),
@@ -456,6 +472,11 @@ class LLMEngine:
             ("workbench:kv_offload_tiering_write_bytes", st.disk_write_bytes),
             ("workbench:kv_swap_out_bytes", st.swap_out_bytes),
             ("workbench:kv_swap_out_time", st.swap_out_time_s),
+            ("workbench:kv_transfer_recv_bytes", st.recv_bytes),
+            ("workbench:kv_transfer_recv_time", st.recv_time_s),
+            ("workbench:kv_transfer_send_bytes", st.send_bytes),
+            ("workbench:kv_transfer_send_time", st.send_time_s),
+            ("workbench:kv_transfer_expired_sends", st.expired_sends),
         ):
             c[name] += value
         if kv_out.errors:
@@ -573,9 +594,18 @@ class LLMEngine:
             {r.request_id: r.num_computed_tokens for r in reqs},
         )
 
+    def poll_kv_transfers(self) -> None:
+        """Between steps: take the KV connector's news now (a prefill instance frees the
+        blocks decode instances have read since its last step; an idle engine does not
+        step)."""
+        worker = getattr(self.runner, "kv_connector", None)
+        if worker is not None and self.scheduler.connector is not None:
+            self._kv_transfer_done(worker.get_finished(set()))
+
     def reset_prefix_cache(self, reset_connector: bool = False) -> bool:
         """Drop the device prefix cache (False while a request holds blocks); with
         `reset_connector` (vLLM's name) the KV connector's tiers too."""
+        self.poll_kv_transfers()  # blocks another instance has read since the last step
         done = self.scheduler.kv_cache_manager.reset_prefix_cache()
         connector = self.scheduler.connector
         if reset_connector and connector is not None:

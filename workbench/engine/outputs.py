@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any
 
 import torch
 
@@ -103,6 +104,8 @@ class RequestOutput:
     # SamplingParams.prompt_logprobs set: every position after the first (None otherwise, or
     # when the request failed)
     prompt_logprobs_tensors: LogprobsTensors | None = field(default=None, repr=False)
+    # the KV connector's answer at the end (a prefill leg's handshake; vLLM's field)
+    kv_transfer_params: dict[str, Any] | None = None
 
     @property
     def num_cached_tokens(self) -> int:

@@ -18,7 +18,7 @@ import enum
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from workbench.sampling_params import SamplingParams
 
@@ -61,6 +61,12 @@ class RequestTimes:
     first_token: float | None = None
     token_times: list[float] = field(default_factory=list)
     finished: float | None = None
+    # KV received from a prefill instance (P2pConnector): when the read was queued, when it
+    # was done, its bytes and seconds on the wire (the rest of the wait is queueing)
+    kv_load_start: float | None = None
+    kv_load_done: float | None = None
+    kv_transfer_bytes: int = 0
+    kv_transfer_s: float = 0.0
 
 
 class Request:
@@ -89,6 +95,7 @@ class Request:
         "max_tokens",
         "error",
         "prompt_logprobs",
+        "kv_transfer_params",
     )
 
     def __init__(
@@ -134,6 +141,9 @@ class Request:
         # Why the engine finished this request with FINISHED_ERROR (None otherwise).
         self.error: str | None = None
         self.prompt_logprobs: list[LogprobsTensors] = []
+        # what the KV connector returned when the request finished (a prefill instance's
+        # handshake for the decode instance), sent back to the client
+        self.kv_transfer_params: dict[str, Any] | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -58,6 +58,9 @@ class Scheduler:
         # WAITING_FOR_REMOTE_KVS: request id -> (request, tokens its load makes computed)
         self.loading: dict[str, tuple[Request, int]] = {}
         self._quarantine: dict[str, list] = {}  # timed-out loads' blocks, until released
+        # finished requests whose blocks the connector holds for another instance to read
+        # (a prefill leg, P2pConnector): freed when it reports them sent (finished_sending)
+        self.sending: dict[str, Request] = {}
         # Draft-model speculation: slots for the k draft positions the draft model writes
         # after this step, allocated ahead (vLLM's num_lookahead_tokens).
         self.num_lookahead_tokens = num_lookahead_tokens
@@ -85,7 +88,8 @@ class Scheduler:
         self.waiting.add(request)
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.running) or len(self.waiting) > 0 or bool(self.loading)
+        return bool(self.running) or len(self.waiting) > 0 or bool(self.loading) or (
+            self.connector is not None and self.connector.has_pending_work())
 
     def finish_requests(
         self,
@@ -118,8 +122,7 @@ class Scheduler:
             req.status = status
             if errors is not None:
                 req.error = errors.get(rid)
-            if not loading:
-                self._connector_finished(req)
+            if not loading and not self._connector_finished(req):
                 self.kv_cache_manager.free(
                     req, None if num_valid_tokens is None else num_valid_tokens.get(rid)
                 )
@@ -270,6 +273,7 @@ class Scheduler:
         if req.times.first_scheduled is None:
             req.times.first_scheduled = time.perf_counter()
         req.status = RequestStatus.WAITING_FOR_REMOTE_KVS
+        req.times.kv_load_start = req.times.first_scheduled
         self.loading[req.request_id] = (req, ext)
         assert self.connector is not None
         self.connector.update_state_after_alloc(req, kv.block_ids_view(req.request_id), ext)
@@ -284,6 +288,10 @@ class Scheduler:
         kv = self.kv_cache_manager
         for rid in sorted(output.released):  # a timed-out load's blocks, its copy now over
             kv.release_blocks(self._quarantine.pop(rid, []))
+        for rid in sorted(output.finished_sending):  # another instance read them
+            held = self.sending.pop(rid, None)
+            if held is not None:
+                kv.free(held)
         for rid in sorted(output.finished_recving | output.failed_recving
                           | output.timed_out_recving):
             entry = self.loading.pop(rid, None)
@@ -297,9 +305,13 @@ class Scheduler:
                     self._connector_finished(req)
                     continue
             elif req.is_finished():
-                self._connector_finished(req)
-                kv.free(req)
+                if not self._connector_finished(req):
+                    kv.free(req)
                 continue
+            req.times.kv_load_done = time.perf_counter()
+            info = output.recv_info.get(rid)
+            if info is not None:
+                req.times.kv_transfer_bytes, req.times.kv_transfer_s = info
             if rid in output.finished_recving:
                 req.num_computed_tokens += ext
                 req.num_draft_computed_tokens = req.num_computed_tokens
@@ -311,10 +323,17 @@ class Scheduler:
                 req.status = RequestStatus.RUNNING
                 self.running.append(req)
 
-    def _connector_finished(self, req: Request) -> None:
-        if self.connector is not None:
-            self.connector.request_finished(
-                req, self.kv_cache_manager.block_ids_view(req.request_id))
+    def _connector_finished(self, req: Request) -> bool:
+        """Tell the connector; True when it holds the blocks (freed when it reports them
+        sent), and its kv_transfer_params go to the client."""
+        if self.connector is None:
+            return False
+        delay, params = self.connector.request_finished(
+            req, self.kv_cache_manager.block_ids_view(req.request_id))
+        req.kv_transfer_params = params
+        if delay:
+            self.sending[req.request_id] = req
+        return delay
 
     def _pick_victim(self) -> Request:
         return self.waiting.preemption_victim(self.running)  # the policy's choice
@@ -334,8 +353,8 @@ class Scheduler:
         self.waiting.prepend(req)
 
     def _free(self, req: Request) -> None:
-        self._connector_finished(req)
-        self.kv_cache_manager.free(req)
+        if not self._connector_finished(req):
+            self.kv_cache_manager.free(req)
         self.requests.pop(req.request_id, None)
         self.finished_req_ids.add(req.request_id)
 

@@ -25,7 +25,9 @@ TARGET_KINDS = ("in-process", "inprocess", "http", "openai")
 ROUTER_KNOBS = ("num_replicas", "num_workers", "policy", "routing_policy", "prefix_blocks",
                 "prefix_block_size", "load_bound_min", "load_bound_frac", "replica_threads",
                 "replica_ready_timeout_s", "replica_log_dir", "replica_log_level",
-                "replica_url", "scheduling_policy", "max_attempts", "health_interval_s")
+                "replica_url", "scheduling_policy", "max_attempts", "health_interval_s",
+                "num_prefill", "num_decode", "prefill_url", "decode_url", "prefill_policy",
+                "decode_policy")
 ROUTING_POLICIES = ("round_robin", "least_outstanding", "prefix_aware")
 
 
@@ -123,11 +125,12 @@ def _workbench_server(command: Any) -> tuple[str, list[str]]:
     argv = shlex.split(command) if isinstance(command, str) else [str(c) for c in command]
     for i, tok in enumerate(argv):
         if (Path(tok).name == "workbench" or tok == "workbench.cli") and i + 1 < len(argv):
-            if argv[i + 1] in ("serve", "router"):
-                return argv[i + 1], argv[i + 2:]
+            if argv[i + 1] in ("serve", "router", "disagg"):
+                verb = "serve" if argv[i + 1] == "serve" else "router"
+                return verb, argv[i + 2:]
         if tok == "workbench.server.serve":
             return "serve", argv[i + 1:]
-        if tok == "workbench.router.cli":
+        if tok in ("workbench.router.cli", "workbench.router.disagg_cli"):
             return "router", argv[i + 1:]
     return "foreign", []
 

@@ -11,6 +11,12 @@
     config.py   RouterConfig (the router's knobs)      app.py   the FastAPI app and lifespan
     summary.py  per-replica / aggregate run summary    cli.py   `workbench router ...`
 
+Disaggregated prefill/decode (`--num-prefill P --num-decode M`, `workbench disagg`):
+    disagg.py       DisaggRouter: a prefill leg on a prefill replica, then the decode leg
+                    (vLLM's proxy protocol, kv_transfer_params), fallback, records, timings
+    disagg_pool.py  P prefill + M decode replicas, each with its side's kv_transfer_config
+    disagg_cli.py   `workbench disagg ...`
+
 Replicas split independent requests: each has its own engine, KV pool and prefix cache, so
 where a request lands decides whether its prefix is already cached (seed 001 step 08, seed
 003). Scaling efficiency = throughput_N / (N x throughput_1) (`workbench.calc`).

@@ -12,15 +12,23 @@ Routes:
                                                  and forwarded (`forward.Router`)
     GET  /v1/models                              the first live replica's answer
     GET  /health                                 200 while at least one replica is alive
+                                                 (disaggregated: a decode replica)
     GET  /metrics                                `metrics.RouterCollector` (scrapes replicas)
     POST /reset_prefix_cache                     every live replica's; success if all did
-    GET  /router/replicas                        JSON: each replica's url, pid, alive, counts
+    GET  /router/replicas                        JSON: each replica's role, url, pid, alive,
+                                                 counts
+    GET  /router/requests                        JSON: the disaggregated router's last
+                                                 per-request records (`disagg.DisaggRecord`)
+
+With `config.disaggregated` (num_prefill, num_decode >= 1) the router is a
+`disagg.DisaggRouter`: a prefill leg on a prefill replica, then the decode leg.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -33,6 +41,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from workbench.router.config import RouterConfig
+from workbench.router.disagg import DisaggRouter
 from workbench.router.forward import Router, forward_headers
 from workbench.router.metrics import RouterCollector
 from workbench.router.pool import Replica, ReplicaPool
@@ -46,13 +55,20 @@ SCRAPE_TIMEOUT_S = 5.0
 
 
 def build_router_app(config: RouterConfig, pool: ReplicaPool, tokenizer: Any,
-                     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
-    """An app whose lifespan starts `pool` and routes to it with `config.policy`."""
+                     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+                     transport: httpx.AsyncBaseTransport | None = None) -> FastAPI:
+    """An app whose lifespan starts `pool` and routes to it with `config.policy` (or, when
+    disaggregated, `config.prefill_policy` and `config.decode_policy`). `transport`: how the
+    replicas are reached (default: HTTP; tests pass a mock)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await asyncio.to_thread(pool.start)
-        router = Router(pool, config.make_policy(), config, tokenizer)
+        router: Router
+        if config.disaggregated:
+            router = DisaggRouter(pool, config, tokenizer, transport=transport)
+        else:
+            router = Router(pool, config.make_policy(), config, tokenizer, transport=transport)
         app.state.router = router
         registry = CollectorRegistry()
         registry.register(RouterCollector(router))
@@ -115,7 +131,7 @@ def build_router_app(config: RouterConfig, pool: ReplicaPool, tokenizer: Any,
     @app.get("/health")
     async def health(request: Request) -> Response:
         router: Router | None = getattr(request.app.state, "router", None)
-        ok = router is not None and bool(router.pool.live())
+        ok = router is not None and router.healthy()
         return Response(status_code=200 if ok else 503)
 
     @app.get("/metrics")
@@ -137,8 +153,17 @@ def build_router_app(config: RouterConfig, pool: ReplicaPool, tokenizer: Any,
     @app.get("/router/replicas")
     async def replicas(request: Request) -> JSONResponse:
         router: Router = request.app.state.router
-        return JSONResponse({"policy": config.policy,
-                             "replicas": [r.describe() for r in router.pool.replicas]})
+        mode: dict[str, Any] = {"mode": "colocated", "policy": config.policy}
+        if config.disaggregated:
+            mode = {"mode": "disaggregated", "prefill_policy": config.prefill_policy,
+                    "decode_policy": config.decode_policy}
+        return JSONResponse({**mode, "replicas": [r.describe() for r in router.pool.replicas]})
+
+    @app.get("/router/requests")
+    async def requests(request: Request) -> JSONResponse:
+        router: Router = request.app.state.router
+        records = router.records if isinstance(router, DisaggRouter) else []
+        return JSONResponse({"requests": [dataclasses.asdict(r) for r in records]})
 
     _add_error_handlers(app)
     return app

@@ -13,6 +13,20 @@ round_robin | least_outstanding | prefix_aware), --prefix-blocks K, --prefix-blo
 `--replica-url URL` (repeatable) routes to servers already running instead of starting
 replicas (`--model` still names the folder whose tokenizer keys the requests).
 
+Disaggregated prefill/decode (`disagg.py`; `workbench disagg ...` is this command in that mode):
+
+    workbench router --num-prefill P --num-decode M [--prefill-policy prefix_aware]
+        [--decode-policy least_outstanding] --model DIR [every `workbench serve` flag]
+    workbench router --prefill-url URL [--prefill-url URL ...] --decode-url URL [...] \
+        --model DIR                                   servers already running (vLLM or ours)
+
+Any of these flags selects the mode (`workbench disagg` alone: P = M = 1). P prefill replicas
+get `--kv-transfer-config {"kv_connector": "P2pConnector", "kv_role": "kv_producer"}`, M
+decode replicas `kv_consumer`; a --kv-transfer-config among the engine flags is merged per
+side (`disagg_pool`). --prefill-policy: round_robin | least_outstanding | prefix_aware;
+--decode-policy: round_robin | least_outstanding. --num-workers W, if given, must equal
+(P + M) x --tensor-parallel-size. --num-replicas and --replica-url are the colocated mode's.
+
 Every other flag goes to each replica's `workbench serve` and is checked by its parser first
 (a bad engine flag is one error line, exit status 2). The engine's scheduling `--policy`
 (fcfs | priority) is spelled `--scheduling-policy` here, as in vLLM, since `--policy` is the
@@ -26,7 +40,7 @@ import argparse
 import logging
 import sys
 
-from workbench.router.config import RouterConfig
+from workbench.router.config import DECODE_POLICIES, RouterConfig
 from workbench.router.policies import POLICIES
 
 # Config keys a template may give that are the router's, not an engine's (flags of this
@@ -34,12 +48,14 @@ from workbench.router.policies import POLICIES
 ROUTER_KNOBS = ("num_replicas", "num_workers", "policy", "routing_policy", "prefix_blocks",
                 "prefix_block_size", "load_bound_min", "load_bound_frac", "replica_threads",
                 "replica_ready_timeout_s", "replica_log_dir", "replica_log_level",
-                "replica_url", "scheduling_policy", "max_attempts", "health_interval_s")
+                "replica_url", "scheduling_policy", "max_attempts", "health_interval_s",
+                "num_prefill", "num_decode", "prefill_url", "decode_url", "prefill_policy",
+                "decode_policy")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "workbench router") -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
-        prog="workbench router", allow_abbrev=False,
+        prog=prog, allow_abbrev=False,
         description="Route OpenAI requests over independent `workbench serve` replicas.",
         epilog="Other flags go to every replica's `workbench serve` (--model, engine knobs).")
     d = RouterConfig()
@@ -68,6 +84,17 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-attempts", type=int, default=None,
                     help="replicas a request may try (default: every live one)")
     ap.add_argument("--health-interval-s", type=float, default=d.health_interval_s)
+    g = ap.add_argument_group("disaggregated prefill/decode (any of these selects it)")
+    g.add_argument("--num-prefill", type=int, default=None,
+                   help="prefill replicas (kv_producer; default 1)")
+    g.add_argument("--num-decode", type=int, default=None,
+                   help="decode replicas (kv_consumer; default 1)")
+    g.add_argument("--prefill-url", action="append", default=None,
+                   help="a running prefill server (repeatable; with --decode-url)")
+    g.add_argument("--decode-url", action="append", default=None,
+                   help="a running decode server (repeatable; with --prefill-url)")
+    g.add_argument("--prefill-policy", choices=POLICIES, default=d.prefill_policy)
+    g.add_argument("--decode-policy", choices=DECODE_POLICIES, default=d.decode_policy)
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--log-level", default="info",
@@ -90,33 +117,85 @@ def _num_replicas(args: argparse.Namespace, tensor_parallel_size: int) -> int:
     return num
 
 
-def parse_args(argv: list[str]) -> tuple[argparse.Namespace, RouterConfig, list[str], str]:
-    """(router args, RouterConfig, the replicas' `workbench serve` flags, the model folder)."""
+def _sides(args: argparse.Namespace, tensor_parallel_size: int) -> tuple[int, int]:
+    """(num_prefill, num_decode) of the disaggregated mode: the URL counts, else the flags
+    (1 each by default); ValueError for a colocated flag or a contradiction."""
+    for name, value in (("num_replicas", args.num_replicas), ("replica_url", args.replica_url)):
+        if value is not None:
+            raise ValueError(f"{name} ({value}) is the colocated router's; with disaggregated "
+                             "prefill/decode give --num-prefill and --num-decode (or "
+                             "--prefill-url and --decode-url)")
+    if args.prefill_url or args.decode_url:
+        if not (args.prefill_url and args.decode_url):
+            raise ValueError(f"prefill_url ({args.prefill_url}) and decode_url "
+                             f"({args.decode_url}) must both be given (running servers)")
+        if args.num_prefill is not None or args.num_decode is not None:
+            raise ValueError(f"num_prefill ({args.num_prefill}) / num_decode "
+                             f"({args.num_decode}) start replicas; --prefill-url and "
+                             "--decode-url name running ones: give one or the other")
+        return len(args.prefill_url), len(args.decode_url)
+    sides = (1 if args.num_prefill is None else args.num_prefill,
+             1 if args.num_decode is None else args.num_decode)
+    for name, n in zip(("num_prefill", "num_decode"), sides, strict=True):
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"{name} ({n}) must be an integer >= 1 with disaggregated "
+                             "prefill/decode")
+    if args.num_workers is not None:
+        workers = sum(sides) * tensor_parallel_size
+        if args.num_workers != workers:
+            raise ValueError(
+                f"num_workers ({args.num_workers}) contradicts (num_prefill ({sides[0]}) + "
+                f"num_decode ({sides[1]})) x tensor_parallel_size ({tensor_parallel_size}) = "
+                f"{workers}")
+    return sides
+
+
+def parse_args(argv: list[str], disaggregated: bool = False
+               ) -> tuple[argparse.Namespace, RouterConfig, list[str], str]:
+    """(router args, RouterConfig, the replicas' `workbench serve` flags, the model folder).
+    Disaggregated (`disaggregated`, or any disaggregation flag): the serve flags come without
+    the user's --kv-transfer-config, which is `args.kv_transfer_config` (a dict or None)."""
+    from workbench.router.disagg_pool import split_kv_transfer_config
     from workbench.server.serve import parse_args as serve_parse_args
 
-    ap = build_parser()
+    ap = build_parser("workbench disagg" if disaggregated else "workbench router")
     args, serve_args = ap.parse_known_args(argv)
+    disaggregated = disaggregated or any(
+        v is not None for v in (args.num_prefill, args.num_decode, args.prefill_url,
+                                args.decode_url))
+    args.kv_transfer_config = None
+    if disaggregated:  # passed through per side, not checked here (see disagg_pool)
+        try:
+            serve_args, args.kv_transfer_config = split_kv_transfer_config(serve_args)
+        except ValueError as e:
+            ap.error(str(e))
     if args.scheduling_policy is not None:
         serve_args += ["--policy", args.scheduling_policy]
     serve_args += ["--log-level", args.replica_log_level]
     _, engine = serve_parse_args([*serve_args, "--port", "0"])  # exits 2 on a bad flag
     tp = engine.parallel_config.tensor_parallel_size
     try:
-        num = _num_replicas(args, tp)
+        num, prefill, decode = RouterConfig.num_replicas, 0, 0
+        if disaggregated:
+            prefill, decode = _sides(args, tp)
+        else:
+            num = _num_replicas(args, tp)
         config = RouterConfig(
             num_replicas=num, policy=args.policy, prefix_blocks=args.prefix_blocks,
             block_size=args.prefix_block_size or engine.cache_config.block_size,
             load_bound_min=args.load_bound_min, load_bound_frac=args.load_bound_frac,
             replica_threads=args.replica_threads, ready_timeout_s=args.replica_ready_timeout_s,
             health_interval_s=args.health_interval_s, max_attempts=args.max_attempts,
-            tensor_parallel_size=tp)
+            tensor_parallel_size=tp, num_prefill=prefill, num_decode=decode,
+            prefill_policy=args.prefill_policy, decode_policy=args.decode_policy)
     except ValueError as e:
         ap.error(str(e))
     return args, config, serve_args, engine.model_config.model
 
 
-def main(argv: list[str] | None = None) -> None:
-    args, config, serve_args, model = parse_args(list(sys.argv[1:] if argv is None else argv))
+def main(argv: list[str] | None = None, disaggregated: bool = False) -> None:
+    args, config, serve_args, model = parse_args(list(sys.argv[1:] if argv is None else argv),
+                                                  disaggregated)
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per forwarded request
@@ -126,7 +205,17 @@ def main(argv: list[str] | None = None) -> None:
     from workbench.router.app import build_router_app
     from workbench.router.pool import ReplicaPool
 
-    if args.replica_url:
+    if config.disaggregated:
+        from workbench.router.disagg_pool import disagg_pool, url_pool
+
+        if args.prefill_url:
+            pool = url_pool(args.prefill_url, args.decode_url)
+        else:
+            pool = disagg_pool(serve_args, config.num_prefill, config.num_decode,
+                               args.kv_transfer_config, threads=config.replica_threads,
+                               ready_timeout_s=config.ready_timeout_s,
+                               log_dir=args.replica_log_dir)
+    elif args.replica_url:
         pool = ReplicaPool(urls=args.replica_url)
     else:
         pool = ReplicaPool(serve_args, config.num_replicas, threads=config.replica_threads,

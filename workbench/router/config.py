@@ -8,6 +8,12 @@
 replicas, so "2 workers as 2 replicas or as one TP=2 engine" changes one knob
 (tensor_parallel_size) at a fixed W, as experiments/tp_vs_replicas.yaml does.
 
+Disaggregated prefill/decode (`disagg.py`): `num_prefill` P >= 1 and `num_decode` M >= 1
+(both 0: colocated, the default). Then the replicas are P prefill + M decode, `num_replicas`
+is set to P + M, and `num_workers` = (P + M) x tensor_parallel_size, so colocated and
+disaggregated layouts compare at the same worker count. `prefill_policy` picks among the
+prefill replicas, `decode_policy` among the decode ones; `policy` is then unused.
+
 Each field is a flag of `workbench router` (`--num-replicas`, `--policy`, ...). `block_size`
 defaults to the replicas' engine block size so the prefix key is the engine's block hash.
 """
@@ -17,6 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from workbench.router.policies import POLICIES, RoutingPolicy, make_policy
+
+DECODE_POLICIES = ("round_robin", "least_outstanding")  # a decode leg has no prefix to reuse
 
 
 @dataclass(frozen=True)
@@ -32,6 +40,10 @@ class RouterConfig:
     health_interval_s: float = 1.0  # liveness check of every replica
     max_attempts: int | None = None  # tries per request; None: every live replica once
     tensor_parallel_size: int = 1  # of each replica's engine (its ranks are workers too)
+    num_prefill: int = 0  # disaggregated: prefill replicas (0 with num_decode 0: colocated)
+    num_decode: int = 0  # disaggregated: decode replicas
+    prefill_policy: str = "prefix_aware"  # POLICIES, among the prefill replicas
+    decode_policy: str = "least_outstanding"  # DECODE_POLICIES, among the decode replicas
 
     def __post_init__(self) -> None:
         ints = {"num_replicas": self.num_replicas, "prefix_blocks": self.prefix_blocks,
@@ -52,10 +64,34 @@ class RouterConfig:
                 raise ValueError(f"{name} ({num!r}) must be > 0 seconds")
         if self.max_attempts is not None and self.max_attempts < 1:
             raise ValueError(f"max_attempts ({self.max_attempts!r}) must be >= 1 or None")
+        self._check_disaggregation()
+
+    def _check_disaggregation(self) -> None:
+        for name, value in (("num_prefill", self.num_prefill), ("num_decode", self.num_decode)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} ({value!r}) must be an integer >= 0 (0 with the other "
+                                 "0: colocated replicas)")
+        if (self.num_prefill == 0) != (self.num_decode == 0):
+            raise ValueError(
+                f"num_prefill ({self.num_prefill}) and num_decode ({self.num_decode}) must both "
+                "be >= 1 (disaggregated prefill/decode) or both 0 (colocated replicas)")
+        if self.prefill_policy not in POLICIES:
+            raise ValueError(f"prefill_policy ({self.prefill_policy!r}) must be one of "
+                             f"{', '.join(POLICIES)}")
+        if self.decode_policy not in DECODE_POLICIES:
+            raise ValueError(f"decode_policy ({self.decode_policy!r}) must be one of "
+                             f"{', '.join(DECODE_POLICIES)}")
+        if self.disaggregated:  # the replica count follows the two sides
+            object.__setattr__(self, "num_replicas", self.num_prefill + self.num_decode)
+
+    @property
+    def disaggregated(self) -> bool:
+        """True with prefill and decode replicas (num_prefill, num_decode >= 1)."""
+        return self.num_prefill > 0
 
     @property
     def num_workers(self) -> int:
-        """Worker processes: replicas x tensor-parallel ranks each."""
+        """Worker processes: replicas (P + M when disaggregated) x tensor-parallel ranks each."""
         return self.num_replicas * self.tensor_parallel_size
 
     @staticmethod
@@ -69,6 +105,7 @@ class RouterConfig:
                 f"({tensor_parallel_size}): each replica runs tensor_parallel_size workers")
         return num_workers // tensor_parallel_size
 
-    def make_policy(self) -> RoutingPolicy:
-        return make_policy(self.policy, self.block_size, self.prefix_blocks,
+    def make_policy(self, name: str | None = None) -> RoutingPolicy:
+        """The policy `name` (default: `policy`) with this config's prefix knobs."""
+        return make_policy(name or self.policy, self.block_size, self.prefix_blocks,
                            self.load_bound_min, self.load_bound_frac)

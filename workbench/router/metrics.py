@@ -19,6 +19,20 @@ instead of vanishing) and renders `RouterCollector`:
                                             ratios (`*_perc`, `*usage*`: the mean) and `*_info`
                                             gauges (the max)
 
+Disaggregated (`disagg.DisaggRouter`), also:
+
+    workbench:disagg_prefill_requests_total{replica}   prefill attempts sent to the replica
+    workbench:disagg_prefill_retries_total             failed prefill attempts retried on
+                                                       another prefill replica
+    workbench:disagg_prefill_fallbacks_total           requests prefilled by the decode replica
+                                                       (no prefill replica could)
+    workbench:disagg_prefill_no_params_total           prefills answered with null params
+    workbench:disagg_prefill_seconds                   histogram: prefill leg, retries included
+    workbench:disagg_decode_first_byte_seconds         histogram: decode leg to its first byte
+    workbench:disagg_info{prefill_policy,decode_policy,num_prefill,num_decode} 1
+
+(`router_routing_decisions_total` then counts both legs' decisions.)
+
 So a client that reads vLLM names (the bench's `prom.parse` / `prom.delta`, e.g. the
 prefix-cache hit rate) sees the whole deployment, and `summary.replica_summary` splits it per
 replica. In PromQL, select either the `replica`-labelled series or the unlabelled aggregate,
@@ -30,8 +44,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.parser import text_string_to_metric_families
+
+from workbench.router.disagg import DisaggRouter, Histogram
 
 if TYPE_CHECKING:
     from workbench.router.forward import Router
@@ -50,6 +71,8 @@ class RouterCollector:
 
     def collect(self) -> Iterator[Metric]:
         yield from router_families(self.router)
+        if isinstance(self.router, DisaggRouter):
+            yield from disagg_families(self.router)
         yield from replica_families({r.index: r.last_metrics for r in self.router.pool.replicas
                                      if r.last_metrics})
 
@@ -94,6 +117,46 @@ def router_families(router: Router) -> Iterator[Metric]:
     info.add_metric([cfg.policy, str(len(replicas)), str(cfg.prefix_blocks),
                      str(cfg.block_size)], 1.0)
     yield info
+
+
+def disagg_families(router: DisaggRouter) -> Iterator[Metric]:
+    m = CounterMetricFamily("workbench:disagg_prefill_requests",
+                            "Prefill attempts sent to each prefill replica (retries included).",
+                            labels=[REPLICA_LABEL])
+    for r in router.prefill_members:
+        m.add_metric([str(r.index)], float(router.prefill_requests[r.index]))
+    yield m
+    for name, doc, value in (
+        ("workbench:disagg_prefill_retries",
+         "Failed prefill attempts retried on another prefill replica.", router.prefill_retries),
+        ("workbench:disagg_prefill_fallbacks",
+         "Requests sent to a decode replica without KV: no prefill replica could prefill.",
+         router.prefill_fallbacks),
+        ("workbench:disagg_prefill_no_params",
+         "Prefills answered with null kv_transfer_params (the decode replica recomputes).",
+         router.prefill_no_params),
+    ):
+        yield CounterMetricFamily(name, doc, value=float(value))
+    for name, doc, hist in (
+        ("workbench:disagg_prefill_seconds",
+         "Prefill leg: first prefill attempt sent to its answer read (retries included).",
+         router.prefill_seconds),
+        ("workbench:disagg_decode_first_byte_seconds",
+         "Decode leg: sent to the first byte for the client (first event, or the JSON answer).",
+         router.decode_first_byte_seconds),
+    ):
+        yield _histogram(name, doc, hist)
+    cfg = router.config
+    info = GaugeMetricFamily("workbench:disagg_info", "The disaggregated router's configuration.",
+                             labels=["prefill_policy", "decode_policy", "num_prefill",
+                                     "num_decode"])
+    info.add_metric([cfg.prefill_policy, cfg.decode_policy, str(len(router.prefill_members)),
+                     str(len(router.decode_members))], 1.0)
+    yield info
+
+
+def _histogram(name: str, doc: str, hist: Histogram) -> HistogramMetricFamily:
+    return HistogramMetricFamily(name, doc, buckets=hist.cumulative(), sum_value=hist.sum)
 
 
 def _combine(family: str, sample: str, kind: str, values: list[float]) -> float:

@@ -11,6 +11,10 @@ then each waited for until its /health answers), routes with `replica.outstandin
 health check finds its process gone; it is then never routed to again (no restart). The
 pool can also wrap servers it did not start (`urls=`), which it never stops.
 
+Roles: every replica is "both" (prefill and decode, colocated) unless `roles` gives each one
+"prefill" or "decode" (the disaggregated router, `disagg.py`); `replica_args` adds flags to
+one replica's `workbench serve` (its `--kv-transfer-config` role).
+
 Counters kept per replica (exported by `metrics.py`): attempts sent (`requests_total`,
 retries included), attempts that failed and went to another replica (`retries_total`),
 failures (0 or 1, `failures_total`) and the outstanding count.
@@ -29,6 +33,7 @@ from workbench.harness.server_process import ServerProcess
 
 logger = logging.getLogger(__name__)
 REPLICA_HOST = "127.0.0.1"
+ROLES = ("both", "prefill", "decode")
 
 
 @dataclass
@@ -36,6 +41,7 @@ class Replica:
     index: int
     base_url: str  # http://127.0.0.1:PORT (no /v1)
     process: ServerProcess | None = None  # None: a server the pool did not start
+    role: str = "both"  # both (colocated) | prefill | decode
     alive: bool = True
     outstanding: int = 0
     requests_total: int = 0
@@ -49,7 +55,7 @@ class Replica:
         return self.process.pid if self.process is not None else None
 
     def describe(self) -> dict[str, object]:
-        return {"replica": self.index, "url": self.base_url, "pid": self.pid,
+        return {"replica": self.index, "role": self.role, "url": self.base_url, "pid": self.pid,
                 "alive": self.alive, "outstanding": self.outstanding,
                 "requests_total": self.requests_total, "retries_total": self.retries_total,
                 "failure": self.failure,
@@ -77,12 +83,18 @@ class ReplicaPool:
         self, serve_args: list[str] | None = None, num_replicas: int = 2,
         threads: int = 1, ready_timeout_s: float = 300.0, log_dir: str | Path | None = None,
         ports: list[int] | None = None, urls: list[str] | None = None,
+        roles: list[str] | None = None, replica_args: list[list[str]] | None = None,
     ) -> None:
+        count = len(urls) if urls is not None else num_replicas
+        roles = roles or ["both"] * count
+        if len(roles) != count or any(r not in ROLES for r in roles):
+            raise ValueError(f"roles ({roles}) must give one of {', '.join(ROLES)} per replica "
+                             f"({count})")
         if urls is not None:
             if not urls:
                 raise ValueError("urls is empty; give at least one replica URL")
-            self.replicas = [Replica(i, u.rstrip("/").removesuffix("/v1"))
-                             for i, u in enumerate(urls)]
+            self.replicas = [Replica(i, u.rstrip("/").removesuffix("/v1"), role=role)
+                             for i, (u, role) in enumerate(zip(urls, roles, strict=True))]
             return
         if serve_args is None:
             raise ValueError("give serve_args (the replicas' `workbench serve` flags) or urls")
@@ -90,17 +102,21 @@ class ReplicaPool:
             raise ValueError(f"num_replicas ({num_replicas}) must be >= 1")
         if ports is not None and len(ports) != num_replicas:
             raise ValueError(f"ports ({ports}) must list one port per replica ({num_replicas})")
+        if replica_args is not None and len(replica_args) != num_replicas:
+            raise ValueError(f"replica_args must list one list of flags per replica "
+                             f"({num_replicas}), not {len(replica_args)}")
+        extra = replica_args or [[] for _ in range(num_replicas)]
         ports = ports or free_ports(num_replicas)
         env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
         self.replicas = []
         for i, port in enumerate(ports):
             url = f"http://{REPLICA_HOST}:{port}"
             log = Path(log_dir) / f"replica-{i}.log" if log_dir is not None else None
-            cmd = [sys.executable, "-m", "workbench.cli", "serve", *serve_args,
+            cmd = [sys.executable, "-m", "workbench.cli", "serve", *serve_args, *extra[i],
                    "--host", REPLICA_HOST, "--port", str(port)]
             proc = ServerProcess(cmd, url, ready_timeout_s=ready_timeout_s, env=env,
                                  log_path=log, stop_timeout_s=10.0)
-            self.replicas.append(Replica(i, url, proc))
+            self.replicas.append(Replica(i, url, proc, role=roles[i]))
 
     def __len__(self) -> int:
         return len(self.replicas)
@@ -134,6 +150,10 @@ class ReplicaPool:
     # ---------------------------------------------------------------- state
     def live(self) -> list[Replica]:
         return [r for r in self.replicas if r.alive]
+
+    def with_role(self, role: str) -> list[Replica]:
+        """The replicas that serve `role` ("prefill" or "decode"): its own and the "both"."""
+        return [r for r in self.replicas if r.role in (role, "both")]
 
     def exited(self, replica: Replica) -> int | None:
         """The exit code when the pool's process for `replica` has exited, else None."""

@@ -37,6 +37,9 @@ class RoutedRequest:
     return_token_ids: bool
     stop: list[str]
     skip_special_tokens: bool
+    # disaggregated decode leg: the prefill's `kv_transfer_params`, added to the FIRST attempt
+    # only (a retry, restart or resume goes without: that replica recomputes the prompt)
+    kv_transfer_params: dict[str, Any] | None = None
 
     @property
     def path(self) -> str:

@@ -5,7 +5,8 @@ client's body plus `return_token_ids: true`, so the router sees every generated 
 passes each SSE payload to `feed()` and sends what it returns to the client. When the
 replica's connection breaks or its stream ends before `[DONE]`, it asks `resume()`:
 
-    nothing sent to the client yet     -> the same request again, from scratch ("restart")
+    nothing sent to the client yet     -> the same request again, from scratch ("restart";
+                                          without a disaggregated prefill's kv_transfer_params)
     one choice, tokens delivered       -> a continuation ("resume") on /v1/completions:
         prompt     = prompt ids + every token generated so far
         max_tokens = the client's max_tokens - generated (omitted if the client omitted it)
@@ -80,7 +81,12 @@ class StreamRelay:
 
     # ---------------------------------------------------------------- requests
     def first_request(self) -> Continuation:
-        return Continuation(self.req.path, {**self.req.body, "return_token_ids": True}, True)
+        """The client's body asking for token ids; on the first attempt (not a restart) plus
+        the disaggregated prefill's `kv_transfer_params`, when there are some."""
+        body = {**self.req.body, "return_token_ids": True}
+        if self.req.kv_transfer_params is not None and self.restarts == 0:
+            body["kv_transfer_params"] = self.req.kv_transfer_params
+        return Continuation(self.req.path, body, True)
 
     def resume(self) -> Continuation | list[str]:
         """What to do after the current replica stream broke: a request to send, or the final

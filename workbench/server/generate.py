@@ -46,6 +46,7 @@ class SeqOutput:
     times: RequestTimes | None = None
     num_cached_tokens: int = -1
     error: str | None = None  # why the engine failed this sequence (finish_reason "error")
+    kv_transfer_params: dict[str, Any] | None = None  # a prefill leg's handshake
     done: bool = False  # no more text (stop string seen or engine finished)
     finished: bool = False  # the engine's last event for it was consumed
 
@@ -152,6 +153,7 @@ class Generation:
             seq.finished = True
             seq.times = ev.times
             seq.num_cached_tokens = ev.num_cached_tokens
+            seq.kv_transfer_params = ev.kv_transfer_params
         if seq.done:  # a stop string ended it; this is the engine's abort confirmation
             if ev.finished:
                 self._observe(seq)

@@ -190,7 +190,9 @@ async def _serve(
     choices = [make(q.index, q.text, q.finish_reason, q.stop_reason,
                     list(q.token_ids) if ids else None) for q in gen.seqs]
     body_ = R.envelope("chat.completion" if chat else "text_completion", rid, int(time.time()),
-                       s.model_name, choices, usage=_usage(gen), metrics=_metrics(gen))
+                       s.model_name, choices, usage=_usage(gen), metrics=_metrics(gen),
+                       kv_transfer_params=gen.seqs[0].kv_transfer_params if gen.single
+                       else None)
     return JSONResponse(body_, headers=headers)
 
 

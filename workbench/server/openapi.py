@@ -72,6 +72,9 @@ class RequestMetrics(BaseModel):
     e2e_latency_ms: float | None
     num_output_tokens: int
     num_cached_tokens: int
+    kv_transfer_bytes: int  # KV read from a prefill instance (0 without one)
+    kv_transfer_ms: float
+    kv_transfer_wait_ms: float | None
 
 
 class _Choice(BaseModel):
@@ -103,6 +106,8 @@ class _Envelope(BaseModel):
     model: str
     usage: Usage
     metrics: RequestMetrics | None
+    # a prefill instance's handshake for the decode instance (vLLM's; absent otherwise)
+    kv_transfer_params: dict[str, Any] | None = None
 
 
 class CompletionResponse(_Envelope):

@@ -23,6 +23,12 @@ timestamps (time.perf_counter) give, in milliseconds:
     decode_time_ms          first token -> finished
     e2e_latency_ms          arrival -> finished
     num_output_tokens, num_cached_tokens (prefix-cache hit tokens)
+    kv_transfer_bytes       KV read from a prefill instance (P2pConnector; 0 otherwise)
+    kv_transfer_ms          its seconds on the wire (the read and the copy into the cache)
+    kv_transfer_wait_ms     first scheduled -> the KV in place (queueing + transfer)
+
+A prefill instance's non-streaming response also carries vLLM's top-level
+`kv_transfer_params` (the handshake for the decode instance; absent otherwise).
 
 "Arrival" is when the server handed the tokenized request to the engine (as in vLLM, after
 parsing, templating and tokenization).
@@ -66,6 +72,9 @@ def request_metrics(
         "e2e_latency_ms": _ms(times.arrival, times.finished),
         "num_output_tokens": num_output_tokens,
         "num_cached_tokens": max(num_cached_tokens, 0),
+        "kv_transfer_bytes": times.kv_transfer_bytes,
+        "kv_transfer_ms": round(times.kv_transfer_s * 1000.0, 3),
+        "kv_transfer_wait_ms": _ms(times.kv_load_start, times.kv_load_done),
     }
 
 

@@ -64,6 +64,21 @@ class KVConnectorBase_V1(ABC):  # noqa: N801 - vLLM's name
         """(delay freeing the blocks, kv_transfer_params for the client)."""
         return False, None
 
+    def check_request(self, params: dict[str, Any], n: int) -> None:
+        """Refuse a request's kv_transfer_params this connector cannot honour (before any
+        work; ValueError)."""
+        if params.get("do_remote_decode") or params.get("do_remote_prefill"):
+            raise ValueError("kv_transfer_params do_remote_decode / do_remote_prefill need "
+                             "kv_transfer_config's kv_connector 'P2pConnector' (a prefill or "
+                             "decode instance)")
+
+    def has_pending_work(self) -> bool:
+        """True while the connector needs another step although no request runs."""
+        return False
+
+    def set_xfer_handshake_metadata(self, metadata: dict[str, Any]) -> None:  # noqa: B027
+        """The worker side's `get_handshake_metadata()` (its side channel), vLLM's name."""
+
     def make_stats(self) -> dict[str, float]:
         """Scheduler-side counters since the last call (name -> increment)."""
         return {}
@@ -85,6 +100,10 @@ class KVConnectorBase_V1(ABC):  # noqa: N801 - vLLM's name
     # ---- worker side ---------------------------------------------------------------------
     def register_kv_caches(self, kv_caches: list[torch.Tensor]) -> None:  # noqa: B027
         """The device KV caches, one [2, num_blocks, block_size, Hkv, D] tensor per layer."""
+
+    def get_handshake_metadata(self) -> dict[str, Any] | None:
+        """What the scheduler side must know of this worker (None: nothing)."""
+        return None
 
     def bind_connector_metadata(self, metadata: KVConnectorMetadata) -> None:
         self._metadata = metadata

@@ -24,4 +24,8 @@ class KVConnectorFactory:
             )
 
             return OffloadingConnector(config, role, bytes_per_device_block)
+        if kt.kv_connector == "P2pConnector":
+            from workbench.distributed.kv_transfer.p2p_connector import P2pConnector
+
+            return P2pConnector(config, role, bytes_per_device_block)
         raise ValueError(f"kv_transfer_config kv_connector ({kt.kv_connector!r}) is unknown")

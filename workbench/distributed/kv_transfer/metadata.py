@@ -62,6 +62,12 @@ class KVConnectorStats:
     swap_out_time_s: float = 0.0
     failed_loads: int = 0
     failed_disk_writes: int = 0
+    # P2pConnector: KV received from / sent to another instance, and the wire seconds
+    recv_bytes: int = 0
+    recv_time_s: float = 0.0
+    send_bytes: int = 0
+    send_time_s: float = 0.0
+    expired_sends: int = 0  # blocks nobody read within abort_timeout_s (freed)
 
     def add(self, other: KVConnectorStats) -> None:
         for name in self.__dataclass_fields__:
@@ -79,5 +85,10 @@ class KVConnectorOutput:
     # blocks are reported in `released` once the copy has ended (then they may be reused)
     timed_out_recving: set[str] = field(default_factory=set)
     released: set[str] = field(default_factory=set)
+    # producer side (vLLM's name): requests whose held blocks were read (or expired): the
+    # scheduler frees them now
+    finished_sending: set[str] = field(default_factory=set)
+    # per finished load: (bytes, seconds on the wire) for the request's timeline
+    recv_info: dict[str, tuple[int, float]] = field(default_factory=dict)
     stats: KVConnectorStats = field(default_factory=KVConnectorStats)
     errors: list[str] = field(default_factory=list)

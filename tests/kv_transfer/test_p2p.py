@@ -1,0 +1,252 @@
+"""The P2pConnector on a tiny Llama (fp32, CPU): a prefill instance (kv_producer) and a decode
+instance (kv_consumer) in one process, the KV read over ZeroMQ on 127.0.0.1. Greedy tokens
+identical to a colocated instance: plain prompts at and off block boundaries, prefix-cache
+hits on the prefill side and on the decode side, preemption on the decode side; failures
+(the producer gone, restarted, or its hold expired) recompute; exact counters."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from workbench import LLM
+from workbench.sampling_params import SamplingParams
+from workbench.testing import tiny_checkpoint
+
+BLOCK = 4
+LENGTHS = (37, 64, 5, 1)  # off a block boundary, on one, one block and a bit, one token
+MAX_TOKENS = 8
+GREEDY = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True)
+PREFILL = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True,
+                         extra_args={"kv_transfer_params": {"do_remote_decode": True}})
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tiny_checkpoint(tmp_path_factory.mktemp("p2p") / "llama", arch="llama", seed=0)
+
+
+@pytest.fixture(scope="module")
+def prompts(ckpt: Path) -> list[list[int]]:
+    vocab = json.loads((ckpt / "config.json").read_text())["vocab_size"]
+    rng = random.Random(0)
+    return [[rng.randrange(10, vocab) for _ in range(n)] for n in LENGTHS]
+
+
+def engine(ckpt: Path, role: str | None = None, blocks: int = 64, seqs: int = 4,
+           **extra: Any) -> LLM:
+    kt = None if role is None else {"kv_connector": "P2pConnector", "kv_role": role,
+                                    "kv_connector_extra_config": extra}
+    return LLM(str(ckpt), block_size=BLOCK, num_gpu_blocks_override=blocks, max_num_seqs=seqs,
+               max_num_batched_tokens=64, max_model_len=128, kv_transfer_config=kt)
+
+
+@pytest.fixture(scope="module")
+def reference(ckpt: Path, prompts: list[list[int]]) -> list[list[int]]:
+    return [list(o.outputs[0].token_ids) for o in engine(ckpt).generate(prompts, GREEDY)]
+
+
+def decode_params(kvp: dict[str, Any] | None) -> SamplingParams:
+    return SamplingParams(temperature=0, max_tokens=MAX_TOKENS, ignore_eos=True,
+                          extra_args={"kv_transfer_params": kvp} if kvp else None)
+
+
+def disaggregated(prod: LLM, cons: LLM, prompts: list[list[int]]) -> list[list[int]]:
+    """Each prompt's prefill leg on `prod`, then all decode legs on `cons` at once."""
+    handshakes = [o.kv_transfer_params for o in prod.generate(prompts, PREFILL)]
+    outs = cons.generate(prompts, [decode_params(k) for k in handshakes])
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
+def test_greedy_tokens_equal_colocated_and_counters(ckpt: Path, prompts: list[list[int]],
+                                                    reference: list[list[int]]) -> None:
+    prod, cons = engine(ckpt, "kv_producer"), engine(ckpt, "kv_consumer")
+    first = prod.generate(prompts[:1], PREFILL)[0]
+    kvp = first.kv_transfer_params
+    assert kvp is not None
+    # vLLM's NixlConnector handshake; the blocks hold the 37 prompt tokens: ceil(37 / 4)
+    assert kvp["do_remote_prefill"] is True and kvp["do_remote_decode"] is False
+    assert kvp["remote_block_ids"] == list(range(1, 11))
+    assert kvp["remote_request_id"] == "0" and kvp["remote_host"] == "127.0.0.1"
+    assert kvp["remote_engine_id"] == prod.engine.runner.kv_connector.engine_id
+    assert kvp["remote_port"] == prod.engine.runner.kv_connector.port > 0
+    assert kvp["tp_size"] == 1
+    assert prod.engine.scheduler.sending.keys() == {"0"}  # held for the decode instance
+    out = cons.generate(prompts[:1], decode_params(kvp))[0]
+    assert list(out.outputs[0].token_ids) == reference[0]
+    assert disaggregated(prod, cons, prompts[1:]) == reference[1:]
+    prod.engine.poll_kv_transfers()
+    assert prod.engine.scheduler.sending == {}  # every hold read and freed
+    # the decode side read all prompt tokens but the last: 36 + 63 + 4 + 0
+    c, p = cons.stats(), prod.stats()
+    assert c["workbench:kv_transfer_recv_tokens"] == 36 + 63 + 4 + 0
+    assert c["workbench:kv_transfer_recv_queries"] == 4
+    bpb = cons.engine.bytes_per_block
+    blocks_read = 9 + 16 + 1 + 0  # ceil(36 / 4), ceil(63 / 4), ceil(4 / 4), nothing
+    assert c["workbench:kv_transfer_recv_bytes"] == blocks_read * bpb
+    assert p["workbench:kv_transfer_send_bytes"] == blocks_read * bpb
+    assert p["workbench:kv_transfer_held_blocks"] == 10 + 16 + 2 + 1  # ceil(P / 4)
+    assert c["workbench:kv_transfer_failed_recvs"] == 0
+    assert p["workbench:kv_transfer_expired_sends"] == 0
+    assert out.metrics is not None and out.metrics.num_cached_tokens == 36
+    # every block the prefill instance held is back in its pool
+    assert prod.engine.scheduler.kv_cache_manager.usage == 0.0
+
+
+def test_request_timeline_carries_the_transfer(ckpt: Path, prompts: list[list[int]]) -> None:
+    prod, cons = engine(ckpt, "kv_producer"), engine(ckpt, "kv_consumer")
+    kvp = prod.generate(prompts[1:2], PREFILL)[0].kv_transfer_params
+    req = cons.engine.make_request(prompts[1], decode_params(kvp))
+    cons.engine.add_request(req)
+    while not req.is_finished():
+        cons.engine.step()
+    t = req.times
+    assert t.kv_transfer_bytes == 16 * cons.engine.bytes_per_block
+    assert t.kv_transfer_s > 0
+    assert t.kv_load_start is not None and t.kv_load_done is not None
+    assert t.first_scheduled == t.kv_load_start <= t.kv_load_done <= t.first_token  # type: ignore[operator]
+
+
+def test_prefix_hits_on_both_sides(ckpt: Path, prompts: list[list[int]],
+                                   reference: list[list[int]]) -> None:
+    """The prefill instance serves a repeated prompt from its prefix cache (the held blocks
+    are shared); the decode instance that already holds a prefix reads only the rest, or
+    nothing (then it only releases the hold)."""
+    prod, cons = engine(ckpt, "kv_producer"), engine(ckpt, "kv_consumer")
+    long = prompts[1]  # 64 tokens
+    assert disaggregated(prod, cons, [long]) == [reference[1]]
+    again = prod.generate([long], PREFILL)[0]
+    assert again.num_cached_tokens == 60  # 15 full blocks (the last token is recomputed)
+    out = cons.generate([long], decode_params(again.kv_transfer_params))[0]
+    assert list(out.outputs[0].token_ids) == reference[1]
+    c = cons.stats()
+    # second time the decode instance had 60 tokens cached: it read 63 - 60 = 3 more
+    assert c["workbench:kv_transfer_recv_tokens"] == 63 + 3
+    prod.engine.poll_kv_transfers()
+    assert prod.engine.scheduler.sending == {}
+    assert prod.engine.scheduler.kv_cache_manager.usage == 0.0
+
+
+def test_preemption_on_the_decode_side_recomputes_exactly(ckpt: Path) -> None:
+    """Two 64-token prompts decoding 40 tokens each need 26 blocks apiece at the end; the
+    decode pool has 33 usable. Both loads are allocated in the first step (16 + 16 blocks),
+    so they cannot both finish without a preemption, whatever the loads' timing: the victim
+    recomputes (the hold was read once) and both still produce the colocated tokens."""
+    vocab = json.loads((ckpt / "config.json").read_text())["vocab_size"]
+    rng = random.Random(1)
+    two = [[rng.randrange(10, vocab) for _ in range(64)] for _ in range(2)]
+    long = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    want = [list(o.outputs[0].token_ids) for o in engine(ckpt).generate(two, long)]
+    prod = engine(ckpt, "kv_producer")
+    cons = engine(ckpt, "kv_consumer", blocks=34)
+    handshakes = [o.kv_transfer_params for o in prod.generate(two, PREFILL)]
+    outs = cons.generate(two, [SamplingParams(
+        temperature=0, max_tokens=40, ignore_eos=True,
+        extra_args={"kv_transfer_params": k}) for k in handshakes])
+    assert [list(o.outputs[0].token_ids) for o in outs] == want
+    assert cons.stats()["vllm:num_preemptions"] >= 1
+    assert cons.stats()["workbench:kv_transfer_recv_tokens"] == 2 * 63
+    assert cons.stats()["workbench:kv_transfer_failed_recvs"] == 0
+
+
+def test_producer_gone_the_decode_side_recomputes(ckpt: Path, prompts: list[list[int]],
+                                                  reference: list[list[int]]) -> None:
+    prod = engine(ckpt, "kv_producer")
+    cons = engine(ckpt, "kv_consumer", load_timeout_s=60.0)
+    kvp = prod.generate(prompts[:1], PREFILL)[0].kv_transfer_params
+    prod.engine.shutdown()  # the side channel closes: connections are refused
+    out = cons.generate(prompts[:1], decode_params(kvp))[0]
+    assert list(out.outputs[0].token_ids) == reference[0]
+    assert cons.stats()["workbench:kv_transfer_failed_recvs"] == 1
+    assert cons.stats()["workbench:kv_transfer_recv_bytes"] == 0
+    errors = cons.engine.errors
+    assert errors[-1]["scope"] == "kv_transfer" and "refused" in errors[-1]["message"]
+
+
+def test_restarted_producer_refuses_stale_handshake(ckpt: Path, prompts: list[list[int]],
+                                                    reference: list[list[int]]) -> None:
+    prod = engine(ckpt, "kv_producer")
+    cons = engine(ckpt, "kv_consumer")
+    kvp = dict(prod.generate(prompts[:1], PREFILL)[0].kv_transfer_params or {})
+    kvp["remote_engine_id"] = "an-earlier-life"
+    out = cons.generate(prompts[:1], decode_params(kvp))[0]
+    assert list(out.outputs[0].token_ids) == reference[0]
+    assert "not this instance's" in cons.engine.errors[-1]["message"]
+
+
+def test_unread_hold_expires_and_a_late_read_recomputes(
+        ckpt: Path, prompts: list[list[int]], reference: list[list[int]]) -> None:
+    prod = engine(ckpt, "kv_producer", abort_timeout_s=1e-6)
+    cons = engine(ckpt, "kv_consumer", load_timeout_s=60.0)
+    kvp = prod.generate(prompts[:1], PREFILL)[0].kv_transfer_params
+    prod.engine.poll_kv_transfers()  # past the deadline: freed
+    assert prod.stats()["workbench:kv_transfer_expired_sends"] == 1
+    assert prod.engine.scheduler.sending == {}
+    out = cons.generate(prompts[:1], decode_params(kvp))[0]  # refused at once, not parked
+    assert list(out.outputs[0].token_ids) == reference[0]
+    assert cons.stats()["workbench:kv_transfer_failed_recvs"] == 1
+    assert "freed after abort_timeout_s" in cons.engine.errors[-1]["message"]
+
+
+def test_a_second_read_of_a_hold_is_refused(ckpt: Path, prompts: list[list[int]],
+                                            reference: list[list[int]]) -> None:
+    prod = engine(ckpt, "kv_producer")
+    first, second = engine(ckpt, "kv_consumer"), engine(ckpt, "kv_consumer")
+    kvp = prod.generate(prompts[:1], PREFILL)[0].kv_transfer_params
+    for cons in (first, second):
+        out = cons.generate(prompts[:1], decode_params(kvp))[0]
+        assert list(out.outputs[0].token_ids) == reference[0]
+    assert first.stats()["workbench:kv_transfer_failed_recvs"] == 0
+    assert second.stats()["workbench:kv_transfer_failed_recvs"] == 1
+    assert "already read" in second.engine.errors[-1]["message"]
+
+
+def test_only_a_length_capped_prefill_holds_its_blocks(ckpt: Path,
+                                                       prompts: list[list[int]]) -> None:
+    prod = engine(ckpt, "kv_producer")
+    plain = prod.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=1))[0]
+    assert plain.kv_transfer_params is None
+    assert prod.engine.scheduler.sending == {}
+
+
+@pytest.mark.parametrize(("role", "kvp", "message"), [
+    ("kv_consumer", {"do_remote_decode": True}, "needs a prefill instance"),
+    ("kv_producer", {"do_remote_prefill": True, "remote_engine_id": "e",
+                     "remote_request_id": "r", "remote_block_ids": [1], "remote_host": "h",
+                     "remote_port": 1}, "needs a decode instance"),
+    (None, {"do_remote_decode": True}, "this one has none"),
+])
+def test_a_handshake_the_instance_cannot_honour_is_refused(
+        ckpt: Path, role: str | None, kvp: dict[str, Any], message: str) -> None:
+    llm = engine(ckpt, role)
+    with pytest.raises(ValueError, match=message):
+        llm.generate([[11, 12, 13]], SamplingParams(max_tokens=1,
+                                                    extra_args={"kv_transfer_params": kvp}))
+
+
+@pytest.mark.parametrize(("kvp", "message"), [
+    ({"do_remote_prefill": True}, "needs remote_engine_id, remote_request_id, "
+     "remote_block_ids, remote_host, remote_port"),
+    ({"do_remote_prefill": True, "remote_engine_id": "e", "remote_request_id": "r",
+      "remote_block_ids": [], "remote_host": "h", "remote_port": 1}, "remote_block_ids"),
+    ({"do_remote_prefill": True, "remote_engine_id": "e", "remote_request_id": "r",
+      "remote_block_ids": [1], "remote_host": "h", "remote_port": 70000}, "remote_port"),
+    ({"do_remote_decode": "yes"}, "must be true or false"),
+    ({"do_remote_decode": True, "do_remote_prefill": True}, "cannot both be true"),
+    ({"tp_size": 2}, "tp_size"),
+    ({"remote_bogus": 1}, "unknown key"),
+])
+def test_bad_handshake_fields_are_named(kvp: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(extra_args={"kv_transfer_params": kvp})
+
+
+def test_n_above_one_cannot_hand_over(ckpt: Path) -> None:
+    prod = engine(ckpt, "kv_producer")
+    with pytest.raises(ValueError, match=r"n \(2\) must be 1"):
+        prod.generate([[11, 12, 13]], SamplingParams(
+            n=2, max_tokens=1, extra_args={"kv_transfer_params": {"do_remote_decode": True}}))
