@@ -122,7 +122,7 @@ def test_disaggregation_flags_select_the_mode() -> None:
     (["--prefill-url", "http://a:1", "--decode-url", "http://b:1", "--num-decode", "2"],
      "num_prefill (None) / num_decode (2) start replicas; --prefill-url and --decode-url "
      "name running ones"),
-    (["--num-prefill", "0"], "num_prefill (0) must be an integer >= 1 with disaggregated"),
+    (["--num-prefill", "-1"], "num_prefill (-1) must be an integer >= 1 with disaggregated"),
     (["--num-prefill", "1", "--num-decode", "2", "--num-workers", "4"],
      "num_workers (4) contradicts (num_prefill (1) + num_decode (2)) x tensor_parallel_size "
      "(1) = 3"),
@@ -149,3 +149,34 @@ def test_workbench_disagg_is_the_router_in_disaggregated_mode(
                         lambda argv, disaggregated=False: seen.append((argv, disaggregated)))
     cli.COMMANDS["disagg"][1](["--model", "M"])
     assert seen == [(["--model", "M"], True)]
+
+
+@pytest.mark.parametrize(("flags", "expected"), [
+    (["--num-workers", "2", "--num-prefill", "0"], (2, 0, 0, False)),  # colocated, 2 replicas
+    (["--num-workers", "2", "--num-prefill", "1"], (2, 1, 1, True)),  # decode = W - P
+    (["--num-workers", "3", "--num-prefill", "1"], (3, 1, 2, True)),
+    (["--num-workers", "3", "--num-prefill", "2"], (3, 2, 1, True)),
+])
+def test_num_prefill_is_the_one_knob_at_a_fixed_worker_count(
+        flags: list[str], expected: tuple[int, int, int, bool]) -> None:
+    _, c, _, _ = parse_args(["--model", MODEL, *flags])
+    assert (c.num_replicas, c.num_prefill, c.num_decode, c.disaggregated) == expected
+    assert c.num_workers == expected[0]
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--num-workers", "2", "--num-prefill", "2"], "num_decode (0) must be an integer >= 1"),
+    (["--num-prefill", "0", "--num-decode", "2"], "num_decode (2) needs num_prefill >= 1"),
+])
+def test_num_prefill_contradictions_are_one_line(
+        flags: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        parse_args(["--model", MODEL, *flags])
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_disagg_verb_refuses_num_prefill_zero(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse_args(["--model", MODEL, "--num-prefill", "0"], disaggregated=True)
+    assert "num_prefill (0) must be an integer >= 1" in capsys.readouterr().err

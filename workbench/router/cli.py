@@ -25,7 +25,9 @@ get `--kv-transfer-config {"kv_connector": "P2pConnector", "kv_role": "kv_produc
 decode replicas `kv_consumer`; a --kv-transfer-config among the engine flags is merged per
 side (`disagg_pool`). --prefill-policy: round_robin | least_outstanding | prefix_aware;
 --decode-policy: round_robin | least_outstanding. --num-workers W, if given, must equal
-(P + M) x --tensor-parallel-size. --num-replicas and --replica-url are the colocated mode's.
+(P + M) x --tensor-parallel-size; with W and no --num-decode, M = W / TP - P, so at a fixed W
+`--num-prefill` is the one knob of "colocated vs P:D" (0: the colocated router, W / TP
+replicas). --num-replicas and --replica-url are the colocated mode's.
 
 Every other flag goes to each replica's `workbench serve` and is checked by its parser first
 (a bad engine flag is one error line, exit status 2). The engine's scheduling `--policy`
@@ -86,9 +88,10 @@ def build_parser(prog: str = "workbench router") -> argparse.ArgumentParser:
     ap.add_argument("--health-interval-s", type=float, default=d.health_interval_s)
     g = ap.add_argument_group("disaggregated prefill/decode (any of these selects it)")
     g.add_argument("--num-prefill", type=int, default=None,
-                   help="prefill replicas (kv_producer; default 1)")
+                   help="prefill replicas (kv_producer; default 1; 0: colocated)")
     g.add_argument("--num-decode", type=int, default=None,
-                   help="decode replicas (kv_consumer; default 1)")
+                   help="decode replicas (kv_consumer; default 1, or with --num-workers W: "
+                        "W / TP - P)")
     g.add_argument("--prefill-url", action="append", default=None,
                    help="a running prefill server (repeatable; with --decode-url)")
     g.add_argument("--decode-url", action="append", default=None,
@@ -134,8 +137,13 @@ def _sides(args: argparse.Namespace, tensor_parallel_size: int) -> tuple[int, in
                              f"({args.num_decode}) start replicas; --prefill-url and "
                              "--decode-url name running ones: give one or the other")
         return len(args.prefill_url), len(args.decode_url)
-    sides = (1 if args.num_prefill is None else args.num_prefill,
-             1 if args.num_decode is None else args.num_decode)
+    prefill = 1 if args.num_prefill is None else args.num_prefill
+    decode = args.num_decode
+    if decode is None and args.num_workers is not None and isinstance(prefill, int):
+        # the worker count held fixed: the workers left after the prefill side decode
+        decode = RouterConfig.replicas_for_workers(args.num_workers,
+                                                   tensor_parallel_size) - prefill
+    sides = (prefill, 1 if decode is None else decode)
     for name, n in zip(("num_prefill", "num_decode"), sides, strict=True):
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"{name} ({n}) must be an integer >= 1 with disaggregated "
@@ -160,6 +168,11 @@ def parse_args(argv: list[str], disaggregated: bool = False
 
     ap = build_parser("workbench disagg" if disaggregated else "workbench router")
     args, serve_args = ap.parse_known_args(argv)
+    if args.num_prefill == 0 and not disaggregated:  # explicit: colocated (a template's
+        if args.num_decode not in (None, 0):          # baseline at num_prefill 0)
+            ap.error(f"num_decode ({args.num_decode}) needs num_prefill >= 1; num_prefill 0 "
+                     "is the colocated router")
+        args.num_prefill = args.num_decode = None
     disaggregated = disaggregated or any(
         v is not None for v in (args.num_prefill, args.num_decode, args.prefill_url,
                                 args.decode_url))
