@@ -509,3 +509,136 @@ def test_cli_transfer_bad_input(capsys: pytest.CaptureFixture[str], extra: tuple
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("workbench calc transfer: ") and needle in err
+
+
+# ------------------------------------------------------------------ P:D disaggregation
+def test_pd_ratio_balances_the_pools() -> None:
+    """1,024-token prompts at 8,192 tok/s: 8 req/s per prefill instance; 257 outputs (256
+    decoded) at 1,024 tok/s: 4 req/s per decode instance; balance at P:M = 4 / 8 = 0.5."""
+    r = calc.pd_ratio(4, 1024, 257, 8192, 1024, request_rate=3)
+    assert [(s.label, s.prefill_rate, s.decode_rate, s.system_rate, s.bottleneck)
+            for s in r.splits] == [("1:3", 8.0, 12.0, 8.0, "prefill"),
+                                   ("2:2", 16.0, 8.0, 8.0, "decode"),
+                                   ("3:1", 24.0, 4.0, 4.0, "decode")]
+    assert r.best.label == "1:3"  # tied with 2:2 at 8 req/s: the more balanced one
+    assert r.balanced_ratio == 0.5
+    assert r.prefill_rate_per_instance == 8.0 and r.decode_rate_per_instance == 4.0
+    assert r.ideal_rate == pytest.approx(4 * 8 * 4 / 12)
+    # colocated: 4 / (1024 / 8192 + 256 / 1024) = 4 / 0.375, the ideal fractional split
+    assert r.colocated_rate == pytest.approx(32 / 3) == pytest.approx(r.ideal_rate)
+    assert (r.min_prefill_instances, r.min_decode_instances) == (1, 1)
+    assert r.decode_batch is None and r.transfer_s is None and r.decode_tok_s == 1024.0
+    assert [row["meets_rate"] for row in r.rows()] == [True, True, True]
+    assert [row["best"] for row in r.rows()] == [True, False, False]
+    assert list(r.rows()[0]) == ["split", "prefill_instances", "decode_instances",
+                                 "prefill_rate", "decode_rate", "system_rate", "bottleneck",
+                                 "best", "meets_rate"]
+
+
+def test_pd_ratio_exact_balance_and_rate_requirements() -> None:
+    r = calc.pd_ratio(3, 1000, 101, 10_000, 500, request_rate=12)
+    # p = 10 req/s, d = 5 req/s: 1:2 gives 10 and 10
+    assert r.best.label == "1:2" and r.best.bottleneck == "balanced"
+    assert r.best.system_rate == 10.0 and r.balanced_ratio == 0.5
+    assert (r.min_prefill_instances, r.min_decode_instances) == (2, 3)
+    assert [row["meets_rate"] for row in r.rows()] == [False, False]
+    lines = r.table().splitlines()
+    assert lines[:4] == [
+        "| P:M | prefill req/s | decode req/s | system req/s | bottleneck | meets 12 req/s |",
+        "|---|---:|---:|---:|---|---|",
+        "| 1:2 * | 10.000 | 10.000 | 10.000 | balanced | no |",
+        "| 2:1 | 20.000 | 5.000 | 5.000 | decode | no |"]
+    assert "for 12 req/s: at least 2 prefill + 3 decode instances" in lines
+
+
+def test_pd_ratio_decode_curve_takes_its_best_point() -> None:
+    r = calc.pd_ratio(4, 512, 65, 4096, {1: 100.0, 8: 640.0, 32: 512.0})
+    assert (r.decode_tok_s, r.decode_batch) == (640.0, 8)
+    assert r.decode_rate_per_instance == 10.0 and r.balanced_ratio == 1.25
+    assert "decode 65 - 1 tokens at 640 tok/s at batch 8" in r.table()
+
+
+def test_pd_ratio_link_bounds_the_prefill_instances() -> None:
+    """8,192 tokens x 327,680 bytes over 50 GB/s: 53.687 ms, 18.63 req/s per prefill
+    instance, below the 100 req/s its compute allows."""
+    r = calc.pd_ratio(4, 8192, 101, 819_200, 2000, kv_bytes_per_token=327_680,
+                      link_bandwidth_bytes_per_s=50e9)
+    assert r.transfer_s == pytest.approx(8192 * 327_680 / 50e9)
+    assert r.prefill_rate_per_instance == pytest.approx(50e9 / (8192 * 327_680))
+    s = r.splits[0]
+    assert (s.prefill_rate, s.link_rate, s.bottleneck) == (100.0, pytest.approx(18.6264515),
+                                                           "link")
+    assert r.best.label == "2:2" and r.best.system_rate == pytest.approx(2 * 18.6264515)
+    assert "link_rate" in r.rows()[0]
+    assert r.table().splitlines()[0] == ("| P:M | prefill req/s | decode req/s | link req/s | "
+                                         "system req/s | bottleneck |")
+
+
+@pytest.mark.parametrize(("kw", "needle"), [
+    ({"num_workers": 1}, "num_workers must be an integer >= 2, got 1"),
+    ({"input_tokens": 0}, "input_tokens must be a finite number > 0, got 0"),
+    ({"output_tokens": 1}, "output_tokens must be a number >= 2.0, got 1"),
+    ({"prefill_tok_s": -5}, "prefill_tok_s must be a number >= 0.0, got -5"),
+    ({"decode_tok_s": {}}, "decode_tok_s must be a number or a non-empty"),
+    ({"decode_tok_s": {0: 5.0}}, "decode_tok_s batch must be an integer >= 1, got 0"),
+    ({"request_rate": 0}, "request_rate must be a finite number > 0, got 0"),
+    ({"kv_bytes_per_token": 10}, "kv_bytes_per_token and link_bandwidth_bytes_per_s go"),
+])
+def test_pd_ratio_bad_arguments(kw: dict[str, object], needle: str) -> None:
+    args: dict[str, object] = {"num_workers": 4, "input_tokens": 1024, "output_tokens": 257,
+                               "prefill_tok_s": 8192, "decode_tok_s": 1024, **kw}
+    with pytest.raises(ValueError) as exc:
+        calc.pd_ratio(**args)  # type: ignore[arg-type]
+    assert needle in str(exc.value)
+
+
+PD_CLI = ("pd", "--workers", "4", "--input-len", "1024", "--output-len", "257",
+          "--prefill-tok-s", "8192")
+
+
+def test_cli_pd_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
+    from workbench.calc_cli import main
+
+    main([*PD_CLI, "--decode-tok-s", "1:120", "8:700", "32:1024", "--rate", "3",
+          "--kv-bytes-per-token", "320KB", "--link", "400gbe"])
+    assert capsys.readouterr().out.splitlines() == [
+        "| P:M | prefill req/s | decode req/s | link req/s | system req/s | bottleneck | "
+        "meets 3 req/s |",
+        "|---|---:|---:|---:|---:|---|---|",
+        "| 1:3 * | 8.000 | 12.000 | 152.588 | 8.000 | prefill | yes |",
+        "| 2:2 | 16.000 | 8.000 | 305.176 | 8.000 | decode | yes |",
+        "| 3:1 | 24.000 | 4.000 | 457.764 | 4.000 | decode | yes |",
+        "",
+        "best split 1:3: 8.000 req/s (prefill)",
+        "balancing ratio P:M = 0.500 (prefill 1024 tokens at 8192 tok/s; decode 257 - 1 "
+        "tokens at 1024 tok/s at batch 32)",
+        "ideal fractional split: 10.667 req/s; colocated (4 instances doing both): "
+        "10.667 req/s",
+        "KV transfer per request: 6.554 ms (adds to TTFT; bounds a prefill instance at "
+        "1 / transfer req/s)",
+        "for 3 req/s: at least 1 prefill + 1 decode instances"]
+
+
+@pytest.mark.parametrize(("extra", "needle"), [
+    (("--decode-tok-s", "1024", "--workers", "1"), "--workers must be an integer >= 2, got 1"),
+    (("--decode-tok-s", "8:x"), "--decode-tok-s '8:x' must be a number, got 'x'"),
+    (("--decode-tok-s", "fast"), "--decode-tok-s must be a number, got 'fast'"),
+    (("--decode-tok-s", "0:5"), "--decode-tok-s '0:5' must be BATCH:TOK_S"),
+    (("--decode-tok-s", "1024", "--output-len", "1"), "--output-len must be a number >= 2.0"),
+    (("--decode-tok-s", "1024", "--kv-bytes-per-token", "1KB"),
+     "--kv-bytes-per-token needs --link (one of"),
+    (("--decode-tok-s", "1024", "--link", "400gbe"), "--link / --bandwidth need "
+     "--kv-bytes-per-token"),
+    (("--decode-tok-s", "1024", "--kv-bytes-per-token", "1KB", "--link", "x"),
+     "link ('x') must be one of"),
+])
+def test_cli_pd_bad_input_is_one_line(capsys: pytest.CaptureFixture[str],
+                                      extra: tuple[str, ...], needle: str) -> None:
+    from workbench.calc_cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main([*PD_CLI, *extra])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("workbench calc pd: ") and needle in err
+    assert len(err.strip().splitlines()) == 1

@@ -16,6 +16,10 @@
                       --prompt 8192 (--link 400gbe | --bandwidth 50GB) [--links 1]
                       [--latency-ms 0] (--gpu h100-sxm | --peak-tflops 989) [--gpus 8]
                       [--efficiency 0.5] [--dtype-bytes 2]
+    workbench calc pd --workers 4 --input-len 1024 --output-len 257 --prefill-tok-s 8192
+                      --decode-tok-s 1024 | --decode-tok-s 1:120 8:700 32:1024 (BATCH:TOK_S)
+                      [--rate 3] [--kv-bytes-per-token 320KB (--link 400gbe | --bandwidth
+                      50GB) [--latency-ms 0]]
 
 Also `python -m workbench.calc_cli ...`. Sizes take B, KB/MB/GB/TB (10^3) or KiB/MiB/GiB/TiB.
 """
@@ -204,6 +208,59 @@ def _transfer(a: argparse.Namespace) -> None:
     ])
 
 
+def parse_decode_tok_s(items: list[str]) -> float | dict[int, float]:
+    """["1024"] -> 1024.0; ["1:120", "8:700"] -> {1: 120.0, 8: 700.0} (batch: tokens/s)."""
+    if len(items) == 1 and ":" not in items[0]:
+        return _number("--decode-tok-s", items[0])
+    curve: dict[int, float] = {}
+    for item in items:
+        batch, sep, tps = item.partition(":")
+        if not sep or not batch.strip().isdigit() or int(batch) < 1:
+            raise ValueError(f"--decode-tok-s {item!r} must be BATCH:TOK_S with BATCH an "
+                             "integer >= 1 (or one number: tokens/s at the decode batch)")
+        curve[int(batch)] = _number(f"--decode-tok-s {item!r}", tps)
+    return curve
+
+
+def _number(flag: str, text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ValueError(f"{flag} must be a number, got {text!r}") from None
+
+
+def _pd(a: argparse.Namespace) -> None:
+    if a.kv_bytes_per_token is None and (a.link is not None or a.bandwidth is not None):
+        raise ValueError("--link / --bandwidth need --kv-bytes-per-token (the KV moved per "
+                         "prompt token)")
+    bandwidth = None
+    if a.kv_bytes_per_token is not None:
+        if (a.link is None) == (a.bandwidth is None):
+            raise ValueError(f"--kv-bytes-per-token needs --link (one of {sorted(calc.LINKS)}) "
+                             "or --bandwidth, not both or neither")
+        bandwidth = calc.link_bandwidth(a.link) if a.link else a.bandwidth
+    try:
+        r = calc.pd_ratio(a.workers, a.input_len, a.output_len, a.prefill_tok_s,
+                          parse_decode_tok_s(a.decode_tok_s), request_rate=a.rate,
+                          kv_bytes_per_token=a.kv_bytes_per_token,
+                          link_bandwidth_bytes_per_s=bandwidth,
+                          link_latency_s=a.latency_ms / 1e3)
+    except ValueError as exc:  # name the flag, not the function's argument
+        text = str(exc)
+        for arg, flag in _PD_FLAGS.items():
+            if text.startswith(arg + " "):
+                text = flag + text[len(arg):]
+        raise ValueError(text) from None
+    print(r.table())
+
+
+_PD_FLAGS = {"num_workers": "--workers", "input_tokens": "--input-len",
+             "output_tokens": "--output-len", "prefill_tok_s": "--prefill-tok-s",
+             "decode_tok_s": "--decode-tok-s", "request_rate": "--rate",
+             "kv_bytes_per_token": "--kv-bytes-per-token",
+             "link_bandwidth_bytes_per_s": "--bandwidth", "link_latency_s": "--latency-ms (s)"}
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="workbench calc", description="Serving arithmetic.")
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -276,6 +333,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--efficiency", type=float, default=calc.DEFAULT_EFFICIENCY,
                    help="share of the peak a prefill sustains (MFU)")
     p.set_defaults(run=_transfer)
+    p = sub.add_parser("pd", help="prefill:decode split of W disaggregated instances: each "
+                       "pool's sustainable request rate per split, the best, the colocated rate")
+    p.add_argument("--workers", type=int, required=True, help="instances to split (W >= 2)")
+    p.add_argument("--input-len", type=float, required=True, help="mean prompt tokens")
+    p.add_argument("--output-len", type=float, required=True,
+                   help="mean output tokens (>= 2; the prefill emits the first)")
+    p.add_argument("--prefill-tok-s", type=float, required=True,
+                   help="prompt tokens/s of one prefill-only instance")
+    p.add_argument("--decode-tok-s", nargs="+", required=True, metavar="TOK_S|BATCH:TOK_S",
+                   help="output tokens/s of one decode-only instance at its batch, or a curve "
+                   "of BATCH:TOK_S points (its best point is used)")
+    p.add_argument("--rate", type=float, default=None, help="request rate to meet (req/s)")
+    p.add_argument("--kv-bytes-per-token", type=parse_bytes, default=None,
+                   help="KV moved per prompt token (see `calc kv`), with --link/--bandwidth")
+    p.add_argument("--link", default=None, help="preset, one per prefill instance: "
+                   + ", ".join(calc.LINKS))
+    p.add_argument("--bandwidth", type=parse_bytes, default=None, help="bytes per second")
+    p.add_argument("--latency-ms", type=float, default=0.0, help="fixed cost per transfer")
+    p.set_defaults(run=_pd)
     return ap
 
 

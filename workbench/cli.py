@@ -19,13 +19,19 @@ parses its flags (`workbench <verb> --help`). `workbench --help` lists the verbs
     workbench router --num-replicas N --policy round_robin|least_outstanding|prefix_aware
                      [--port] [every `workbench serve` flag]
                                      N serve replicas behind one router (retry on failure)
+    workbench disagg --num-prefill P --num-decode M [--prefill-policy] [--decode-policy]
+                     [every `workbench router` / `workbench serve` flag]
+                                     the router with P prefill + M decode replicas
     workbench bench offline [...]    engine vs transformers (and vLLM-CPU) throughput table
     workbench bench sched [...]      scheduler + KV manager cost per step
     workbench bench spec [...]       speculative decoding on vs off (n-gram, draft model)
     workbench bench kv-cache [...]   KV-cache bookkeeping cost (allocate_slots, get_block_ids)
     workbench bench gpu-check OUTDIR [--quick]
                                      the device check (kernels vs torch twins, graphs, TP)
-    workbench calc {kv,budget,blocks,prefix,passes,decode,spec,spec-counters,tp} [...]
+    workbench bench pd-capacity --model DIR --input-len N --output-len N --batch B
+                    --num-workers W   prefill / decode tok/s per instance -> calc.pd_ratio
+    workbench calc {kv,budget,blocks,prefix,passes,decode,spec,spec-counters,tp,transfer,
+                    pd} [...]
     workbench preflight [--json] [--out F] [--compare OLD.json]
     workbench demo-engine [...]      generate from the bundled checkpoint, print a report
     workbench ui [--port 5000] [--tracking-uri URI]
@@ -212,6 +218,8 @@ COMMANDS: dict[str, tuple[str, Callable[[list[str]], None]]] = {
     "serve": ("the OpenAI-compatible server with vLLM's /metrics", _lazy("workbench.server.serve")),
     "router": ("N serve replicas behind one router (retry on failure)",
                _lazy("workbench.router.cli")),
+    "disagg": ("the router with P prefill + M decode replicas (disaggregated serving)",
+               _lazy("workbench.router.disagg_cli")),
     "calc": ("KV / memory / speculative / TP arithmetic (kv, budget, blocks, prefix, ...)",
              _lazy("workbench.calc_cli")),
     "preflight": ("check this machine and environment before measuring",
@@ -231,6 +239,8 @@ BENCH: dict[str, tuple[str, Callable[[list[str]], None]]] = {
                  _lazy("workbench.bench.kv_cache_bench")),
     "gpu-check": ("the one-script device check (kernels vs torch twins, CUDA graphs, TP)",
                   _lazy("workbench.bench.gpu_check")),
+    "pd-capacity": ("one instance's prefill and decode tok/s and the P:D split they imply",
+                    _lazy("workbench.bench.pd_capacity")),
 }
 
 EPILOG = """global flag: --debug (anywhere) shows the Python traceback of an error.

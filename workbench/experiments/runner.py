@@ -22,16 +22,18 @@ import re
 import tempfile
 import traceback
 import warnings
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from workbench.experiments.labels import baseline_label, metric_label, value_label
+from workbench.experiments.labels import metric_label, value_label
 from workbench.experiments.progress import RunProgress
 from workbench.experiments.quality import gate_reports
 from workbench.experiments.results import VERDICT_MD, new_results_dir, write_experiment_results
+from workbench.experiments.run_record import RunRecord, run_label  # noqa: F401 - re-exported
 from workbench.experiments.template import Template
 from workbench.experiments.verdict import (
     VariantVerdict,
@@ -48,19 +50,6 @@ BASELINE = "baseline"
 
 
 @dataclass
-class RunRecord:
-    label: str  # "baseline" or the variable value as text
-    value: Any
-    repeat: int
-    run_id: str
-    metrics: dict[str, float] = field(default_factory=dict)
-    valid: bool = True
-    error: str | None = None
-    other_cpu_share: float | None = None  # of all CPUs, by other processes during the run
-    disturbed: bool = False  # invalid because other processes took too much of the CPUs
-
-
-@dataclass
 class ExperimentResult:
     name: str
     parent_run_id: str
@@ -71,6 +60,7 @@ class ExperimentResult:
     table: str
     adopted: Any = None  # the adopted value, or None
     results_dir: Path | None = None  # results/<name>/<UTC time>/ (`experiments.results`)
+    rate_sweep: Any = None  # a rate sweep's `rate_sweep_run.RateSweepResult` (points, curves)
 
     def adopted_config(self, template: Template) -> dict[str, Any] | None:
         return None if self.adopted is None else template.variant_config(self.adopted)
@@ -114,6 +104,7 @@ def run_experiment(
     run-by-run failure path use it)."""
     if profile not in (None, "torch"):
         raise ValueError(f"profile ({profile!r}) must be None or 'torch'")
+    from workbench.experiments import rate_sweep_run  # the sweep mode (`rate_sweep`)
     from workbench.harness.validity import default_cpu_watch
 
     threshold = disturbance_threshold(template, max_other_cpu_share)
@@ -121,7 +112,7 @@ def run_experiment(
     from workbench.preflight import collect_preflight
     from workbench.tracking.mlflow_store import Store
 
-    model, workload, arrival, slo = replay_setup(template, check)
+    model, workload, arrival, slo = replay_setup(template, check, sweep=True)
     checksum = workload.checksum
     preflight = collect_preflight()
     store = Store(template.name, uri)
@@ -147,19 +138,28 @@ def run_experiment(
         (str(v), v) for v in template.variable_values
     ]
     runs: list[RunRecord] = []
-    total = template.repeats * len(plan)
+    sweep = None  # a rate sweep (`rate_sweep_run`): one point per (repeat, value, rate)
+    points = len(template.rate_sweep.rates) if template.rate_sweep is not None else 1
+    total = template.repeats * len(plan) * points
     out = new_results_dir(template.name, results_dir) if results_dir is not None else None
     bar = RunProgress(total, enabled=progress, desc=template.name)
     try:
-        for repeat in range(template.repeats):
-            for label, value in plan:
-                bar.start(f"{run_label(template, value)} repeat {repeat + 1}/"
-                          f"{template.repeats}")
-                runs.append(run_one(template, store, parent, model, workload, arrival, slo,
-                                     label, value, repeat, preflight, checksum, profile,
-                                     max_other_cpu_share=threshold, cpu_watch=watch,
-                                     progress=progress, out=out))
-                bar.done("FAILED" if runs[-1].error else "")
+        if template.rate_sweep is not None:
+            sweep = rate_sweep_run.run_sweeps(
+                template, store, parent, model, workload, plan, preflight, checksum, bar,
+                run_point=run_one, profile=profile, threshold=threshold, cpu_watch=watch,
+                progress=progress, out=out)
+            runs = sweep.runs
+        else:
+            for repeat in range(template.repeats):
+                for label, value in plan:
+                    bar.start(f"{run_label(template, value)} repeat {repeat + 1}/"
+                              f"{template.repeats}")
+                    runs.append(run_one(template, store, parent, model, workload, arrival,
+                                        slo, label, value, repeat, preflight, checksum,
+                                        profile, max_other_cpu_share=threshold,
+                                        cpu_watch=watch, progress=progress, out=out))
+                    bar.done("FAILED" if runs[-1].error else "")
     finally:
         bar.close()
     # The quality gate replays golden prompts through the in-process engine on the same
@@ -169,8 +169,12 @@ def run_experiment(
         if template.quality_gate else ({}, {}))
     base = [r for r in runs if r.label == BASELINE and r.error is None]
     verdicts = judge_runs(template, runs, quality, BASELINE) if base else []
-    table = verdict_table(verdicts, template.objective.metric) if verdicts else (
+    table = verdict_table(verdicts, template.objective.metric,
+                          None if sweep is None else rate_sweep_run.SWEEP_COLUMNS
+                          ) if verdicts else (
         "every baseline run failed: no verdict")
+    if sweep is not None:
+        table += "\n\n" + rate_sweep_run.sweep_summary(sweep)
     adopted = next((v.value for v in verdicts if v.adopted), None)
     store.log_files(parent, {
         VERDICT_MD: f"# {template.name}\n\n{template.question}\n\n{table}\n",
@@ -183,7 +187,10 @@ def run_experiment(
                                    "report": quality_reports.get(v)}
                           for v in template.variable_values}},
             indent=2, default=str)})
-    _log_sweep_plot(store, parent, template, runs, out)
+    if sweep is None:
+        _log_sweep_plot(store, parent, template, runs, out)
+    else:
+        rate_sweep_run.log_sweep_parent(store, parent, template, sweep, out)
     if out is not None:
         write_experiment_results(out, template, runs, table)
     _log_verdict(store, parent, template, runs, verdicts)
@@ -194,16 +201,24 @@ def run_experiment(
                             "disturbed_runs": str(sum(r.disturbed for r in runs))})
     store.finish(parent, failed=not base)
     return ExperimentResult(template.name, parent, store.uri, checksum, runs, verdicts, table,
-                            adopted, results_dir=out)
+                            adopted, results_dir=out, rate_sweep=sweep)
 
 
-def replay_setup(template: Template, check: bool = True) -> tuple[str, Any, Any, Any]:
+def replay_setup(template: Template, check: bool = True, sweep: bool = False
+                 ) -> tuple[str, Any, Any, Any]:
     """(model folder, workload, ArrivalSpec, SLO): what every run of the template replays
     (`run_experiment`, `workbench rerun`). `check`: the whole template is checked first
-    (`validate.check_template`, every problem at once, `TemplateError`)."""
+    (`validate.check_template`, every problem at once, `TemplateError`). A rate-sweep
+    template (each point has its own arrivals, `RateSweep.arrival`) gives ArrivalSpec None
+    and its SLO when the caller runs sweeps (`sweep=True`), else a `UserError`."""
     from workbench.harness.arrivals import ArrivalSpec
     from workbench.harness.metrics import SLO
 
+    if template.rate_sweep is not None and not sweep:
+        from workbench.errors import UserError
+
+        raise UserError(f"template {template.name!r} is a rate sweep (rate_sweep): rerunning "
+                        "its runs is not supported; run the template again")
     model = resolve_model(template.target)
     if check:  # every problem of the template at once, before the first run
         from workbench.experiments.validate import check_template
@@ -211,22 +226,14 @@ def replay_setup(template: Template, check: bool = True) -> tuple[str, Any, Any,
         workload = check_template(template.as_data(), source=f"template {template.name!r}")
     else:
         workload = build_workload(template, model)
+    if template.rate_sweep is not None:
+        return model, workload, None, template.rate_sweep.slo.as_slo()
     arrival = ArrivalSpec.from_dict(template.arrivals)
     slo = SLO(
         ttft_ms=template.slo.get("p95_ttft_ms"), tpot_ms=template.slo.get("p95_tpot_ms"),
         e2el_ms=template.slo.get("p95_e2el_ms"),
     )
     return model, workload, arrival, slo
-
-
-def run_label(template: Template, value: Any) -> str:
-    """The child run name of a value: "budget=64", "k=5"; None (the baseline):
-    "baseline (512)" (`workbench.experiments.labels`)."""
-    name = template.variable_name
-    values = [template.baseline.get(name), *template.variable_values]
-    if value is None:
-        return baseline_label(name, template.baseline.get(name), values)
-    return value_label(name, value, values)
 
 
 VERDICT_CODES = {"better": 1.0, "no change": 0.0, "worse": -1.0, "inconclusive": 2.0,
@@ -320,16 +327,21 @@ def run_one(
     slo: Any, label: str, value: Any, repeat: int, preflight: dict[str, Any], checksum: str,
     profile: str | None = None, *, max_other_cpu_share: float | None = None,
     cpu_watch: Any = None, progress: bool = False, out: Path | None = None,
-    tags: dict[str, str] | None = None,
+    tags: dict[str, str] | None = None, name: str | None = None,
+    arrivals: dict[str, Any] | None = None,
+    extra_metrics: Callable[[Any], dict[str, float]] | None = None,
 ) -> RunRecord:
     """One measured child run of `parent` (baseline: value None): a fresh target, the
     replay, its metrics, validity and artifacts; a failure is recorded, never raised.
-    `tags` are added to (and override) the child's tags (`workbench rerun`: role=rerun)."""
+    `tags` are added to (and override) the child's tags (`workbench rerun`: role=rerun).
+    A rate sweep's point (`rate_sweep_run`) names the run (`name`), logs the arrivals it
+    ran (`arrivals`, default the template's) and adds `extra_metrics(result)` to its
+    metrics (its SLO attainment)."""
     from workbench.harness.runner import run, run_sync
     from workbench.harness.server_process import make_target
 
     config = template.baseline if value is None else template.variant_config(value)
-    run_id = store.create_run(run_label(template, value), parent_id=parent,
+    run_id = store.create_run(name or run_label(template, value), parent_id=parent,
                               tags={"variable": template.variable_name, "value": label,
                                     "repeat": str(repeat), "baseline_run": parent,
                                     "role": "baseline" if value is None else "variant",
@@ -337,7 +349,8 @@ def run_one(
                                     "hardware_fingerprint": preflight["fingerprint"],
                                     **(tags or {})})
     store.log_params(run_id, run_params(  # knob keys as on every path (param_keys)
-        config, template.workload, template.arrivals, cache_state=template.cache_state,
+        config, template.workload, template.arrivals if arrivals is None else arrivals,
+        cache_state=template.cache_state,
         target=template.target, model=model, repeat=repeat))
     record = RunRecord(label, value, repeat, run_id)
     result = None
@@ -363,6 +376,8 @@ def run_one(
         if result.error:
             raise RuntimeError(result.error)
         record.metrics = result.metrics(slo=slo)
+        if extra_metrics is not None:
+            record.metrics.update(extra_metrics(result))
         engine_time = (phase_shares(result.step_trace)["engine_time_s"]
                        if result.step_trace else None)
         record.metrics.update(kv_cache_metrics(result.server_delta, engine_time))

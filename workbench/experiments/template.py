@@ -24,6 +24,9 @@ registry's direction for the metric.
 `max_ppl_increase_pct`, `max_mean_kl`, `min_top1_agreement` and options `num_prompts`,
 `max_tokens`, `ppl_tokens`, `ppl_context`; a variant that misses a threshold is never adopted.
 
+`rate_sweep` (optional, `workbench.experiments.rate_sweep`): measure each value's goodput
+over a sweep of Poisson request rates instead of one run; the objective is then goodput.
+
 Instead of `variable`, `variants:` may list full engine configs; each must differ from the
 baseline in the same single key, and anything else is refused naming the keys.
 
@@ -43,6 +46,7 @@ from typing import Any
 import yaml
 
 from workbench.errors import UserError
+from workbench.experiments.rate_sweep import RateSweep, parse_rate_sweep
 from workbench.experiments.template_keys import (  # noqa: F401 - re-exported names
     _TOP_KEYS,
     CACHE_STATES,
@@ -90,6 +94,7 @@ class Template:
     quality_gate: dict[str, Any] | None = None
     warmup_requests: int = 2
     noise: str = "spread"  # "spread" (min..max of the baseline repeats) | "bootstrap"
+    rate_sweep: RateSweep | None = None  # goodput per value over a rate sweep (rate_sweep.py)
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -144,6 +149,10 @@ class Template:
             data["quality_gate"] = copy.deepcopy(self.quality_gate)
         else:
             data.pop("quality_gate", None)
+        if self.rate_sweep is not None:
+            data["rate_sweep"] = self.rate_sweep.to_dict()
+        else:
+            data.pop("rate_sweep", None)
         return data
 
     def with_baseline(self, baseline: dict[str, Any]) -> dict[str, Any]:
@@ -199,13 +208,21 @@ def parse_template(data: dict[str, Any]) -> Template:
             f"variable {name} value {baseline[name]!r} equals the baseline; list only the "
             "changed values (the baseline is always run)"
         )
+    sweep = parse_rate_sweep(data)  # None without `rate_sweep`; its rules in rate_sweep.py
+    if sweep is None:
+        objective = Objective(**(data.get("objective") or {}))
+        arrivals = dict(data.get("arrivals") or {"mode": "closed", "concurrency": 4})
+    else:  # the objective is goodput; the sweep sets the Poisson rate per point
+        objective = Objective((data.get("objective") or {}).get("metric", "goodput"),
+                              "maximize")
+        arrivals = dict(data.get("arrivals") or {})
     return Template(
         name=str(data["name"]),
         question=str(data["question"]),
-        objective=Objective(**(data.get("objective") or {})),
+        objective=objective,
         slo=dict(data.get("slo") or {}),
         workload=dict(data["workload"]),
-        arrivals=dict(data.get("arrivals") or {"mode": "closed", "concurrency": 4}),
+        arrivals=arrivals,
         target=dict(data.get("target") or {"kind": "in-process", "model": "bundled"}),
         baseline=baseline,
         variable_name=name,
@@ -215,6 +232,7 @@ def parse_template(data: dict[str, Any]) -> Template:
         quality_gate=data.get("quality_gate"),
         warmup_requests=int(data.get("warmup_requests", 2)),
         noise=str(data.get("noise", "spread")),
+        rate_sweep=sweep,
         raw=copy.deepcopy(data),
     )
 

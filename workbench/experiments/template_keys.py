@@ -13,7 +13,7 @@ SLO_KEYS = tuple(SLO_BOUNDS)  # the metric registry's SLO bounds
 _TOP_KEYS = {
     "name", "question", "objective", "slo", "workload", "arrivals", "target", "baseline",
     "variable", "variants", "repeats", "cache_state", "quality_gate", "warmup_requests",
-    "noise", "percentiles", "sampling", "description", "max_other_cpu_share",
+    "noise", "percentiles", "sampling", "description", "max_other_cpu_share", "rate_sweep",
 }
 
 

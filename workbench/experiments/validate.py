@@ -4,6 +4,8 @@ Place in the flow: `load_template` and `run_experiment` call `check_template`; a
 problems raises one `TemplateError` listing them all, and nothing is run or logged. Checked:
 
     top-level keys, repeats, cache_state, noise, objective, slo and quality_gate keys
+    rate_sweep  the block and what it rules out beside it (`experiments.rate_sweep`): then
+                the objective is goodput and `arrivals` gives only mode/seed/max_concurrency
     target      kind and keys; the model folder (`target.model`: config.json + *.safetensors)
                 and the tokenizer the workload is built with (`target.tokenizer`, else model)
     workload    fixture name and params (then the workload is built: lengths, max_model_len)
@@ -65,6 +67,11 @@ def template_problems(data: Any) -> Checked:
             out.append(f"template is missing {key!r}")
     _check_scalars(data, out)
     _check_mappings(data, out)
+    sweep = "rate_sweep" in data
+    if sweep:
+        from workbench.experiments.rate_sweep import rate_sweep_problems
+
+        out.extend(rate_sweep_problems(data))
     baseline = data.get("baseline") or {}
     if not isinstance(baseline, dict):
         out.append(f"baseline must be a mapping of engine knobs, not {baseline!r}")
@@ -76,7 +83,8 @@ def template_problems(data: Any) -> Checked:
         target = {}
     model, tokenizer, server = check_target(target, out)
     workload = _check_workload(data.get("workload"), tokenizer, out)
-    _check_arrivals(data.get("arrivals") or {"mode": "closed", "concurrency": 4}, out)
+    if not sweep:  # a sweep's arrivals are checked with its block
+        _check_arrivals(data.get("arrivals") or {"mode": "closed", "concurrency": 4}, out)
     if server != "foreign":
         check_engine(baseline, name, values, model, target, server, workload, out)
     return Checked(out, workload)
@@ -107,6 +115,8 @@ def _check_scalars(data: dict[str, Any], out: list[str]) -> None:
     if not _number(share) or not 0 <= share <= 1:
         out.append(f"max_other_cpu_share ({share!r}) must be a share of the CPUs in [0, 1]")
     objective = data.get("objective") or {}
+    if "rate_sweep" in data and isinstance(objective, dict):
+        return  # a sweep's objective is goodput (`rate_sweep_problems`)
     if not isinstance(objective, dict):
         out.append(f"objective must be {{metric: NAME, direction: minimize|maximize}}, "
                    f"not {objective!r}")

@@ -27,11 +27,13 @@ from typing import Any
 from workbench.experiments.labels import value_label
 from workbench.experiments.template import Template
 from workbench.harness import metric_registry
+from workbench.harness.goodput import DIRECTIONS as GOODPUT_DIRECTIONS
 from workbench.harness.metric_registry import SLO_BOUNDS
 
 REPORTED = (
     "output_throughput", "request_throughput", "median_ttft_ms", "p95_ttft_ms",
     "median_tpot_ms", "p95_tpot_ms", "p95_itl_ms", "p95_e2el_ms", "error_rate",
+    "goodput", "goodput_per_worker",  # a rate sweep's (`goodput.DIRECTIONS`)
 )
 MIN_VALID_REPEATS = 2  # valid runs needed per side once disturbed runs are left out
 
@@ -42,8 +44,11 @@ def min_valid_repeats(repeats: int) -> int:
 
 
 def direction(metric: str) -> str:
-    """"minimize" | "maximize" from the metric registry; "none" for a metric with no better
-    direction (a count such as `duration`) or one the registry does not know."""
+    """"minimize" | "maximize" from the metric registry (a rate sweep's goodput numbers:
+    `goodput.DIRECTIONS`); "none" for a metric with no better direction (a count such as
+    `duration`) or one neither knows."""
+    if metric in GOODPUT_DIRECTIONS:
+        return GOODPUT_DIRECTIONS[metric]
     row = metric_registry.spec(metric)
     return "none" if row is None or row.objective is None else row.objective
 
@@ -228,10 +233,12 @@ def _adopt(template: Template, vv: VariantVerdict) -> tuple[bool, str]:
     return True, f"objective {obj.metric} improves {obj.relative_effect:+.1%} beyond noise"
 
 
-def verdict_table(verdicts: list[VariantVerdict], objective: str) -> str:
-    """Markdown: one row per variant with the objective, the tails and the decision."""
-    cols = list(dict.fromkeys([objective, "p95_ttft_ms", "p95_tpot_ms", "p95_itl_ms",
-                               "output_throughput"]))
+def verdict_table(verdicts: list[VariantVerdict], objective: str,
+                  columns: Sequence[str] | None = None) -> str:
+    """Markdown: one row per variant with the objective, the tails (or `columns`) and the
+    decision."""
+    cols = list(dict.fromkeys([objective, *(columns if columns is not None else (
+        "p95_ttft_ms", "p95_tpot_ms", "p95_itl_ms", "output_throughput"))]))
     head = ["value", *cols, "decision", "why"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     values = [v.value for v in verdicts]

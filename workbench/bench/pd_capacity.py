@@ -1,0 +1,292 @@
+"""`workbench bench pd-capacity`: one instance's prefill and decode throughput, measured on the
+engine offline, and the P:D split of W instances they imply (`calc.pd_ratio`).
+
+    workbench bench pd-capacity --model DIR --input-len N --output-len N --batch B
+                                --num-workers W [--prefill-batch B] [--decode-prompt-len 8]
+                                [--repeats 3] [--rate R] [--seed 0] [--json PATH]
+                                [--max-other-cpu-share 0.25] [every engine knob]
+
+Flow: build `workbench.LLM` from the folder (fp32, prefix caching off: repeats send the same
+lengths) -> one warm-up of each phase -> `--repeats` timed calls of each phase, alternating:
+
+    prefill   `--prefill-batch` prompts of `--input-len` random ordinary tokens, max_tokens=1:
+              prompt tokens / the summed duration of the call's engine steps (every step of a
+              max_tokens=1 call is a prefill step; the step that finishes a prompt samples its
+              one output token, as a prefill instance does)
+    decode    `--batch` prompts of `--decode-prompt-len` tokens, `--output-len` tokens each:
+              the decode tokens of the call's decode-only steps (no prefill token scheduled)
+              / their summed duration, so the prefill steps are left out
+
+Each figure is the median over the repeats (min and max shown); the step trace
+(`LLM.step_trace()`) gives the per-step durations. The medians feed `calc.pd_ratio` (W
+workers, the same lengths, `--rate`), whose table is printed below. Token ids are random
+(seed), greedy and ignore_eos, so every request runs to its length. Other processes taking
+more than `--max-other-cpu-share` of the CPUs during the timed calls mark the figures INVALID
+(a console line, `valid: false` in the JSON; exit 2 with --strict).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from workbench import calc
+from workbench.engine_args import add_engine_args, engine_kwargs
+from workbench.harness.validity import (
+    DEFAULT_MAX_OTHER_CPU_SHARE,
+    CpuWatch,
+    default_cpu_watch,
+    disturbed_line,
+)
+
+ENGINE_FIXED = ("seed",)  # greedy; --seed is the prompts'
+
+
+def _positive(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+@dataclass(frozen=True)
+class PDCapacityConfig:
+    """What one measurement does. `prefill_batch` None: `batch` prompts per prefill call."""
+
+    model: str
+    input_len: int
+    output_len: int
+    batch: int
+    num_workers: int
+    prefill_batch: int | None = None
+    decode_prompt_len: int = 8
+    repeats: int = 3
+    seed: int = 0
+    request_rate: float | None = None
+    max_other_cpu_share: float = DEFAULT_MAX_OTHER_CPU_SHARE
+    engine: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("input_len", "batch", "decode_prompt_len", "repeats"):
+            _positive(name, getattr(self, name))
+        if isinstance(self.output_len, bool) or not isinstance(self.output_len, int) or (
+                self.output_len < 2):
+            raise ValueError(f"output_len must be an integer >= 2 (the prefill emits the first "
+                             f"token, the decode phase the rest), got {self.output_len!r}")
+        if isinstance(self.num_workers, bool) or not isinstance(self.num_workers, int) or (
+                self.num_workers < 2):
+            raise ValueError(f"num_workers must be an integer >= 2 (one prefill and one decode "
+                             f"instance at least), got {self.num_workers!r}")
+        if self.prefill_batch is not None:
+            _positive("prefill_batch", self.prefill_batch)
+        if self.request_rate is not None and not (
+                isinstance(self.request_rate, int | float) and math.isfinite(self.request_rate)
+                and self.request_rate > 0):
+            raise ValueError(f"request_rate must be a finite number > 0 (req/s), got "
+                             f"{self.request_rate!r}")
+        if not 0 <= self.max_other_cpu_share <= 1:
+            raise ValueError(f"max_other_cpu_share must be in [0, 1], got "
+                             f"{self.max_other_cpu_share!r}")
+
+    @property
+    def prefill_prompts(self) -> int:
+        return self.batch if self.prefill_batch is None else self.prefill_batch
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        """fp32, no prefix caching, room for the batch and the longest request; the
+        caller's knobs win."""
+        longest = max(self.input_len + 1, self.decode_prompt_len + self.output_len)
+        return {"dtype": "float32", "enable_prefix_caching": False,
+                "max_num_seqs": max(self.batch, self.prefill_prompts),
+                "max_model_len": longest, **self.engine}
+
+
+@dataclass(frozen=True)
+class PhaseFigure:
+    """One phase's tokens/s per repeat (and the tokens and seconds behind each)."""
+
+    phase: str  # "prefill" | "decode"
+    batch: int
+    tok_s: tuple[float, ...]
+    tokens: tuple[int, ...]
+    seconds: tuple[float, ...]
+    steps: tuple[int, ...]
+
+    @property
+    def median_tok_s(self) -> float:
+        return statistics.median(self.tok_s)
+
+
+@dataclass(frozen=True)
+class PDCapacity:
+    config: PDCapacityConfig
+    prefill: PhaseFigure
+    decode: PhaseFigure
+    ratio: calc.PDRatio
+    other_cpu_share: float  # NaN: not measurable
+    valid: bool
+
+    def table(self) -> str:
+        """The measured figures, one row per phase (Markdown)."""
+        c = self.config
+        lines = ["| phase | batch | tokens per request | median tok/s | min | max | runs | "
+                 "steps per run |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for f, per_req in ((self.prefill, f"{c.input_len} prompt"),
+                           (self.decode, f"{c.output_len - 1} decode")):
+            lines.append(f"| {f.phase} | {f.batch} | {per_req} | {f.median_tok_s:.1f} | "
+                         f"{min(f.tok_s):.1f} | {max(f.tok_s):.1f} | {len(f.tok_s)} | "
+                         f"{statistics.median(f.steps):g} |")
+        return "\n".join(lines)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"config": asdict(self.config), "prefill": asdict(self.prefill),
+                "decode": asdict(self.decode), "prefill_tok_s": self.prefill.median_tok_s,
+                "decode_tok_s": self.decode.median_tok_s, "splits": self.ratio.rows(),
+                "best_split": self.ratio.best.label,
+                "balanced_ratio": self.ratio.balanced_ratio,
+                "colocated_rate": self.ratio.colocated_rate,
+                "other_cpu_share": None if math.isnan(self.other_cpu_share)
+                else self.other_cpu_share, "valid": self.valid}
+
+
+def prefill_tok_s(trace: Sequence[dict[str, Any]]) -> tuple[int, float, int]:
+    """(prompt tokens, seconds, steps) over the steps that scheduled prompt tokens."""
+    steps = [r for r in trace if r["prefill_tokens"] > 0]
+    return (sum(r["prefill_tokens"] for r in steps), sum(r["duration_s"] for r in steps),
+            len(steps))
+
+
+def decode_tok_s(trace: Sequence[dict[str, Any]]) -> tuple[int, float, int]:
+    """(decode tokens, seconds, steps) over the decode-only steps (no prompt token)."""
+    steps = [r for r in trace if r["prefill_tokens"] == 0 and r["decode_tokens"] > 0]
+    return (sum(r["decode_tokens"] for r in steps), sum(r["duration_s"] for r in steps),
+            len(steps))
+
+
+def _prompts(rng: random.Random, n: int, length: int, token_range: tuple[int, int]
+             ) -> list[dict[str, list[int]]]:
+    low, high = token_range
+    return [{"prompt_token_ids": [rng.randrange(low, high) for _ in range(length)]}
+            for _ in range(n)]
+
+
+def measure(config: PDCapacityConfig, watch: CpuWatch | None = None) -> PDCapacity:
+    """Load the engine, warm up, time both phases `repeats` times, and run `calc.pd_ratio`."""
+    from workbench import LLM, SamplingParams
+    from workbench.bench.offline_workload import non_special_token_range
+    from workbench.named_models import resolve_model
+
+    model = resolve_model(config.model)
+    if not (Path(model) / "config.json").is_file():
+        raise ValueError(f"model ({config.model!r}) must be a model folder with config.json "
+                         "(or a shipped name: bundled, demo, demo-draft)")
+    token_range = non_special_token_range(model)
+    rng = random.Random(config.seed)
+    llm = LLM(model=model, **config.engine_kwargs())
+    prefill_params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    decode_params = SamplingParams(temperature=0.0, max_tokens=config.output_len,
+                                   ignore_eos=True)
+
+    def call(phase: str) -> list[dict[str, Any]]:
+        if phase == "prefill":
+            prompts = _prompts(rng, config.prefill_prompts, config.input_len, token_range)
+            params = prefill_params
+        else:
+            prompts = _prompts(rng, config.batch, config.decode_prompt_len, token_range)
+            params = decode_params
+        before = len(llm.step_trace())
+        outs = llm.generate(prompts, params)
+        failed = [o for o in outs if o.outputs[0].error is not None]
+        if failed:
+            raise RuntimeError(f"{len(failed)} {phase} requests failed in the engine: "
+                               f"{failed[0].outputs[0].error}")
+        return llm.step_trace()[before:]
+
+    runs: dict[str, list[tuple[int, float, int]]] = {"prefill": [], "decode": []}
+    read = {"prefill": prefill_tok_s, "decode": decode_tok_s}
+    try:
+        call("prefill")  # warm-up: first-call allocations, kernels built or loaded
+        call("decode")
+        with (watch or default_cpu_watch()).measure() as share:
+            for _ in range(config.repeats):
+                for phase in ("prefill", "decode"):
+                    runs[phase].append(read[phase](call(phase)))
+    finally:
+        llm.close()
+    figures = {}
+    for phase, rows in runs.items():
+        if any(seconds <= 0 or tokens == 0 for tokens, seconds, _ in rows):
+            raise RuntimeError(f"the {phase} calls left no {phase} steps in the step trace")
+        figures[phase] = PhaseFigure(
+            phase=phase, batch=config.prefill_prompts if phase == "prefill" else config.batch,
+            tok_s=tuple(t / s for t, s, _ in rows), tokens=tuple(t for t, _, _ in rows),
+            seconds=tuple(s for _, s, _ in rows), steps=tuple(n for _, _, n in rows))
+    ratio = calc.pd_ratio(config.num_workers, config.input_len, config.output_len,
+                          figures["prefill"].median_tok_s,
+                          {config.batch: figures["decode"].median_tok_s},
+                          request_rate=config.request_rate)
+    others = share.others
+    valid = math.isnan(others) or others <= config.max_other_cpu_share
+    return PDCapacity(config, figures["prefill"], figures["decode"], ratio, others, valid)
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="workbench bench pd-capacity",
+                                 description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", required=True, help="model folder (or bundled, demo)")
+    ap.add_argument("--input-len", type=int, required=True, help="prompt tokens (prefill)")
+    ap.add_argument("--output-len", type=int, required=True,
+                    help="output tokens per request (>= 2; the decode phase makes all but one)")
+    ap.add_argument("--batch", type=int, required=True, help="decode batch (requests at once)")
+    ap.add_argument("--num-workers", type=int, required=True, help="instances to split (>= 2)")
+    ap.add_argument("--prefill-batch", type=int, default=None,
+                    help="prompts per prefill call (default: --batch)")
+    ap.add_argument("--decode-prompt-len", type=int, default=8,
+                    help="prompt tokens of the decode phase's requests (short)")
+    ap.add_argument("--repeats", type=int, default=3, help="timed calls per phase (median)")
+    ap.add_argument("--rate", type=float, default=None, help="request rate to meet (req/s)")
+    ap.add_argument("--seed", type=int, default=0, help="prompt token ids' seed")
+    ap.add_argument("--max-other-cpu-share", type=float, default=DEFAULT_MAX_OTHER_CPU_SHARE,
+                    help="the figures are invalid when other processes used more than this "
+                    "share of the CPUs meanwhile")
+    ap.add_argument("--strict", action="store_true", help="exit 2 when the run was disturbed")
+    ap.add_argument("--json", type=Path, default=None, help="write the figures here")
+    add_engine_args(ap, exclude=ENGINE_FIXED, title="engine knobs (default here: fp32, "
+                    "prefix caching off, max_num_seqs = the batch)")
+    return ap
+
+
+def main(argv: Sequence[str] | None = None, watch: CpuWatch | None = None) -> int:
+    args = _parser().parse_args(argv)
+    config = PDCapacityConfig(
+        model=args.model, input_len=args.input_len, output_len=args.output_len,
+        batch=args.batch, num_workers=args.num_workers, prefill_batch=args.prefill_batch,
+        decode_prompt_len=args.decode_prompt_len, repeats=args.repeats, seed=args.seed,
+        request_rate=args.rate, max_other_cpu_share=args.max_other_cpu_share,
+        engine=engine_kwargs(args, ENGINE_FIXED))
+    result = measure(config, watch)
+    others = ("n/a" if math.isnan(result.other_cpu_share)
+              else f"{result.other_cpu_share:.0%}")
+    print(f"model {config.model}; medians of {config.repeats} calls per phase after a "
+          f"warm-up; others' CPU {others}\n")
+    print(result.table())
+    print(f"\ncalc.pd_ratio for {config.num_workers} workers, input {config.input_len}, "
+          f"output {config.output_len} tokens:\n")
+    print(result.ratio.table())
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result.as_dict(), indent=1))
+    if not result.valid:
+        print(disturbed_line("bench pd-capacity", result.other_cpu_share,
+                             config.max_other_cpu_share))
+        return 2 if args.strict else 0
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,37 @@
+"""What one measured run of an experiment leaves behind, and the name it is logged under.
+
+A leaf of the experiments layer: the runner (`runner.run_one`) fills `RunRecord`s and the rate
+sweep (`rate_sweep_run`) builds one per (value, repeat) from its points; the verdict
+(`verdict.judge_runs`) and the results folder read them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from workbench.experiments.labels import baseline_label, value_label
+from workbench.experiments.template import Template
+
+
+@dataclass
+class RunRecord:
+    label: str  # "baseline" or the variable value as text
+    value: Any
+    repeat: int
+    run_id: str
+    metrics: dict[str, float] = field(default_factory=dict)
+    valid: bool = True
+    error: str | None = None
+    other_cpu_share: float | None = None  # of all CPUs, by other processes during the run
+    disturbed: bool = False  # invalid because other processes took too much of the CPUs
+
+
+def run_label(template: Template, value: Any) -> str:
+    """The child run name of a value: "budget=64", "k=5"; None (the baseline):
+    "baseline (512)" (`workbench.experiments.labels`)."""
+    name = template.variable_name
+    values = [template.baseline.get(name), *template.variable_values]
+    if value is None:
+        return baseline_label(name, template.baseline.get(name), values)
+    return value_label(name, value, values)
