@@ -105,11 +105,19 @@ class P2pConfig:
     side_channel_port: int = 0  # 0: a free port, announced in kv_transfer_params
     abort_timeout_s: float = 120.0  # producer: blocks nobody read by then are freed
     load_timeout_s: float = 30.0  # consumer: a read not done by then -> recompute
+    # producer: copy each layer's KV of a prefill leg to a host send buffer as soon as the
+    # layer has run (overlapping the later layers), free the device blocks at the finish and
+    # serve reads from the buffer; False: hold the device blocks until they are read
+    layerwise: bool = False
+    send_buffer_bytes: int = 1 << 30  # layerwise: host bytes for staged prefills
 
     WHERE = "kv_transfer_config kv_connector_extra_config"
 
     def __post_init__(self) -> None:
         w = self.WHERE
+        if not isinstance(self.layerwise, bool):
+            raise ValueError(f"{w} layerwise ({self.layerwise!r}) must be true or false")
+        _positive_int(w, "send_buffer_bytes", self.send_buffer_bytes)
         if self.transport not in P2P_TRANSPORTS:
             raise ValueError(f"{w} transport ({self.transport!r}) must be one of "
                              f"{', '.join(P2P_TRANSPORTS)}")

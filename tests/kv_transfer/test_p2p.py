@@ -250,3 +250,69 @@ def test_n_above_one_cannot_hand_over(ckpt: Path) -> None:
     with pytest.raises(ValueError, match=r"n \(2\) must be 1"):
         prod.generate([[11, 12, 13]], SamplingParams(
             n=2, max_tokens=1, extra_args={"kv_transfer_params": {"do_remote_decode": True}}))
+
+
+# ---------------------------------------------------------------------------- layerwise
+def layerwise_engine(ckpt: Path, budget: int = 64, **extra: Any) -> LLM:
+    kt = {"kv_connector": "P2pConnector", "kv_role": "kv_producer",
+          "kv_connector_extra_config": {"layerwise": True, **extra}}
+    return LLM(str(ckpt), block_size=BLOCK, num_gpu_blocks_override=64, max_num_seqs=4,
+               max_num_batched_tokens=budget, max_model_len=128, kv_transfer_config=kt)
+
+
+@pytest.mark.parametrize("budget", [128, 16])  # all prompts in one step; chunks of 16
+def test_layerwise_staging_frees_the_prefill_blocks_at_once(
+        ckpt: Path, prompts: list[list[int]], reference: list[list[int]], budget: int) -> None:
+    """Each layer's KV is copied to the host send buffer from inside the forward (chunk by
+    chunk under chunked prefill); the prefill instance frees its device blocks when the leg
+    finishes, and the decode instance reads the buffer: the same tokens."""
+    prod, cons = layerwise_engine(ckpt, budget), engine(ckpt, "kv_consumer")
+    outs = prod.generate(prompts, PREFILL)
+    handshakes = [o.kv_transfer_params for o in outs]
+    assert [k["remote_block_ids"] for k in handshakes] == [  # type: ignore[index]
+        list(range(10)), list(range(16)), list(range(2)), list(range(1))]  # places, ceil(P/4)
+    sched = prod.engine.scheduler
+    assert sched.sending == {} and sched.kv_cache_manager.usage == 0.0  # nothing held
+    bpb = prod.engine.bytes_per_block
+    p = prod.stats()
+    assert p["workbench:kv_transfer_held_blocks"] == 0
+    staged = p["workbench:kv_transfer_stage_bytes"] / bpb
+    if budget == 128:
+        assert staged == 10 + 16 + 2 + 1  # each prompt block copied once
+    else:  # a partial block is copied again when the next chunk fills it
+        assert staged > 10 + 16 + 2 + 1
+    assert sched.connector.buffer_used == 29 * bpb
+    got = cons.generate(prompts, [decode_params(k) for k in handshakes])
+    assert [list(o.outputs[0].token_ids) for o in got] == reference
+    prod.engine.poll_kv_transfers()
+    assert sched.connector.buffer_used == 0  # every buffer read and freed
+    assert prod.stats()["workbench:kv_transfer_send_bytes"] == (9 + 16 + 1) * bpb
+
+
+def test_layerwise_without_room_holds_the_blocks_instead(
+        ckpt: Path, prompts: list[list[int]], reference: list[list[int]]) -> None:
+    prod = layerwise_engine(ckpt, send_buffer_bytes=1)
+    cons = engine(ckpt, "kv_consumer")
+    kvp = prod.generate(prompts[:1], PREFILL)[0].kv_transfer_params
+    assert kvp is not None and kvp["remote_block_ids"] == list(range(1, 11))  # device ids
+    assert prod.engine.scheduler.sending.keys() == {"0"}
+    assert prod.stats()["workbench:kv_transfer_stage_fallbacks"] == 1
+    out = cons.generate(prompts[:1], decode_params(kvp))[0]
+    assert list(out.outputs[0].token_ids) == reference[0]
+
+
+def test_an_aborted_staged_leg_gives_its_buffer_back(ckpt: Path,
+                                                     prompts: list[list[int]]) -> None:
+    prod = layerwise_engine(ckpt, budget=16)
+    eng = prod.engine
+    req = eng.make_request(prompts[1], PREFILL)  # 64 tokens: 4 chunks of 16
+    eng.add_request(req)
+    eng.step()  # the first chunk is staged
+    conn = eng.scheduler.connector
+    assert conn.buffer_used == 16 * eng.bytes_per_block
+    eng.abort_request([req.request_id])
+    assert conn.has_pending_work()  # the drop goes to the worker with the next step
+    eng.step()
+    eng.poll_kv_transfers()
+    assert conn.buffer_used == 0 and not eng.runner.kv_connector._buffers
+    assert req.kv_transfer_params is None

@@ -466,34 +466,41 @@ def pd_disagg_round_trip(cfg: CheckConfig, ckpt: Path) -> list[dict[str, Any]]:
     want = [list(o.outputs[0].token_ids) for o in ref_llm.generate(prompts, greedy)]
     colocated_s = time.perf_counter() - t0
     del ref_llm
-    prod = LLM(str(ckpt), kv_transfer_config={"kv_connector": "P2pConnector",
-                                              "kv_role": "kv_producer"}, **kw)
-    cons = LLM(str(ckpt), kv_transfer_config={"kv_connector": "P2pConnector",
-                                              "kv_role": "kv_consumer"}, **kw)
     prefill = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True,
                              extra_args={"kv_transfer_params": {"do_remote_decode": True}})
-    t0 = time.perf_counter()
-    handshakes = [o.kv_transfer_params for o in prod.generate(prompts, prefill)]
-    prefill_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    outs = cons.generate(prompts, [SamplingParams(
-        temperature=0.0, max_tokens=out_len, ignore_eos=True,
-        extra_args={"kv_transfer_params": k}) for k in handshakes])
-    decode_s = time.perf_counter() - t0
-    got = [list(o.outputs[0].token_ids) for o in outs]
-    st = cons.stats()
-    recv_s = st["workbench:kv_transfer_recv_time"]
-    row = {"prompts": n, "prompt_len": length, "colocated_s": colocated_s,
-           "prefill_leg_s": prefill_s, "decode_leg_s": decode_s,
-           "kv_bytes": st["workbench:kv_transfer_recv_bytes"],
-           "recv_gb_per_s": st["workbench:kv_transfer_recv_bytes"] / recv_s / 1e9
-           if recv_s else None,
-           "failed_recvs": st["workbench:kv_transfer_failed_recvs"],
-           "requests_equal_to_colocated": sum(a == b for a, b in zip(got, want, strict=True))}
-    row["ok"] = row["requests_equal_to_colocated"] == n and row["failed_recvs"] == 0
-    prod.engine.shutdown()
-    cons.engine.shutdown()
-    return [row]
+    rows: list[dict[str, Any]] = []
+    for mode, extra in (("hold", {}), ("layerwise", {"layerwise": True})):
+        prod = LLM(str(ckpt), kv_transfer_config={
+            "kv_connector": "P2pConnector", "kv_role": "kv_producer",
+            "kv_connector_extra_config": extra}, **kw)
+        cons = LLM(str(ckpt), kv_transfer_config={"kv_connector": "P2pConnector",
+                                                  "kv_role": "kv_consumer"}, **kw)
+        t0 = time.perf_counter()
+        handshakes = [o.kv_transfer_params for o in prod.generate(prompts, prefill)]
+        prefill_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        outs = cons.generate(prompts, [SamplingParams(
+            temperature=0.0, max_tokens=out_len, ignore_eos=True,
+            extra_args={"kv_transfer_params": k}) for k in handshakes])
+        decode_s = time.perf_counter() - t0
+        got = [list(o.outputs[0].token_ids) for o in outs]
+        st, ps = cons.stats(), prod.stats()
+        recv_s = st["workbench:kv_transfer_recv_time"]
+        row = {"mode": mode, "prompts": n, "prompt_len": length, "colocated_s": colocated_s,
+               "prefill_leg_s": prefill_s, "decode_leg_s": decode_s,
+               "kv_bytes": st["workbench:kv_transfer_recv_bytes"],
+               "recv_gb_per_s": st["workbench:kv_transfer_recv_bytes"] / recv_s / 1e9
+               if recv_s else None,
+               "stage_s": ps["workbench:kv_transfer_stage_time"],
+               "failed_recvs": st["workbench:kv_transfer_failed_recvs"],
+               "requests_equal_to_colocated": sum(a == b for a, b in zip(got, want,
+                                                                         strict=True))}
+        row["ok"] = row["requests_equal_to_colocated"] == n and row["failed_recvs"] == 0
+        rows.append(row)
+        prod.engine.shutdown()
+        cons.engine.shutdown()
+        del prod, cons
+    return rows
 
 
 def _fmt(x: Any, digits: int = 3) -> str:
@@ -561,9 +568,10 @@ def render_markdown(report: Report) -> str:
         lines += ["## Prefill/decode disaggregation (P2pConnector over ZeroMQ)", "",
                   "Prefill on one engine, KV read by a second that decodes. Target: every "
                   "request equal to the colocated engine, no failed read.", ""]
-        lines += _table(s["pd_disagg"], ["prompts", "prompt_len", "colocated_s",
+        lines += _table(s["pd_disagg"], ["mode", "prompts", "prompt_len", "colocated_s",
                                          "prefill_leg_s", "decode_leg_s", "kv_bytes",
-                                         "recv_gb_per_s", "requests_equal_to_colocated",
+                                         "recv_gb_per_s", "stage_s",
+                                         "requests_equal_to_colocated",
                                          "ok"]) + [""]
     for name, err in report.errors.items():
         lines += [f"## {name}: FAILED", "", "```", err.rstrip(), "```", ""]

@@ -11,6 +11,7 @@ fills through `packed_modules_mapping`:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -184,14 +185,20 @@ class LlamaModel(nn.Module):
             LlamaDecoderLayer(arch, self.rotary_emb, backend) for _ in range(arch.num_layers)
         )
         self.norm = RMSNorm(arch.hidden_size, arch.rms_norm_eps)
+        # called with the layer index once a layer has run (its KV written): a KV connector
+        # saving layer by layer while the later layers compute (vLLM's save_kv_layer)
+        self.layer_hook: Callable[[int], None] | None = None
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, attn_metadata: AttentionMetadata
     ) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)
         residual = None
-        for layer in self.layers:
+        hook = self.layer_hook
+        for i, layer in enumerate(self.layers):
             hidden, residual = layer(positions, hidden, residual, attn_metadata)
+            if hook is not None:
+                hook(i)
         hidden, _ = self.norm(hidden, residual)
         return hidden
 

@@ -208,6 +208,13 @@ class ModelRunner:
                 self.config, KVConnectorRole.WORKER, self.bytes_per_block)
             assert self.kv_connector is not None
             self.kv_connector.register_kv_caches(self.kv_caches)
+            if self.kv_connector.saves_layerwise:  # save_kv_layer from inside the forward
+                inner = getattr(self.model, "model", None)
+                if inner is None or not hasattr(inner, "layer_hook"):
+                    raise ValueError("kv_transfer_config layerwise needs a model with a layer "
+                                     "hook (workbench.models.llama)")
+                connector = self.kv_connector
+                inner.layer_hook = lambda i: connector.save_kv_layer(i, self.kv_caches[i])
         if self.use_cuda_graphs:
             self.capture_model()
         if self.draft_runner is not None:
@@ -348,8 +355,9 @@ class ModelRunner:
             output = self._forward_and_sample(out, failed)
             if connector is not None:
                 with nvtx_range("kv_connector.wait_for_save"):
-                    for layer, cache in enumerate(self.kv_caches):
-                        connector.save_kv_layer(layer, cache)
+                    if not connector.saves_layerwise:  # else called inside the forward
+                        for layer, cache in enumerate(self.kv_caches):
+                            connector.save_kv_layer(layer, cache)
                     connector.wait_for_save()
         finally:
             if connector is not None:

@@ -37,6 +37,10 @@ class KVConnectorRole(enum.Enum):
 
 
 class KVConnectorBase_V1(ABC):  # noqa: N801 - vLLM's name
+    # True: the model runner calls save_kv_layer(i, cache) right after layer i has run,
+    # inside the forward (a layer's copy overlaps the later layers); False: after the forward
+    saves_layerwise = False
+
     def __init__(self, role: KVConnectorRole) -> None:
         self.role = role
         self._metadata: KVConnectorMetadata | None = None

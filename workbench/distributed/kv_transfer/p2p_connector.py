@@ -16,6 +16,13 @@ The flow is vLLM's NixlConnector's (a pull):
     prefill instance: the read (or an explicit release) ends the hold: the blocks are freed
         (`finished_sending`); blocks nobody reads within `abort_timeout_s` are freed too.
 
+Layerwise (`kv_connector_extra_config.layerwise`): the producer copies a prefill leg's KV
+to a host send buffer layer by layer from inside the forward (`save_kv_layer` right after
+each layer; the copy runs on a copy thread / CUDA stream while the later layers compute),
+chunk by chunk under chunked prefill; the request's device blocks are freed when it finishes
+(no hold), and reads are served from the buffer. A leg that does not fit `send_buffer_bytes`
+falls back to the hold.
+
 Failures: a read refused, cut, or not answered within `load_timeout_s` (the producer died,
 restarted — its `engine_id` changes — or expired the blocks) fails the load: the decode
 instance recomputes the prompt itself. Nothing is lost; tokens are the same (greedy).
@@ -73,15 +80,43 @@ class RemoteLoad:
 
 
 @dataclass
-class P2pConnectorMetadata(KVConnectorMetadata):
-    recv: list[RemoteLoad] = field(default_factory=list)
-    send: dict[str, list[int]] = field(default_factory=dict)  # request -> held blocks
+class StageJob:
+    """Layerwise: copy device blocks `block_ids` (the request's blocks `first`.. of the
+    prompt) into the request's send buffer of `num_blocks` blocks; `last`: the prompt is
+    complete after this step (the buffer may be read)."""
+
+    req_id: str
+    first: int
+    block_ids: list[int]
+    num_blocks: int
+    last: bool
 
 
 @dataclass
-class _Recv:
-    load: RemoteLoad
-    params: dict[str, Any]
+class P2pConnectorMetadata(KVConnectorMetadata):
+    recv: list[RemoteLoad] = field(default_factory=list)
+    send: dict[str, list[int]] = field(default_factory=dict)  # request -> held blocks
+    stage: list[StageJob] = field(default_factory=list)
+    drop: list[str] = field(default_factory=list)  # staged buffers nobody will read
+
+
+@dataclass
+class _Stage:
+    """Scheduler side, layerwise: a prefill leg's send buffer."""
+
+    num_blocks: int
+    nbytes: int
+    staged_full: int = 0  # leading full blocks copied (final)
+    complete: bool = False  # every prompt block copied
+
+
+@dataclass
+class _Buffer:
+    """Worker side, layerwise: a prefill leg's KV on the host, one [2, num_blocks,
+    block_size, Hkv, D] tensor per layer; readable once the prompt is complete."""
+
+    layers: list[torch.Tensor]
+    deadline: float | None = None  # set when complete: freed if nobody read it by then
 
 
 class P2pConnector(KVConnectorBase_V1):
@@ -100,12 +135,19 @@ class P2pConnector(KVConnectorBase_V1):
         self.engine_id = kt.engine_id or uuid.uuid4().hex[:16]
         self.host = extra.side_channel_host
         self.port = extra.side_channel_port
+        self.saves_layerwise = extra.layerwise and kt.is_kv_producer
         if role == KVConnectorRole.SCHEDULER:
             self._consumed: set[str] = set()  # remote prefills already used (or refused)
             self._recv: list[RemoteLoad] = []
             self._announce: dict[str, list[int]] = {}  # holds the worker has not seen yet
             self.holding: set[str] = set()  # producer: requests whose blocks are held
             self.counters: dict[str, float] = {}
+            self.layerwise = extra.layerwise and kt.is_kv_producer
+            self._stages: dict[str, _Stage | None] = {}  # None: not staged (not a leg/no room)
+            self._stage_jobs: list[StageJob] = []
+            self._drop: list[str] = []
+            self.buffer_used = 0  # bytes of send buffers in use (freed when read/expired)
+            self._buffer_bytes: dict[str, int] = {}
         else:
             self._init_worker()
 
@@ -173,16 +215,54 @@ class P2pConnector(KVConnectorBase_V1):
         self._count("workbench:kv_transfer_recv_tokens", num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
-        meta = P2pConnectorMetadata(recv=self._recv, send=self._announce)
-        self._recv, self._announce = [], {}
+        if self.layerwise:
+            self._plan_stages(scheduler_output)
+        meta = P2pConnectorMetadata(recv=self._recv, send=self._announce,
+                                    stage=self._stage_jobs, drop=self._drop)
+        self._recv, self._announce, self._stage_jobs, self._drop = [], {}, [], []
         return meta
+
+    def _plan_stages(self, out: SchedulerOutput) -> None:
+        """Layerwise: the prompt blocks each prefill leg's step writes (from the first not
+        yet final one: a partial block is copied again when the next chunk fills it)."""
+        bs = self.block_size
+        for req in out.scheduled_requests:
+            rid = req.request_id
+            if rid not in self._stages:
+                self._stages[rid] = self._new_stage(req)
+            st = self._stages[rid]
+            if st is None or st.complete:
+                continue
+            prompt = len(req.prompt_token_ids)
+            end = min(req.num_computed_tokens + out.num_scheduled_tokens[rid], prompt)
+            last = -(-end // bs)
+            ids = out.block_ids[rid]
+            st.complete = end == prompt
+            self._stage_jobs.append(StageJob(rid, st.staged_full, list(ids[st.staged_full:last]),
+                                             st.num_blocks, st.complete))
+            st.staged_full = end // bs
+
+    def _new_stage(self, req: Request) -> _Stage | None:
+        params = kv_transfer_params(req.sampling_params.extra_args)
+        if not params.get("do_remote_decode"):
+            return None
+        num_blocks = -(-len(req.prompt_token_ids) // self.block_size)
+        nbytes = num_blocks * self.bytes_per_block
+        if self.buffer_used + nbytes > self.extra.send_buffer_bytes:
+            self._count("workbench:kv_transfer_stage_fallbacks", 1)
+            return None  # no room: this leg holds its device blocks instead
+        self.buffer_used += nbytes
+        self._buffer_bytes[req.request_id] = nbytes
+        return _Stage(num_blocks, nbytes)
 
     def has_pending_work(self) -> bool:
         """Held blocks the worker has not been told about: one more step announces them."""
-        return bool(self._announce)
+        return bool(self._announce or self._drop)
 
     def update_connector_output(self, output: KVConnectorOutput) -> None:
         self.holding -= output.finished_sending
+        for rid in output.finished_sending:  # a send buffer read, expired or dropped
+            self.buffer_used -= self._buffer_bytes.pop(rid, 0)
         self._count("workbench:kv_transfer_failed_recvs",
                     len(output.failed_recving) + len(output.timed_out_recving))
 
@@ -196,15 +276,24 @@ class P2pConnector(KVConnectorBase_V1):
         self._consumed.discard(rid)
         if not self.kt.is_kv_producer or not block_ids:
             return False, None
+        stage = self._stages.pop(rid, None) if self.layerwise else None
         params = kv_transfer_params(request.sampling_params.extra_args)
-        if not params.get("do_remote_decode") or \
-                request.status != RequestStatus.FINISHED_LENGTH_CAPPED:
+        handed = params.get("do_remote_decode") and \
+            request.status == RequestStatus.FINISHED_LENGTH_CAPPED
+        if stage is not None and not (handed and stage.complete):
+            self._drop.append(rid)  # staged, but nobody will read it
             return False, None
-        held = list(block_ids)
-        self._announce[rid] = held
-        self.holding.add(rid)
-        self._count("workbench:kv_transfer_held_blocks", len(held))
-        return True, {"do_remote_prefill": True, "do_remote_decode": False,
+        if not handed:
+            return False, None
+        # layerwise: the buffer has the KV and the blocks go free now; its blocks are named
+        # by their place in the buffer
+        held = list(block_ids) if stage is None else list(range(stage.num_blocks))
+        delay = stage is None
+        if delay:
+            self._announce[rid] = held
+            self.holding.add(rid)
+            self._count("workbench:kv_transfer_held_blocks", len(held))
+        return delay, {"do_remote_prefill": True, "do_remote_decode": False,
                       "remote_engine_id": self.engine_id, "remote_request_id": rid,
                       "remote_block_ids": held, "remote_host": self.host,
                       "remote_port": self.port, "tp_size": 1}
@@ -222,6 +311,12 @@ class P2pConnector(KVConnectorBase_V1):
         self._lock = threading.Lock()
         self._held: dict[str, tuple[list[int], float]] = {}  # request -> (blocks, deadline)
         self._sent: set[str] = set()
+        self._buffers: dict[str, _Buffer] = {}  # layerwise send buffers
+        self._copier = ThreadPoolExecutor(1, thread_name_prefix="kv-p2p-stage") \
+            if self.saves_layerwise else None
+        self._copies: list[Future[float]] = []
+        self._copy_stream: Any = None
+        self._stage_t0 = 0.0
         # holds that ended (read or expired), newest last: a late read is refused at once
         self._gone: OrderedDict[str, str] = OrderedDict()
         self._send_stats = KVConnectorStats()
@@ -234,6 +329,8 @@ class P2pConnector(KVConnectorBase_V1):
         self.layout = {"num_layers": len(self.caches), "block_shape": [two, bs, hkv, d],
                        "dtype": str(self.caches[0].dtype), "namespace": self.namespace}
         self.port = self.transport.start_server(self.host, self.port, self._serve)
+        if self.saves_layerwise and self.caches[0].device.type == "cuda":
+            self._copy_stream = torch.cuda.Stream(device=self.caches[0].device)
 
     def get_handshake_metadata(self) -> dict[str, Any]:
         return {"engine_id": self.engine_id, "host": self.host, "port": self.port}
@@ -246,6 +343,19 @@ class P2pConnector(KVConnectorBase_V1):
             with self._lock:
                 for rid, blocks in metadata.send.items():
                     self._held[rid] = (blocks, deadline)
+        if metadata.drop:
+            with self._lock:
+                for rid in metadata.drop:
+                    if self._buffers.pop(rid, None) is not None:
+                        self._sent.add(rid)  # the scheduler's buffer bytes come back
+        for job in metadata.stage:
+            if job.req_id not in self._buffers:
+                two, _, bs, hkv, d = self.caches[0].shape
+                pin = self.caches[0].device.type == "cuda"
+                layers = [torch.empty((two, job.num_blocks, bs, hkv, d), dtype=c.dtype,
+                                      pin_memory=pin) for c in self.caches]
+                with self._lock:
+                    self._buffers[job.req_id] = _Buffer(layers)
 
     # ---- producer: the transport's handler (server thread) ------------------------------
     def _serve(self, header: dict[str, Any]) -> Reply | None:
@@ -257,6 +367,9 @@ class P2pConnector(KVConnectorBase_V1):
                           "kv_cache_dtype or block_size)"})
         rid = header.get("request_id")
         with self._lock:
+            buf = self._buffers.get(rid)  # type: ignore[arg-type]
+            if buf is not None and buf.deadline is not None:
+                return self._serve_buffer(header, rid, buf)  # type: ignore[arg-type]
             entry = self._held.get(rid)  # type: ignore[arg-type]
             gone = self._gone.get(rid)  # type: ignore[arg-type]
         if entry is None and gone is not None:
@@ -281,9 +394,28 @@ class P2pConnector(KVConnectorBase_V1):
         return Reply({"ok": True, "layout": self.layout, "num_blocks": len(ids)}, frames,
                      on_sent=lambda: self._done_sending(rid, nbytes, dt))
 
+    def _serve_buffer(self, header: dict[str, Any], rid: str, buf: _Buffer) -> Reply:
+        """Under the lock: a read of a layerwise send buffer (blocks named by place)."""
+        if header.get("op") == "release":
+            return Reply({"ok": True}, on_sent=lambda: self._done_sending(rid, 0, 0.0))
+        ids = header.get("block_ids")
+        n = buf.layers[0].shape[1]
+        if not isinstance(ids, list) or not all(isinstance(i, int) and 0 <= i < n
+                                                for i in ids):
+            return Reply({"ok": False, "error": f"block_ids {ids!r} are not places in the "
+                          f"{n}-block send buffer of {rid!r}"})
+        t0 = time.perf_counter()
+        index = torch.tensor(ids, dtype=torch.long)
+        frames = [layer.index_select(1, index).view(torch.uint8).numpy()
+                  for layer in buf.layers]
+        nbytes = sum(f.nbytes for f in frames)
+        dt = time.perf_counter() - t0
+        return Reply({"ok": True, "layout": self.layout, "num_blocks": len(ids)}, frames,
+                     on_sent=lambda: self._done_sending(rid, nbytes, dt))
+
     def _done_sending(self, rid: str, nbytes: int, seconds: float) -> None:
         with self._lock:
-            if self._held.pop(rid, None) is None:
+            if self._buffers.pop(rid, None) is None and self._held.pop(rid, None) is None:
                 return
             self._forget(rid, "already read")
             self._sent.add(rid)
@@ -331,10 +463,44 @@ class P2pConnector(KVConnectorBase_V1):
         return nbytes, time.perf_counter() - t0
 
     def save_kv_layer(self, layer: int, kv_layer: torch.Tensor) -> None:
-        """The producer's blocks are read in place (held), nothing to save per layer."""
+        """Layerwise: called by the model right after `layer` has run. Copies this step's
+        prompt blocks of every prefill leg to their send buffers on the copy thread (a CUDA
+        stream on a GPU) while the later layers compute. Otherwise nothing: the decode
+        instance reads the held blocks."""
+        meta = self._metadata
+        if not self.saves_layerwise or not isinstance(meta, P2pConnectorMetadata) \
+                or not meta.stage:
+            return
+        cache = self.caches[layer]
+        jobs = [(self._buffers[j.req_id].layers[layer], j.first, j.block_ids)
+                for j in meta.stage if j.block_ids]
+        if self._copy_stream is not None:  # after the layer's kernels, on the copy stream
+            self._copy_stream.wait_stream(torch.cuda.current_stream(cache.device))
+            with torch.cuda.stream(self._copy_stream):
+                self._copies.append(_done(_copy_blocks(cache, jobs, non_blocking=True)))
+        else:
+            assert self._copier is not None
+            self._copies.append(self._copier.submit(_copy_blocks, cache, jobs))
 
     def wait_for_save(self) -> None:
-        """Nothing is written out: the decode instance reads the held blocks."""
+        """Layerwise: every copy of this step done; legs whose prompt is complete become
+        readable (until abort_timeout_s)."""
+        meta = self._metadata
+        if not self.saves_layerwise or not isinstance(meta, P2pConnectorMetadata) \
+                or not meta.stage:
+            return
+        if self._copy_stream is not None:
+            self._copy_stream.synchronize()
+        seconds = sum(f.result() for f in self._copies)
+        self._copies = []
+        nbytes = sum(len(j.block_ids) for j in meta.stage) * self.bytes_per_block
+        deadline = time.monotonic() + self.extra.abort_timeout_s
+        with self._lock:
+            self._send_stats.stage_bytes += nbytes
+            self._send_stats.stage_time_s += seconds
+            for job in meta.stage:
+                if job.last and job.req_id in self._buffers:
+                    self._buffers[job.req_id].deadline = deadline
 
     def get_finished(self, finished_req_ids: set[str], wait: bool = False
                      ) -> KVConnectorOutput:
@@ -368,6 +534,13 @@ class P2pConnector(KVConnectorBase_V1):
                     self._send_stats.expired_sends += 1
                     self._errors.append(f"blocks held for {rid} were not read within "
                                         f"{self.extra.abort_timeout_s:g} s: freed")
+            for rid, buf in list(self._buffers.items()):
+                if buf.deadline is not None and now >= buf.deadline:
+                    del self._buffers[rid]
+                    self._forget(rid, f"freed after abort_timeout_s "
+                                      f"({self.extra.abort_timeout_s:g} s)")
+                    self._sent.add(rid)
+                    self._send_stats.expired_sends += 1
             out.finished_sending, self._sent = self._sent, set()
             out.stats.add(self._send_stats)
             self._send_stats = KVConnectorStats()
@@ -378,4 +551,24 @@ class P2pConnector(KVConnectorBase_V1):
     def shutdown(self) -> None:
         if self.role == KVConnectorRole.WORKER:
             self._reader.shutdown(wait=True)
+            if self._copier is not None:
+                self._copier.shutdown(wait=True)
             self.transport.close()
+
+
+def _copy_blocks(cache: torch.Tensor, jobs: list[tuple[torch.Tensor, int, list[int]]],
+                 non_blocking: bool = False) -> float:
+    """One layer's blocks into their send buffers; the seconds it took (host clock)."""
+    t0 = time.perf_counter()
+    with torch.inference_mode():  # the buffers are inference tensors (made in the step)
+        for dst, first, ids in jobs:
+            index = torch.tensor(ids, dtype=torch.long, device=cache.device)
+            dst[:, first:first + len(ids)].copy_(cache.index_select(1, index),
+                                                 non_blocking=non_blocking)
+    return time.perf_counter() - t0
+
+
+def _done(value: float) -> Future[float]:
+    fut: Future[float] = Future()
+    fut.set_result(value)
+    return fut
