@@ -37,6 +37,20 @@ OFFLOADING_SPECS = ("CPUOffloadingSpec", "TieringOffloadingSpec")
 PREEMPTION_MODES = ("recompute", "swap")
 
 
+def _positive_number(where: str, name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ValueError(f"{where} {name} ({value!r}) must be a number > 0")
+
+
+def _known_keys(where: str, cls: type, given: dict[str, Any]) -> None:
+    """Refuse keys that are not fields of the dataclass `cls`, naming them."""
+    allowed = {f.name for f in fields(cls)}
+    unknown = sorted(set(given) - allowed)
+    if unknown:
+        raise ValueError(f"{where} has unknown key(s) {', '.join(unknown)}; allowed: "
+                         f"{', '.join(sorted(allowed))}")
+
+
 def _positive_int(where: str, name: str, value: Any, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{where} {name} ({value!r}) must be an integer >= {minimum}")
@@ -79,17 +93,11 @@ class OffloadingConfig:
                                                "_", "").isalnum()):
             raise ValueError(f"{w} namespace ({self.namespace!r}) must be letters, digits, "
                              "'-' or '_'")
-        t = self.load_timeout_s
-        if isinstance(t, bool) or not isinstance(t, int | float) or not t > 0:
-            raise ValueError(f"{w} load_timeout_s ({t!r}) must be a number > 0")
+        _positive_number(w, "load_timeout_s", self.load_timeout_s)
 
     @classmethod
     def from_dict(cls, extra: dict[str, Any]) -> OffloadingConfig:
-        allowed = {f.name for f in fields(cls)}
-        unknown = sorted(set(extra) - allowed)
-        if unknown:
-            raise ValueError(f"{cls.WHERE} has unknown key(s) {', '.join(unknown)}; allowed: "
-                             f"{', '.join(sorted(allowed))}")
+        _known_keys(cls.WHERE, cls, extra)
         if "cpu_bytes_to_use" not in extra:
             raise ValueError(f"{cls.WHERE} needs cpu_bytes_to_use (the host tier's size in "
                              "bytes) for the OffloadingConnector")
@@ -129,17 +137,11 @@ class P2pConfig:
             raise ValueError(f"{w} side_channel_port ({self.side_channel_port}) must be "
                              "<= 65535")
         for name in ("abort_timeout_s", "load_timeout_s"):
-            t = getattr(self, name)
-            if isinstance(t, bool) or not isinstance(t, int | float) or not t > 0:
-                raise ValueError(f"{w} {name} ({t!r}) must be a number > 0")
+            _positive_number(w, name, getattr(self, name))
 
     @classmethod
     def from_dict(cls, extra: dict[str, Any]) -> P2pConfig:
-        allowed = {f.name for f in fields(cls)}
-        unknown = sorted(set(extra) - allowed)
-        if unknown:
-            raise ValueError(f"{cls.WHERE} has unknown key(s) {', '.join(unknown)}; allowed: "
-                             f"{', '.join(sorted(allowed))}")
+        _known_keys(cls.WHERE, cls, extra)
         return cls(**extra)
 
 
@@ -200,11 +202,7 @@ class KVTransferConfig:
             raise ValueError(f"kv_transfer_config ({cfg!r}) must be a dict such as "
                              '{"kv_connector": "OffloadingConnector", "kv_role": "kv_both", '
                              '"kv_connector_extra_config": {"cpu_bytes_to_use": 1073741824}}')
-        allowed = {f.name for f in fields(cls)}
-        unknown = sorted(set(cfg) - allowed)
-        if unknown:
-            raise ValueError(f"kv_transfer_config has unknown key(s) {', '.join(unknown)}; "
-                             f"allowed: {', '.join(sorted(allowed))}")
+        _known_keys("kv_transfer_config", cls, cfg)
         return cls(**cfg)
 
     def to_dict(self) -> dict[str, Any]:

@@ -316,3 +316,22 @@ def test_an_aborted_staged_leg_gives_its_buffer_back(ckpt: Path,
     eng.poll_kv_transfers()
     assert conn.buffer_used == 0 and not eng.runner.kv_connector._buffers
     assert req.kv_transfer_params is None
+
+
+@pytest.mark.parametrize(("extra", "message"), [
+    ({"bogus": 1}, "kv_connector_extra_config has unknown key(s) bogus; allowed: "
+     "abort_timeout_s, layerwise, load_timeout_s, send_buffer_bytes, side_channel_host, "
+     "side_channel_port, transport"),
+    ({"transport": "nixl"}, "transport ('nixl') must be one of zmq"),
+    ({"side_channel_port": 70000}, "side_channel_port (70000) must be <= 65535"),
+    ({"abort_timeout_s": 0}, "abort_timeout_s (0) must be a number > 0"),
+    ({"layerwise": "yes"}, "layerwise ('yes') must be true or false"),
+    ({"send_buffer_bytes": 0}, "send_buffer_bytes (0) must be an integer >= 1"),
+])
+def test_bad_p2p_config_is_one_named_error(extra: dict[str, Any], message: str) -> None:
+    from workbench.kv_transfer_config import KVTransferConfig
+
+    with pytest.raises(ValueError) as e:
+        KVTransferConfig.from_dict({"kv_connector": "P2pConnector", "kv_role": "kv_producer",
+                                    "kv_connector_extra_config": extra})
+    assert message in str(e.value)
