@@ -90,6 +90,8 @@ def test_greedy_tokens_equal_colocated_and_counters(ckpt: Path, prompts: list[li
     assert c["workbench:kv_transfer_recv_bytes"] == blocks_read * bpb
     assert p["workbench:kv_transfer_send_bytes"] == blocks_read * bpb
     assert p["workbench:kv_transfer_held_blocks"] == 10 + 16 + 2 + 1  # ceil(P / 4)
+    assert p["workbench:kv_transfer_sends"] == 4  # three reads and one release
+    assert p["workbench:kv_transfer_send_wait_time"] > 0
     assert c["workbench:kv_transfer_failed_recvs"] == 0
     assert p["workbench:kv_transfer_expired_sends"] == 0
     assert out.metrics is not None and out.metrics.num_cached_tokens == 36

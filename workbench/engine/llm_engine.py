@@ -477,6 +477,8 @@ class LLMEngine:
             ("workbench:kv_transfer_send_bytes", st.send_bytes),
             ("workbench:kv_transfer_send_time", st.send_time_s),
             ("workbench:kv_transfer_expired_sends", st.expired_sends),
+            ("workbench:kv_transfer_sends", st.sends),
+            ("workbench:kv_transfer_send_wait_time", st.send_wait_s),
             ("workbench:kv_transfer_stage_bytes", st.stage_bytes),
             ("workbench:kv_transfer_stage_time", st.stage_time_s),
         ):

@@ -238,6 +238,11 @@ METRICS: tuple[MetricSpec, ...] = (
             "Disaggregation, prefill side: KV bytes served to decode instances."),
     _engine("workbench:kv_transfer_send_time", "s", "none", "counter",
             "Disaggregation, prefill side: seconds gathering them for the wire."),
+    _engine("workbench:kv_transfer_sends", "requests", "none", "counter",
+            "Disaggregation, prefill side: handed-over prefills a decode instance read."),
+    _engine("workbench:kv_transfer_send_wait_time", "s", "lower", "counter",
+            "Disaggregation, prefill side: their waits, the prefill's end -> the read served "
+            "(the KV's queueing between the legs; / kv_transfer_sends = the mean)."),
     _engine("workbench:kv_transfer_held_blocks", "blocks", "none", "counter",
             "Disaggregation, prefill side: blocks held after a prefill for a decode read."),
     _engine("workbench:kv_transfer_expired_sends", "requests", "lower", "counter",

@@ -68,6 +68,8 @@ class KVConnectorStats:
     send_bytes: int = 0
     send_time_s: float = 0.0
     expired_sends: int = 0  # blocks nobody read within abort_timeout_s (freed)
+    sends: int = 0  # holds / buffers read (or released) by a decode instance
+    send_wait_s: float = 0.0  # their waits: the prefill leg's end -> the read served
     stage_bytes: int = 0  # layerwise: copied to the host send buffer during the forward
     stage_time_s: float = 0.0  # seconds of those copies (off the forward's critical path)
 

@@ -415,12 +415,18 @@ class P2pConnector(KVConnectorBase_V1):
 
     def _done_sending(self, rid: str, nbytes: int, seconds: float) -> None:
         with self._lock:
-            if self._buffers.pop(rid, None) is None and self._held.pop(rid, None) is None:
+            buf, held = self._buffers.pop(rid, None), self._held.pop(rid, None)
+            deadline = buf.deadline if buf is not None else held[1] if held is not None \
+                else None
+            if deadline is None:
                 return
             self._forget(rid, "already read")
             self._sent.add(rid)
-            self._send_stats.send_bytes += nbytes
-            self._send_stats.send_time_s += seconds
+            st = self._send_stats
+            st.send_bytes += nbytes
+            st.send_time_s += seconds
+            st.sends += 1  # the producer's queueing: the prefill's end -> the read served
+            st.send_wait_s += time.monotonic() - (deadline - self.extra.abort_timeout_s)
 
     def _forget(self, rid: str, why: str) -> None:
         """Under the lock: remember why a hold ended (the newest 4096)."""
