@@ -106,6 +106,15 @@ def test_openai_client_through_the_disaggregated_router_equals_colocated(
     assert got_chat.choices[0].message.content == want_chat
 
 
+def test_a_handshake_a_replica_cannot_honour_is_a_400(handle: Handle) -> None:
+    decode = handle.replica(2).base_url + "/v1/completions"
+    base = {"model": "tiny", "prompt": "hi", "max_tokens": 2}
+    r = httpx.post(decode, json={**base, "kv_transfer_params": {"do_remote_decode": True}})
+    assert r.status_code == 400 and "needs a prefill instance" in r.text
+    r = httpx.post(decode, json={**base, "kv_transfer_params": {"do_remote_prefill": True}})
+    assert r.status_code == 400 and "needs remote_engine_id" in r.text
+
+
 def test_prefill_killed_before_the_read_costs_a_recompute_not_the_request(
         handle: Handle) -> None:
     """The two legs by hand: the prefill answers with its handshake, then the prefill
