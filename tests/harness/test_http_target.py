@@ -398,6 +398,18 @@ def test_sse_parsing_rules() -> None:
     assert rec.server_queue_s == pytest.approx(0.002)
     assert rec.server_prefill_s == pytest.approx(0.030)  # vLLM's per-request "TTFT"
     assert rec.server_ttft_s == pytest.approx(0.032) and rec.server_e2e_s == pytest.approx(0.047)
+    assert rec.server_kv_transfer_s is None and rec.server_kv_wait_s is None  # none read
+
+    # a disaggregated decode instance's last chunk: the KV it read from the prefill instance
+    rec = RequestRecord("d", 0, 0, False)
+    p = StreamParser(rec)
+    p.feed(json.dumps({"choices": [{"text": "a", "finish_reason": "length"}],
+                       "metrics": {"kv_transfer_bytes": 53248, "kv_transfer_ms": 1.5,
+                                   "kv_transfer_wait_ms": 4.0}}), 0.1)
+    p.finish(0.1)
+    assert rec.server_kv_transfer_bytes == 53248
+    assert rec.server_kv_transfer_s == pytest.approx(0.0015)
+    assert rec.server_kv_wait_s == pytest.approx(0.004)
 
     # vLLM's rule without token counts: every event with choices is a token chunk
     rec = RequestRecord("c", 0, 0, False)

@@ -9,9 +9,11 @@ from workbench.harness.metrics import SLO, RequestRecord, compute_metrics, summa
 
 
 def _records() -> list[RequestRecord]:
-    """Two successful requests with server timestamps, one failed."""
+    """Two successful requests with server timestamps (KV read from a prefill instance
+    too), one failed."""
     server = {"server_queue_s": 0.01, "server_prefill_s": 0.02, "server_decode_s": 0.1,
-              "server_ttft_s": 0.03, "server_e2e_s": 0.13}
+              "server_ttft_s": 0.03, "server_e2e_s": 0.13, "server_kv_transfer_s": 0.001,
+              "server_kv_wait_s": 0.004}
     return [
         RequestRecord("a", 10, 3, True, start_s=0.0, first_token_s=0.1,
                       chunk_times_s=[0.1, 0.2, 0.3], chunk_tokens=[1, 1, 1], end_s=0.3, **server),

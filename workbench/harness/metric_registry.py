@@ -138,6 +138,13 @@ METRICS: tuple[MetricSpec, ...] = (
          "Engine arrival -> first token.", "server", _SERVER_STATS),
     _lat("server_e2e", "server E2E", "Server: end-to-end",
          "Engine arrival -> finished.", "server", _SERVER_STATS),
+    _lat("server_kv_transfer", "server KV transfer",
+         "Server: KV transfer (read from a prefill instance)",
+         "Disaggregated decode: the read of the prompt's KV (wire + copy in); requests that "
+         "read KV only.", "server", _SERVER_STATS),
+    _lat("server_kv_wait", "server KV wait", "Server: waiting for KV (scheduled -> KV in place)",
+         "Disaggregated decode: first scheduled -> the KV in place (queueing on the reader + "
+         "the transfer); requests that read KV only.", "server", _SERVER_STATS),
     # ---- run: validity and the engine's step trace
     MetricSpec("valid", "1", "higher", "run",
                "1.0 when the run is valid (client kept its schedule, CPUs undisturbed)."),

@@ -67,6 +67,10 @@ class RequestRecord:
     server_decode_s: float | None = None  # first token -> finished
     server_ttft_s: float | None = None
     server_e2e_s: float | None = None
+    # disaggregated decode (a decode instance that read the prompt's KV), else None
+    server_kv_transfer_s: float | None = None  # the read: wire + copy into the cache
+    server_kv_wait_s: float | None = None  # first scheduled -> KV in place
+    server_kv_transfer_bytes: float | None = None
 
     @property
     def ttft_s(self) -> float | None:
@@ -218,6 +222,7 @@ _OPTIONAL_FLOAT_FIELDS = (
     "first_token_s",
     "end_s",
     *(f"server_{name}_s" for name in _SERVER_METRICS),
+    "server_kv_transfer_bytes",
 )
 
 

@@ -46,6 +46,10 @@ SERVER_FIELDS: dict[str, tuple[tuple[str, float], ...]] = {
                       ("arrival_to_first_token_ms", 1e-3)),
     "server_e2e_s": (("server_e2e_s", 1.0), ("e2e_s", 1.0), ("e2e_latency_s", 1.0),
                      ("e2e_latency_ms", 1e-3)),
+    # a disaggregated decode instance's read of the prompt's KV (workbench serve)
+    "server_kv_transfer_s": (("kv_transfer_ms", 1e-3),),
+    "server_kv_wait_s": (("kv_transfer_wait_ms", 1e-3),),
+    "server_kv_transfer_bytes": (("kv_transfer_bytes", 1.0),),
 }
 SERVER_CONTAINERS = ("metrics", "server_timing", "server_timings", "timings")
 

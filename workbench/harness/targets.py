@@ -196,6 +196,10 @@ def _fill_server_times(record: RequestRecord, t: RequestTimes) -> None:
         record.server_e2e_s = t.finished - t.arrival
         if t.first_token is not None:
             record.server_decode_s = t.finished - t.first_token
+    if t.kv_load_start is not None and t.kv_load_done is not None:  # read from a prefill
+        record.server_kv_wait_s = t.kv_load_done - t.kv_load_start
+        record.server_kv_transfer_s = t.kv_transfer_s
+        record.server_kv_transfer_bytes = float(t.kv_transfer_bytes)
 
 
 def _empty_cuda_cache() -> None:

@@ -72,9 +72,10 @@ class RequestMetrics(BaseModel):
     e2e_latency_ms: float | None
     num_output_tokens: int
     num_cached_tokens: int
-    kv_transfer_bytes: int  # KV read from a prefill instance (0 without one)
-    kv_transfer_ms: float
-    kv_transfer_wait_ms: float | None
+    # a decode instance that read the prompt's KV from a prefill instance (absent otherwise)
+    kv_transfer_bytes: int | None = None
+    kv_transfer_ms: float | None = None
+    kv_transfer_wait_ms: float | None = None
 
 
 class _Choice(BaseModel):

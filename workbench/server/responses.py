@@ -23,8 +23,8 @@ timestamps (time.perf_counter) give, in milliseconds:
     decode_time_ms          first token -> finished
     e2e_latency_ms          arrival -> finished
     num_output_tokens, num_cached_tokens (prefix-cache hit tokens)
-    kv_transfer_bytes       KV read from a prefill instance (P2pConnector; 0 otherwise)
-    kv_transfer_ms          its seconds on the wire (the read and the copy into the cache)
+    kv_transfer_bytes       KV read from a prefill instance (P2pConnector) -- these three
+    kv_transfer_ms          only when the request read KV: the read (wire + copy in)
     kv_transfer_wait_ms     first scheduled -> the KV in place (queueing + transfer)
 
 A prefill instance's non-streaming response also carries vLLM's top-level
@@ -60,7 +60,7 @@ def request_metrics(
     tps = None
     if infer_ms and num_output_tokens:
         tps = round(num_output_tokens / (infer_ms / 1000.0), 3)
-    return {
+    out: dict[str, Any] = {
         "queue_time_ms": _ms(times.arrival, times.first_scheduled),
         "time_to_first_token_ms": _ms(times.first_scheduled, times.first_token),
         "generation_time_ms": gen_ms,
@@ -72,10 +72,12 @@ def request_metrics(
         "e2e_latency_ms": _ms(times.arrival, times.finished),
         "num_output_tokens": num_output_tokens,
         "num_cached_tokens": max(num_cached_tokens, 0),
-        "kv_transfer_bytes": times.kv_transfer_bytes,
-        "kv_transfer_ms": round(times.kv_transfer_s * 1000.0, 3),
-        "kv_transfer_wait_ms": _ms(times.kv_load_start, times.kv_load_done),
     }
+    if times.kv_load_start is not None and times.kv_load_done is not None:
+        out["kv_transfer_bytes"] = times.kv_transfer_bytes
+        out["kv_transfer_ms"] = round(times.kv_transfer_s * 1000.0, 3)
+        out["kv_transfer_wait_ms"] = _ms(times.kv_load_start, times.kv_load_done)
+    return out
 
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
