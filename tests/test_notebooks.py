@@ -58,7 +58,8 @@ def test_every_notebook_is_tested() -> None:
                      "03_chunked_prefill_sweep.ipynb", "04_prefix_caching.ipynb",
                      "05_saturation.ipynb", "06_compare_runs.ipynb",
                      "07_speculative_decoding.ipynb", "08_quantization.ipynb",
-                     "09_tp_vs_replicas.ipynb", "10_routing.ipynb", "11_kv_offload.ipynb"}
+                     "09_tp_vs_replicas.ipynb", "10_routing.ipynb", "11_kv_offload.ipynb",
+                     "12_pd_disaggregation.ipynb"}
 
 
 # --------------------------------------------------------------------------- py <-> ipynb pairs
@@ -369,6 +370,34 @@ def test_11_kv_offload_host_tier_vs_off(tmp_path: Path) -> None:
     assert list(zip(turns["config"], turns["turn"], strict=True)) == [
         ("off", 0), ("off", 1), ("off", 2), ("host tier", 0), ("host tier", 1),
         ("host tier", 2)]
+
+
+def test_12_pd_disaggregation_quick(tmp_path: Path) -> None:
+    """`quick`: one shape at one rate, one repeat: a colocated and a 1P:1D router of the
+    bundled model (2 router starts); the decode replica reads every prompt's KV, the
+    colocated pair none; calc's rates sit beside the measured goodput."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    nb, figs = execute("12_pd_disaggregation.ipynb", tmp_path, model="bundled", quick=True,
+                       shapes=["mixed"], rates_mixed=[2.0, 4.0, 8.0], num_requests=4,
+                       capacity_batch=2, port=8194, mlflow_uri=uri, mlflow_experiment="pd-nb")
+    text = text_of(nb)
+    assert "measured_over_calc" in text and "balanced_p_over_m" in text
+    assert pngs(figs) == {"attainment_mixed.png", "latency_cdf_mixed.png",
+                          "pd_ratio_mixed.png"}
+    source = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    assert "memcpy over loopback" in source and "2 cores" in source
+    from workbench.analysis import parent_runs, run_artifact_frame
+
+    run = parent_runs("pd-nb", uri).loc[0]
+    kv = run_artifact_frame(run["run_id"], "12_pd_disaggregation/kv.csv", uri).set_index(
+        "layout")
+    assert kv.loc["colocated x2", "kv_reads"] == 0 and kv.loc["1P:1D", "kv_reads"] == 4
+    assert kv.loc["1P:1D", "failed_reads"] == 0 and kv.loc["1P:1D", "mb_read"] > 0
+    goodput = run_artifact_frame(run["run_id"], "12_pd_disaggregation/goodput.csv", uri)
+    assert list(goodput["layout"]) == ["colocated x2", "1P:1D"]
+    assert list(goodput["repeats"]) == [1, 1]
+    points = run_artifact_frame(run["run_id"], "12_pd_disaggregation/points.csv", uri)
+    assert list(points["rate"]) == [4.0, 4.0] and (points["status"] == "FINISHED").all()
 
 
 # --------------------------------------------------------------------------- parameters

@@ -81,6 +81,7 @@ def test_openai_client_through_the_disaggregated_router_equals_colocated(
     want = colocated(handle, 24)
     prompt_ids = len(handle.router.tokenizer(PROMPT)["input_ids"])
     before = [handle.scrape(i) for i in (1, 2)]
+    sent_before = handle.scrape(0).get("workbench:kv_transfer_send_bytes_total", 0)
     got = handle.client().completions.create(model="tiny", prompt=PROMPT, max_tokens=24,
                                              **GREEDY)
     assert got.choices[0].text == want.text
@@ -92,6 +93,13 @@ def test_openai_client_through_the_disaggregated_router_equals_colocated(
                - b.get("workbench:kv_transfer_recv_tokens_total", 0)
                for a, b in zip(after, before, strict=True))
     assert read == prompt_ids - 1
+    # the scrape takes the idle prefill replica's news: what it sent is what was read
+    received = sum(a.get("workbench:kv_transfer_recv_bytes_total", 0)
+                   - b.get("workbench:kv_transfer_recv_bytes_total", 0)
+                   for a, b in zip(after, before, strict=True))
+    assert received > 0
+    assert handle.scrape(0)["workbench:kv_transfer_send_bytes_total"] - sent_before == received
+    assert handle.scrape(0)["workbench:kv_transfer_held_requests"] == 0
     record = handle.router.records[-1]
     assert record.prefill_outcome == "ok" and record.prefill_replicas == [0]
     # streaming and chat, same tokens as the colocated answer

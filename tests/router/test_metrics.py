@@ -106,3 +106,37 @@ def test_scaling_efficiency() -> None:
         scaling_efficiency(10.0, 5.0, 0)
     with pytest.raises(ValueError, match="throughput_n must be a number >= 0"):
         scaling_efficiency(-1.0, 5.0, 2)
+
+
+def test_disaggregated_aggregates_count_each_request_once() -> None:
+    """Replica 0 prefilled, replica 1 decoded the same 2 requests: the unlabelled request
+    histogram and request counter sum the decode replica only; token counters sum both."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from workbench.harness import prom
+    from workbench.router.metrics import replica_families
+
+    def text(requests: int, tokens: int) -> str:
+        return ("# TYPE vllm:e2e_request_latency_seconds histogram\n"
+                f'vllm:e2e_request_latency_seconds_bucket{{le="+Inf"}} {requests}\n'
+                f"vllm:e2e_request_latency_seconds_count {requests}\n"
+                "vllm:e2e_request_latency_seconds_sum 1.0\n"
+                "# TYPE vllm:request_success_total counter\n"
+                f'vllm:request_success_total{{finished_reason="length"}} {requests}\n'
+                "# TYPE vllm:prompt_tokens_total counter\n"
+                f"vllm:prompt_tokens_total {tokens}\n")
+
+    class One:
+        def __init__(self, families: list) -> None:
+            self.families = families
+
+        def collect(self) -> list:
+            return self.families
+
+    reg = CollectorRegistry()
+    reg.register(One(list(replica_families({0: text(2, 100), 1: text(2, 4)}, {1}))))
+    flat = prom.parse(generate_latest(reg).decode())
+    assert flat["vllm:e2e_request_latency_seconds_count"] == 2
+    assert flat['vllm:e2e_request_latency_seconds_count{replica="0"}'] == 2
+    assert flat['vllm:request_success_total{finished_reason="length"}'] == 2
+    assert flat["vllm:prompt_tokens_total"] == 104

@@ -363,6 +363,9 @@ class AsyncEngine:
 
 
 def _live_gauges(engine: LLMEngine) -> dict[str, float]:
+    # a scrape takes the KV connector's news first: an idle prefill instance frees (and
+    # counts) the blocks decode instances have read since its last step
+    engine.poll_kv_transfers()
     sched = engine.scheduler
     return {
         "vllm:num_requests_running": float(len(sched.running)),

@@ -31,7 +31,10 @@ Disaggregated (`disagg.DisaggRouter`), also:
     workbench:disagg_decode_first_byte_seconds         histogram: decode leg to its first byte
     workbench:disagg_info{prefill_policy,decode_policy,num_prefill,num_decode} 1
 
-(`router_routing_decisions_total` then counts both legs' decisions.)
+(`router_routing_decisions_total` then counts both legs' decisions.) The unlabelled aggregate
+of a request-level family (histograms, `vllm:request_success`) then sums the decode replicas
+only: every client request is one decode-leg request there, so a run's Δcount still equals
+its requests (the prefill legs stay in the `replica`-labelled series).
 
 So a client that reads vLLM names (the bench's `prom.parse` / `prom.delta`, e.g. the
 prefix-cache hit rate) sees the whole deployment, and `summary.replica_summary` splits it per
@@ -73,8 +76,11 @@ class RouterCollector:
         yield from router_families(self.router)
         if isinstance(self.router, DisaggRouter):
             yield from disagg_families(self.router)
+        requests_from = None
+        if isinstance(self.router, DisaggRouter):
+            requests_from = {r.index for r in self.router.decode_members}
         yield from replica_families({r.index: r.last_metrics for r in self.router.pool.replicas
-                                     if r.last_metrics})
+                                     if r.last_metrics}, requests_from)
 
 
 def router_families(router: Router) -> Iterator[Metric]:
@@ -167,8 +173,18 @@ def _combine(family: str, sample: str, kind: str, values: list[float]) -> float:
     return sum(values)
 
 
-def replica_families(texts: dict[int, str]) -> Iterator[Metric]:
-    """Each replica's families with a `replica` label, plus the aggregate samples."""
+REQUEST_COUNTERS = ("vllm:request_success",)
+
+
+def _per_request(family: Metric) -> bool:
+    return family.type == "histogram" or family.name.removesuffix("_total") in REQUEST_COUNTERS
+
+
+def replica_families(texts: dict[int, str],
+                     requests_from: set[int] | None = None) -> Iterator[Metric]:
+    """Each replica's families with a `replica` label, plus the aggregate samples;
+    `requests_from`: the replicas whose request-level families (histograms, request
+    counters) make the aggregate (a disaggregated router's decode replicas)."""
     families: dict[str, Metric] = {}
     agg: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], list[float]]] = {}
     for index, text in sorted(texts.items()):
@@ -181,6 +197,9 @@ def replica_families(texts: dict[int, str]) -> Iterator[Metric]:
                 if REPLICA_LABEL in s.labels:
                     continue  # not a replica's own series
                 out.add_sample(s.name, {**s.labels, REPLICA_LABEL: str(index)}, s.value)
+                if requests_from is not None and index not in requests_from and \
+                        _per_request(fam):
+                    continue  # a prefill leg: in its replica's series, not the aggregate
                 key = (s.name, tuple(sorted(s.labels.items())))
                 agg[fam.name].setdefault(key, []).append(float(s.value))
     for name, out in families.items():

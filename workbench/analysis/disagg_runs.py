@@ -1,0 +1,472 @@
+"""Colocated vs prefill/decode-disaggregated rate sweeps read back from MLflow (notebook 12).
+
+Place in the flow: `experiments/pd_disaggregation.yaml` is a rate sweep (`rate_sweep_run`)
+whose one variable is the router knob `num_prefill` (0: colocated replicas; P >= 1: P prefill
++ the rest decode replicas at the same `num_workers`). Every sweep point logs `requests.csv`
+and the router's /metrics delta (`server_delta.json`); every (value, repeat) logs its goodput.
+These helpers turn one logged sweep (its parent run id) into frames, and put calc's estimate
+beside the measurement:
+
+    SHAPES                             traffic shapes: workload params of balanced-chat
+    shape_template(raw, shape, ...)    the raw template re-shaped and scaled for one shape
+    layout_name(num_prefill, W)        "colocated x2" | "1P:1D"
+    point_runs(parent, uri)            one row per sweep point: layout, repeat, rate, run id,
+                                       attainment, validity
+    point_requests(parent, uri, rate)  {layout: requests.csv} of every repeat at one rate
+    goodput_runs(parent, uri)          one row per (layout, repeat): goodput, per worker
+    goodput_table(runs)                per layout: median [min, max] over repeats
+    kv_transfer_row(delta)             one /metrics delta -> KV bytes, tokens, reads, time
+    kv_moved(parent, uri)              kv_transfer_row per sweep point (and its layout, rate)
+    kv_summary(moved)                  per layout: bytes, MB per request, bytes per token
+    capacity_config(shape, ...)        pd_capacity's config at a shape's mean lengths
+    calc_vs_measured(ratio, goodputs)  calc.pd_ratio's rates beside the measured goodputs
+
+Layouts are named from the variable's value, so frames from several shapes concatenate.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import statistics
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from workbench.analysis.frames import (
+    BASELINE_LABEL,
+    PARENT_TAG,
+    _client,
+    _frame,
+    _search,
+    no_progress_bar,
+    run_artifact_frame,
+)
+from workbench.calc import PDRatio
+
+SHAPES: dict[str, dict[str, Any]] = {  # balanced-chat params per traffic shape
+    "prefill-heavy": {"input_len": {"kind": "uniform", "low": 384, "high": 896},
+                      "output_len": {"kind": "uniform", "low": 8, "high": 32},
+                      "max_input_len": 896},
+    "decode-heavy": {"input_len": {"kind": "uniform", "low": 16, "high": 64},
+                     "output_len": {"kind": "uniform", "low": 128, "high": 256},
+                     "max_input_len": 128},
+    "mixed": {"input_len": {"kind": "uniform", "low": 32, "high": 512},
+              "output_len": {"kind": "uniform", "low": 16, "high": 128},
+              "max_input_len": 512},
+}
+KV_COUNTERS = {  # kv_transfer_row field -> the router's aggregate counter
+    "recv_bytes": "workbench:kv_transfer_recv_bytes_total",
+    "recv_tokens": "workbench:kv_transfer_recv_tokens_total",
+    "recv_queries": "workbench:kv_transfer_recv_queries_total",
+    "recv_time_s": "workbench:kv_transfer_recv_time_total",
+    "failed_recvs": "workbench:kv_transfer_failed_recvs_total",
+    "send_bytes": "workbench:kv_transfer_send_bytes_total",
+    "expired_sends": "workbench:kv_transfer_expired_sends_total",
+    "prefill_fallbacks": "workbench:disagg_prefill_fallbacks_total",
+    "prefill_no_params": "workbench:disagg_prefill_no_params_total",
+}
+_LABELED = re.compile(r"\{.*\}$")
+
+
+def _check_shape(shape: str) -> dict[str, Any]:
+    if shape not in SHAPES:
+        raise ValueError(f"shape ({shape!r}) must be one of {', '.join(SHAPES)}")
+    return SHAPES[shape]
+
+
+def mean_lengths(shape: str) -> tuple[float, float]:
+    """(mean prompt tokens, mean output tokens) of a shape (uniform: (low + high) / 2)."""
+    p = _check_shape(shape)
+    return tuple((p[k]["low"] + p[k]["high"]) / 2 for k in ("input_len", "output_len"))
+
+
+def shape_template(raw: Mapping[str, Any], shape: str, *, rates: Sequence[float] | None = None,
+                   num_requests: int | None = None, repeats: int | None = None,
+                   seed: int | None = None, name: str | None = None) -> dict[str, Any]:
+    """A copy of the raw pd_disaggregation template with the shape's lengths (fixture
+    balanced-chat), and when given the sweep's `rates`, `num_requests`, `repeats`, the
+    workload and arrival `seed` and the experiment `name` (default: "<name>-<shape>")."""
+    params = _check_shape(shape)
+    if "rate_sweep" not in raw:
+        raise ValueError("raw template has no rate_sweep block: give the pd_disaggregation "
+                         "template (or another rate sweep)")
+    out = copy.deepcopy(dict(raw))
+    workload = out.setdefault("workload", {})
+    workload["fixture"] = "balanced-chat"
+    workload["params"] = {**workload.get("params", {}), **copy.deepcopy(params)}
+    if num_requests is not None:
+        workload["params"]["num_requests"] = num_requests
+    if seed is not None:
+        workload["seed"] = seed
+        out["arrivals"] = {**(out.get("arrivals") or {}), "seed": seed}
+    if rates is not None:
+        out["rate_sweep"] = {**out["rate_sweep"], "rates": [float(r) for r in rates]}
+    if repeats is not None:
+        out["repeats"] = repeats
+    out["name"] = name or f"{raw.get('name', 'pd-disaggregation')}-{shape}"
+    return out
+
+
+def layout_name(num_prefill: int, num_workers: int) -> str:
+    """0 -> "colocated xW"; P -> "PP:MD" with M = W - P (tensor parallelism 1)."""
+    if not 0 <= num_prefill < num_workers:
+        raise ValueError(f"num_prefill ({num_prefill}) must be in [0, num_workers "
+                         f"({num_workers})): 0 is colocated, else P prefill + the rest decode")
+    if num_prefill == 0:
+        return f"colocated x{num_workers}"
+    return f"{num_prefill}P:{num_workers - num_prefill}D"
+
+
+def _num_prefill(run: pd.Series) -> int:
+    value = run.get("params.num_prefill")
+    if value is None or value != value:  # NaN: not logged (a template without the knob)
+        return 0
+    return int(value)
+
+
+def _children(parent_run_id: str, uri: str | None, role: str) -> pd.DataFrame:
+    """Every run under `parent_run_id` (children and their points) with tag role == role."""
+    client = _client(uri)
+    exp = str(client.get_run(parent_run_id).info.experiment_id)
+    runs = _search(client, [exp], f"tags.baseline_run = '{parent_run_id}' and "
+                                  f"tags.role = '{role}'")
+    return _frame([r for r in runs if PARENT_TAG in r.data.tags])
+
+
+def _with_layout(frame: pd.DataFrame) -> pd.DataFrame:
+    frame = frame.assign(num_workers=_col(frame, "params.num_workers", 1).fillna(1).astype(int))
+    frame["num_prefill"] = [_num_prefill(r) for _, r in frame.iterrows()]
+    frame["layout"] = [layout_name(int(p), int(w))
+                       for p, w in zip(frame["num_prefill"], frame["num_workers"], strict=True)]
+    frame["repeat"] = frame["tags.repeat"].astype(int)
+    return frame
+
+
+def _col(runs: pd.DataFrame, name: str, default: Any = float("nan")) -> pd.Series:
+    """Column `name`, or `default` in every row when no run logged it."""
+    return runs[name] if name in runs else pd.Series(default, index=runs.index)
+
+
+def _valid(runs: pd.DataFrame) -> pd.Series:
+    """The runs' validity tag (`Store.log_validity`); untagged runs count as valid."""
+    return _col(runs, "tags.run_valid", "true").fillna("true").astype(str).str.lower() != "false"
+
+
+POINT_COLUMNS = ["layout", "value", "num_prefill", "num_workers", "repeat", "rate_index",
+                 "rate", "slo_attainment", "completed", "status", "valid", "disturbed",
+                 "other_cpu_share", "run_id"]
+
+
+def point_runs(parent_run_id: str, uri: str | None = None) -> pd.DataFrame:
+    """One row per sweep point of the experiment `parent_run_id` (POINT_COLUMNS), in run
+    order. A failed point has status FAILED and no attainment (the sweep counted it 0)."""
+    runs = _children(parent_run_id, uri, "sweep_point")
+    if runs.empty:
+        raise ValueError(f"run {parent_run_id} has no sweep points: give the parent run of a "
+                         "rate-sweep experiment (ExperimentResult.parent_run_id)")
+    runs = _with_layout(runs)
+    other = _col(runs, "metrics.other_cpu_share")
+    limit = pd.to_numeric(_col(runs, "tags.max_other_cpu_share"))
+    return pd.DataFrame({
+        "layout": runs["layout"], "value": runs["tags.value"],
+        "num_prefill": runs["num_prefill"], "num_workers": runs["num_workers"],
+        "repeat": runs["repeat"], "rate_index": runs["tags.rate_index"].astype(int),
+        "rate": runs["tags.rate"].astype(float),
+        "slo_attainment": _col(runs, "metrics.slo_attainment"),
+        "completed": _col(runs, "metrics.completed"),
+        "status": runs["status"], "valid": _valid(runs), "disturbed": other > limit,
+        "other_cpu_share": other, "run_id": runs["run_id"],
+    }, columns=POINT_COLUMNS).reset_index(drop=True)
+
+
+def point_requests(parent_run_id: str, uri: str | None = None, rate: float | None = None,
+                   rate_index: int | None = None) -> dict[str, pd.DataFrame]:
+    """{layout: the per-request records (requests.csv) of every FINISHED repeat at one rate,
+    concatenated with a `repeat` column}; the rate by value or by index in the sweep."""
+    if (rate is None) == (rate_index is None):
+        raise ValueError("give exactly one of rate (requests/s) or rate_index")
+    points = point_runs(parent_run_id, uri)
+    chosen = points[(points["rate"] == rate) if rate is not None
+                    else (points["rate_index"] == rate_index)]
+    chosen = chosen[chosen["status"] == "FINISHED"]
+    if chosen.empty:
+        raise ValueError(f"no finished sweep point at {'rate ' + format(rate, 'g') if rate is not None else f'rate_index {rate_index}'}; "  # noqa: E501
+                         f"swept rates: {sorted(set(points['rate']))}")
+    out: dict[str, pd.DataFrame] = {}
+    for layout, group in chosen.groupby("layout", sort=False):
+        frames = [run_artifact_frame(r.run_id, "requests.csv", uri).assign(repeat=r.repeat)
+                  for r in group.itertuples()]
+        out[str(layout)] = pd.concat(frames, ignore_index=True)
+    return out
+
+
+GOODPUT_COLUMNS = ["layout", "repeat", "goodput", "goodput_per_worker", "lower_bound",
+                   "failed_points", "valid", "status", "run_id"]
+
+
+def goodput_runs(parent_run_id: str, uri: str | None = None) -> pd.DataFrame:
+    """One row per (layout, repeat): the goodput (req/s) its sweep logged, per worker,
+    whether it is a lower bound (every rate met the target), failed points, validity."""
+    runs = _children(parent_run_id, uri, "baseline")
+    runs = pd.concat([runs, _children(parent_run_id, uri, "variant")], ignore_index=True)
+    runs = runs[_col(runs, "tags.kind", "") == "rate_sweep"]
+    if runs.empty:
+        raise ValueError(f"run {parent_run_id} has no rate-sweep child runs")
+    runs = _with_layout(runs)
+    frame = pd.DataFrame({
+        "layout": runs["layout"], "repeat": runs["repeat"],
+        "goodput": _col(runs, "metrics.goodput"),
+        "goodput_per_worker": _col(runs, "metrics.goodput_per_worker"),
+        "lower_bound": _col(runs, "metrics.goodput_lower_bound", 0.0).fillna(0) > 0,
+        "failed_points": _col(runs, "metrics.failed_points", 0.0),
+        "valid": _valid(runs), "status": runs["status"],
+        "run_id": runs["run_id"]}, columns=GOODPUT_COLUMNS)
+    return frame.sort_values(["repeat"], kind="stable").reset_index(drop=True)
+
+
+def _band(values: Sequence[float]) -> tuple[float, float, float]:
+    vals = [float(v) for v in values if v == v]
+    if not vals:
+        return (float("nan"),) * 3
+    return statistics.median(vals), min(vals), max(vals)
+
+
+def goodput_table(runs: pd.DataFrame, *, valid_only: bool = False) -> pd.DataFrame:
+    """Per layout (in first-seen order): repeats, goodput and goodput per worker as median
+    with [min, max] over repeats (the noise band), `lower_bound` when any repeat's goodput
+    is one, and the repeats counted (all, or only the valid ones with valid_only)."""
+    if runs.empty:
+        raise ValueError("runs is empty: give goodput_runs(...)")
+    rows = []
+    for layout, group in runs.groupby("layout", sort=False):
+        used = group[group["valid"]] if valid_only else group
+        g, g_lo, g_hi = _band(used["goodput"])
+        w, w_lo, w_hi = _band(used["goodput_per_worker"])
+        rows.append({"layout": layout, "repeats": len(used),
+                     "invalid_repeats": int((~group["valid"]).sum()),
+                     "goodput": g, "goodput_min": g_lo, "goodput_max": g_hi,
+                     "goodput_per_worker": w, "per_worker_min": w_lo, "per_worker_max": w_hi,
+                     "lower_bound": bool(used["lower_bound"].any())})
+    return pd.DataFrame(rows)
+
+
+def _aggregate(delta: Mapping[str, Any], name: str) -> float:
+    """The unlabelled series `name` of a /metrics delta, else the sum of its labelled ones
+    (0.0 when absent)."""
+    v = delta.get(name)
+    if isinstance(v, int | float):
+        return float(v)
+    return float(sum(val for key, val in delta.items()
+                     if isinstance(val, int | float) and key.startswith(name + "{")
+                     and _LABELED.search(key)))
+
+
+def kv_transfer_row(delta: Mapping[str, Any]) -> dict[str, float]:
+    """The KV handoff in one run's /metrics delta (KV_COUNTERS, the router's aggregates)
+    and per request: mb_per_request and ms_per_request (decode-side reads),
+    bytes_per_token (bytes / tokens read). Colocated runs read nothing: zeros, NaN ratios."""
+    row = {field: _aggregate(delta, name) for field, name in KV_COUNTERS.items()}
+    reads = row["recv_queries"]
+    row["mb_per_request"] = row["recv_bytes"] / reads / 1e6 if reads else float("nan")
+    row["ms_per_request"] = row["recv_time_s"] / reads * 1e3 if reads else float("nan")
+    row["bytes_per_token"] = (row["recv_bytes"] / row["recv_tokens"] if row["recv_tokens"]
+                              else float("nan"))
+    return row
+
+
+def run_delta(run_id: str, uri: str | None = None) -> dict[str, Any]:
+    """The /metrics delta an HTTP run logged (server_delta.json's "delta")."""
+    client = _client(uri)
+    with tempfile.TemporaryDirectory() as tmp, no_progress_bar():
+        path = client.download_artifacts(run_id, "server_delta.json", tmp)
+        return dict(json.loads(Path(path).read_text())["delta"])
+
+
+def kv_moved(parent_run_id: str, uri: str | None = None) -> pd.DataFrame:
+    """kv_transfer_row of every FINISHED sweep point, with its layout, repeat and rate."""
+    points = point_runs(parent_run_id, uri)
+    points = points[points["status"] == "FINISHED"]
+    rows = [{"layout": p.layout, "repeat": p.repeat, "rate": p.rate,
+             "completed": p.completed, **kv_transfer_row(run_delta(p.run_id, uri))}
+            for p in points.itertuples()]
+    return pd.DataFrame(rows)
+
+
+def kv_summary(moved: pd.DataFrame) -> pd.DataFrame:
+    """Per layout over its points: requests, reads, MB read (decode side) and sent (prefill
+    side), MB and ms per read, bytes per token, failed reads and prefill fallbacks."""
+    if moved.empty:
+        raise ValueError("moved is empty: give kv_moved(...)")
+    rows = []
+    for layout, g in moved.groupby("layout", sort=False):
+        reads, recv, tokens = g["recv_queries"].sum(), g["recv_bytes"].sum(), \
+            g["recv_tokens"].sum()
+        rows.append({"layout": layout, "points": len(g), "requests": int(g["completed"].sum()),
+                     "kv_reads": int(reads), "mb_read": recv / 1e6,
+                     "mb_sent": g["send_bytes"].sum() / 1e6,
+                     "mb_per_read": recv / reads / 1e6 if reads else float("nan"),
+                     "ms_per_read": g["recv_time_s"].sum() / reads * 1e3 if reads
+                     else float("nan"),
+                     "bytes_per_token": recv / tokens if tokens else float("nan"),
+                     "failed_reads": int(g["failed_recvs"].sum()),
+                     "prefill_fallbacks": int(g["prefill_fallbacks"].sum())})
+    return pd.DataFrame(rows)
+
+
+def capacity_config(shape: str, model: str, *, num_workers: int = 2, batch: int = 8,
+                    repeats: int = 3, seed: int = 0, **engine: Any) -> Any:
+    """`bench.pd_capacity.PDCapacityConfig` at the shape's mean prompt and output lengths
+    (rounded), `batch` decodes at once; `engine` knobs reach the engine."""
+    from workbench.bench.pd_capacity import PDCapacityConfig
+
+    mean_in, mean_out = mean_lengths(shape)
+    return PDCapacityConfig(model=model, input_len=round(mean_in), output_len=round(mean_out),
+                            batch=batch, num_workers=num_workers, repeats=repeats, seed=seed,
+                            engine=dict(engine))
+
+
+def calc_vs_measured(ratio: PDRatio, measured: Mapping[str, float]) -> pd.DataFrame:
+    """One row per layout in `measured` ({layout_name: goodput req/s}): calc's sustainable
+    rate for it (colocated: `colocated_rate`; "PP:MD": that split's system rate), the
+    measured goodput, measured / calc, and calc's bottleneck; then calc's best split and
+    balanced P:M ratio (d / p) as the last columns of every row."""
+    splits = {f"{s.prefill_instances}P:{s.decode_instances}D": s for s in ratio.splits}
+    rows = []
+    for layout, goodput in measured.items():
+        if layout.startswith("colocated"):
+            rate, bottleneck = ratio.colocated_rate, "both phases"
+        elif layout in splits:
+            rate, bottleneck = splits[layout].system_rate, splits[layout].bottleneck
+        else:
+            raise ValueError(f"measured layout {layout!r} is neither colocated nor one of "
+                             f"{list(splits)}")
+        rows.append({"layout": layout, "calc_rate": rate, "measured_goodput": float(goodput),
+                     "measured_over_calc": float(goodput) / rate, "calc_bottleneck": bottleneck,
+                     "calc_best_split": ratio.best.label,
+                     "calc_balanced_p_over_m": ratio.balanced_ratio})
+    return pd.DataFrame(rows)
+
+
+def split_measured(measured: Mapping[str, float]) -> dict[str, float]:
+    """{layout_name: goodput} -> the keys `analysis.disagg.pd_ratio_plot` takes ("P:M",
+    "colocated")."""
+    out = {}
+    for layout, v in measured.items():
+        if layout.startswith("colocated"):
+            out["colocated"] = float(v)
+        else:
+            m = re.fullmatch(r"(\d+)P:(\d+)D", layout)
+            if m is None:
+                raise ValueError(f"layout {layout!r} is neither colocated nor 'PP:MD'")
+            out[f"{m.group(1)}:{m.group(2)}"] = float(v)
+    return out
+
+
+__all__ = ["BASELINE_LABEL", "KV_COUNTERS", "SHAPES", "calc_vs_measured", "capacity_config",
+           "goodput_runs", "goodput_table", "kv_moved", "kv_summary", "kv_transfer_row",
+           "layout_name", "mean_lengths", "point_requests", "point_runs", "run_delta",
+           "shape_template", "split_measured"]
+
+
+# --------------------------------------------------------------------------- notebook glue
+def sweep_plan(shapes: Sequence[str], rates: Mapping[str, Sequence[float]], *,
+               quick: bool = False) -> dict[str, list[float]]:
+    """{shape: the rates to sweep}: `rates[shape]`, or with `quick` only its middle rate
+    (one point per layout: a smoke test, no crossing)."""
+    if not shapes:
+        raise ValueError(f"shapes is empty: give some of {', '.join(SHAPES)}")
+    plan = {}
+    for shape in shapes:
+        _check_shape(shape)
+        r = [float(x) for x in rates.get(shape, ())]
+        if not r:
+            raise ValueError(f"no rates for shape {shape!r}: give increasing requests/s")
+        plan[shape] = [r[len(r) // 2]] if quick else r
+    return plan
+
+
+def run_shapes(raw: Mapping[str, Any], plan: Mapping[str, Sequence[float]], uri: str, *,
+               target: Any = None, num_requests: int | None = None,
+               repeats: int | None = None, seed: int | None = None,
+               name: str | None = None, progress: bool = False) -> dict[str, Any]:
+    """Run the template once per shape (`shape_template`, experiment "<name>-<shape>") into
+    the MLflow store `uri`; {shape: ExperimentResult}. `target(spec) -> spec` rewrites the
+    target (a notebook passes `router.experiment.local_target` with its port and model)."""
+    from workbench.analysis.notebook import ensure_experiment
+    from workbench.experiments.runner import run_experiment
+    from workbench.experiments.template import parse_template
+
+    out = {}
+    for shape, rates in plan.items():
+        shaped = shape_template(raw, shape, rates=rates, num_requests=num_requests,
+                                repeats=repeats, seed=seed,
+                                name=None if name is None else f"{name}-{shape}")
+        if target is not None:
+            shaped["target"] = target(shaped["target"])
+        template = parse_template(shaped)
+        ensure_experiment(template.name, uri)
+        out[shape] = run_experiment(template, uri=uri, progress=progress)
+    return out
+
+
+def layout_bands(points: pd.DataFrame) -> dict[str, list[tuple[float, float, float, float]]]:
+    """{layout: [(rate, median, min, max) of SLO attainment over repeats]} from point_runs
+    (a failed point counts 0, as the sweep counted it): `slo_attainment_plot`'s input."""
+    from workbench.harness.goodput import attainment_bands
+
+    curves: dict[str, list[list[tuple[float, float]]]] = {}
+    for (layout, _), g in points.groupby(["layout", "repeat"], sort=False):
+        g = g.sort_values("rate")
+        curves.setdefault(str(layout), []).append(
+            [(float(r), 0.0 if a != a else float(a))
+             for r, a in zip(g["rate"], g["slo_attainment"], strict=True)])
+    return attainment_bands(curves)
+
+
+def per_shape(parents: Mapping[str, str], uri: str | None, what: str) -> pd.DataFrame:
+    """`goodput_table` ("goodput") or `kv_summary` ("kv") of each shape's experiment
+    ({shape: parent run id}), concatenated with a `shape` column first."""
+    build = {"goodput": lambda p: goodput_table(goodput_runs(p, uri)),
+             "kv": lambda p: kv_summary(kv_moved(p, uri))}
+    if what not in build:
+        raise ValueError(f"what ({what!r}) must be one of {', '.join(build)}")
+    frames = [build[what](parent).assign(shape=shape) for shape, parent in parents.items()]
+    out = pd.concat(frames, ignore_index=True)
+    return out[["shape", *[c for c in out.columns if c != "shape"]]]
+
+
+def measure_capacity(shape: str, model: str, *, threads: int = 1, **kw: Any) -> Any:
+    """`bench.pd_capacity.measure` of `capacity_config(shape, model, **kw)` with torch held
+    to `threads` intra-op threads (a replica's `--replica-threads`), restored after."""
+    import torch
+
+    from workbench.bench.pd_capacity import measure
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return measure(capacity_config(shape, model, **kw))
+    finally:
+        torch.set_num_threads(before)
+
+
+def capacity_row(shape: str, capacity: Any, wider: int = 8) -> dict[str, Any]:
+    """One shape's pd_capacity figures and calc's answers: tok/s per phase, requests/s per
+    prefill (p) and decode (d) instance, the balanced P:M = d / p, the best split of
+    `wider` instances, and the 1:1 and colocated rates of the measured 2 instances."""
+    from workbench import calc
+
+    r = capacity.ratio
+    c = capacity.config
+    wide = calc.pd_ratio(wider, c.input_len, c.output_len, r.prefill_tok_s, r.decode_tok_s)
+    return {"shape": shape, "input_len": c.input_len, "output_len": c.output_len,
+            "prefill_tok_s": r.prefill_tok_s, "decode_tok_s": r.decode_tok_s,
+            "prefill_req_s": r.prefill_rate_per_instance,
+            "decode_req_s": r.decode_rate_per_instance, "balanced_p_over_m": r.balanced_ratio,
+            f"best_split_of_{wider}": wide.best.label, "calc_1p1d": r.best.system_rate,
+            "calc_colocated": r.colocated_rate, "valid": capacity.valid}
