@@ -113,10 +113,9 @@ class Scheduler:
             loading = req.status == RequestStatus.WAITING_FOR_REMOTE_KVS
             if req.status == RequestStatus.RUNNING:
                 self.running.remove(req)
-            elif loading:
-                pass
             elif not req.is_finished():
-                self.waiting.remove(req)
+                if not loading:  # a loading request is in neither queue
+                    self.waiting.remove(req)
             elif req in self.running:  # an update that failed after check_stop finished it
                 self.running.remove(req)
             req.status = status

@@ -29,7 +29,7 @@ from workbench.distributed.kv_transfer.tiers import disk_file
 MAGIC = b"WBKV1\n"
 
 
-def _bytes_view(t: torch.Tensor) -> torch.Tensor:
+def bytes_view(t: torch.Tensor) -> torch.Tensor:
     """fp8 caches are copied as bytes (no fp8 indexing kernels on CPU)."""
     return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
 
@@ -39,7 +39,7 @@ class HostKVPool:
                  disk_root: str | None = None, namespace: str = "default") -> None:
         if not kv_caches:
             raise ValueError("no KV caches to offload (allocate the KV cache first)")
-        self.caches = [_bytes_view(c) for c in kv_caches]
+        self.caches = [bytes_view(c) for c in kv_caches]
         two, _, bs, hkv, d = self.caches[0].shape
         self.group = group
         self.slot_shape = (len(self.caches), two, group, bs, hkv, d)

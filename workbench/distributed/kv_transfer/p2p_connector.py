@@ -33,7 +33,6 @@ both sides count bytes, seconds, holds and failures (`workbench:kv_transfer_*` i
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 import uuid
@@ -47,6 +46,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from workbench.distributed.kv_transfer.base import KVConnectorBase_V1, KVConnectorRole
+from workbench.distributed.kv_transfer.host_pool import bytes_view
 from workbench.distributed.kv_transfer.metadata import (
     KVConnectorMetadata,
     KVConnectorOutput,
@@ -60,8 +60,6 @@ if TYPE_CHECKING:
     from workbench.config import EngineConfig
     from workbench.engine.request import Request
     from workbench.engine.scheduler_output import SchedulerOutput
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -105,7 +103,6 @@ class _Stage:
     """Scheduler side, layerwise: a prefill leg's send buffer."""
 
     num_blocks: int
-    nbytes: int
     staged_full: int = 0  # leading full blocks copied (final)
     complete: bool = False  # every prompt block copied
 
@@ -140,9 +137,7 @@ class P2pConnector(KVConnectorBase_V1):
             self._consumed: set[str] = set()  # remote prefills already used (or refused)
             self._recv: list[RemoteLoad] = []
             self._announce: dict[str, list[int]] = {}  # holds the worker has not seen yet
-            self.holding: set[str] = set()  # producer: requests whose blocks are held
             self.counters: dict[str, float] = {}
-            self.layerwise = extra.layerwise and kt.is_kv_producer
             self._stages: dict[str, _Stage | None] = {}  # None: not staged (not a leg/no room)
             self._stage_jobs: list[StageJob] = []
             self._drop: list[str] = []
@@ -215,7 +210,7 @@ class P2pConnector(KVConnectorBase_V1):
         self._count("workbench:kv_transfer_recv_tokens", num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
-        if self.layerwise:
+        if self.saves_layerwise:
             self._plan_stages(scheduler_output)
         meta = P2pConnectorMetadata(recv=self._recv, send=self._announce,
                                     stage=self._stage_jobs, drop=self._drop)
@@ -253,14 +248,13 @@ class P2pConnector(KVConnectorBase_V1):
             return None  # no room: this leg holds its device blocks instead
         self.buffer_used += nbytes
         self._buffer_bytes[req.request_id] = nbytes
-        return _Stage(num_blocks, nbytes)
+        return _Stage(num_blocks)
 
     def has_pending_work(self) -> bool:
         """Held blocks the worker has not been told about: one more step announces them."""
         return bool(self._announce or self._drop)
 
     def update_connector_output(self, output: KVConnectorOutput) -> None:
-        self.holding -= output.finished_sending
         for rid in output.finished_sending:  # a send buffer read, expired or dropped
             self.buffer_used -= self._buffer_bytes.pop(rid, 0)
         self._count("workbench:kv_transfer_failed_recvs",
@@ -276,7 +270,7 @@ class P2pConnector(KVConnectorBase_V1):
         self._consumed.discard(rid)
         if not self.kt.is_kv_producer or not block_ids:
             return False, None
-        stage = self._stages.pop(rid, None) if self.layerwise else None
+        stage = self._stages.pop(rid, None) if self.saves_layerwise else None
         params = kv_transfer_params(request.sampling_params.extra_args)
         handed = params.get("do_remote_decode") and \
             request.status == RequestStatus.FINISHED_LENGTH_CAPPED
@@ -291,7 +285,6 @@ class P2pConnector(KVConnectorBase_V1):
         delay = stage is None
         if delay:
             self._announce[rid] = held
-            self.holding.add(rid)
             self._count("workbench:kv_transfer_held_blocks", len(held))
         return delay, {"do_remote_prefill": True, "do_remote_decode": False,
                       "remote_engine_id": self.engine_id, "remote_request_id": rid,
@@ -316,15 +309,13 @@ class P2pConnector(KVConnectorBase_V1):
             if self.saves_layerwise else None
         self._copies: list[Future[float]] = []
         self._copy_stream: Any = None
-        self._stage_t0 = 0.0
         # holds that ended (read or expired), newest last: a late read is refused at once
         self._gone: OrderedDict[str, str] = OrderedDict()
         self._send_stats = KVConnectorStats()
         self._errors: list[str] = []
 
     def register_kv_caches(self, kv_caches: list[torch.Tensor]) -> None:
-        self.caches = [c.view(torch.uint8) if c.dtype == torch.float8_e4m3fn else c
-                       for c in kv_caches]
+        self.caches = [bytes_view(c) for c in kv_caches]
         two, _, bs, hkv, d = self.caches[0].shape
         self.layout = {"num_layers": len(self.caches), "block_shape": [two, bs, hkv, d],
                        "dtype": str(self.caches[0].dtype), "namespace": self.namespace}
@@ -368,50 +359,37 @@ class P2pConnector(KVConnectorBase_V1):
         rid = header.get("request_id")
         with self._lock:
             buf = self._buffers.get(rid)  # type: ignore[arg-type]
-            if buf is not None and buf.deadline is not None:
-                return self._serve_buffer(header, rid, buf)  # type: ignore[arg-type]
+            staged = buf is not None and buf.deadline is not None  # complete: readable
             entry = self._held.get(rid)  # type: ignore[arg-type]
             gone = self._gone.get(rid)  # type: ignore[arg-type]
-        if entry is None and gone is not None:
-            return Reply({"ok": False, "error": f"the blocks of {rid!r} were {gone}"})
-        if entry is None:
+        if not staged and entry is None:
+            if gone is not None:
+                return Reply({"ok": False, "error": f"the blocks of {rid!r} were {gone}"})
             return None  # not announced yet: parked, refused after the timeout
-        held, _ = entry
         if header.get("op") == "release":
             return Reply({"ok": True}, on_sent=lambda: self._done_sending(rid, 0, 0.0))
         ids = header.get("block_ids")
-        if not isinstance(ids, list) or not set(ids) <= set(held):
-            return Reply({"ok": False, "error": f"block_ids {ids!r} are not the blocks held "
-                          f"for {rid!r}"})
+        if staged:  # a layerwise send buffer: blocks named by their place in it
+            assert buf is not None
+            layers, n = buf.layers, buf.layers[0].shape[1]
+            valid = isinstance(ids, list) and all(isinstance(i, int) and 0 <= i < n
+                                                  for i in ids)
+            where = f"places in the {n}-block send buffer of {rid!r}"
+        else:  # held device blocks
+            assert entry is not None
+            layers = self.caches
+            valid = isinstance(ids, list) and set(ids) <= set(entry[0])
+            where = f"the blocks held for {rid!r}"
+        if not valid:
+            return Reply({"ok": False, "error": f"block_ids {ids!r} are not {where}"})
         t0 = time.perf_counter()
-        index = torch.tensor(ids, dtype=torch.long, device=self.caches[0].device)
-        frames = []
-        for cache in self.caches:
-            part = cache.index_select(1, index).contiguous().cpu()
-            frames.append(part.view(torch.uint8).numpy())
+        index = torch.tensor(ids, dtype=torch.long, device=layers[0].device)
+        frames = [layer.index_select(1, index).cpu().view(torch.uint8).numpy()
+                  for layer in layers]
         nbytes = sum(f.nbytes for f in frames)
         dt = time.perf_counter() - t0
         return Reply({"ok": True, "layout": self.layout, "num_blocks": len(ids)}, frames,
-                     on_sent=lambda: self._done_sending(rid, nbytes, dt))
-
-    def _serve_buffer(self, header: dict[str, Any], rid: str, buf: _Buffer) -> Reply:
-        """Under the lock: a read of a layerwise send buffer (blocks named by place)."""
-        if header.get("op") == "release":
-            return Reply({"ok": True}, on_sent=lambda: self._done_sending(rid, 0, 0.0))
-        ids = header.get("block_ids")
-        n = buf.layers[0].shape[1]
-        if not isinstance(ids, list) or not all(isinstance(i, int) and 0 <= i < n
-                                                for i in ids):
-            return Reply({"ok": False, "error": f"block_ids {ids!r} are not places in the "
-                          f"{n}-block send buffer of {rid!r}"})
-        t0 = time.perf_counter()
-        index = torch.tensor(ids, dtype=torch.long)
-        frames = [layer.index_select(1, index).view(torch.uint8).numpy()
-                  for layer in buf.layers]
-        nbytes = sum(f.nbytes for f in frames)
-        dt = time.perf_counter() - t0
-        return Reply({"ok": True, "layout": self.layout, "num_blocks": len(ids)}, frames,
-                     on_sent=lambda: self._done_sending(rid, nbytes, dt))
+                     on_sent=lambda: self._done_sending(rid, nbytes, dt))  # type: ignore[arg-type]
 
     def _done_sending(self, rid: str, nbytes: int, seconds: float) -> None:
         with self._lock:
@@ -427,6 +405,12 @@ class P2pConnector(KVConnectorBase_V1):
             st.send_time_s += seconds
             st.sends += 1  # the producer's queueing: the prefill's end -> the read served
             st.send_wait_s += time.monotonic() - (deadline - self.extra.abort_timeout_s)
+
+    def _expire(self, rid: str) -> None:
+        """Under the lock: a hold or buffer nobody read in time is gone (freed)."""
+        self._forget(rid, f"freed after abort_timeout_s ({self.extra.abort_timeout_s:g} s)")
+        self._sent.add(rid)
+        self._send_stats.expired_sends += 1
 
     def _forget(self, rid: str, why: str) -> None:
         """Under the lock: remember why a hold ended (the newest 4096)."""
@@ -534,19 +518,13 @@ class P2pConnector(KVConnectorBase_V1):
             for rid, (_, deadline) in list(self._held.items()):
                 if now >= deadline:  # nobody read them: free (vLLM's abort timeout)
                     del self._held[rid]
-                    self._forget(rid, f"freed after abort_timeout_s "
-                                      f"({self.extra.abort_timeout_s:g} s)")
-                    self._sent.add(rid)
-                    self._send_stats.expired_sends += 1
+                    self._expire(rid)
                     self._errors.append(f"blocks held for {rid} were not read within "
                                         f"{self.extra.abort_timeout_s:g} s: freed")
             for rid, buf in list(self._buffers.items()):
                 if buf.deadline is not None and now >= buf.deadline:
                     del self._buffers[rid]
-                    self._forget(rid, f"freed after abort_timeout_s "
-                                      f"({self.extra.abort_timeout_s:g} s)")
-                    self._sent.add(rid)
-                    self._send_stats.expired_sends += 1
+                    self._expire(rid)
             out.finished_sending, self._sent = self._sent, set()
             out.stats.add(self._send_stats)
             self._send_stats = KVConnectorStats()
