@@ -118,6 +118,9 @@ class P2pConfig:
     # serve reads from the buffer; False: hold the device blocks until they are read
     layerwise: bool = False
     send_buffer_bytes: int = 1 << 30  # layerwise: host bytes for staged prefills
+    # consumer: host bytes for KV pushed by layerwise producers before the decode request
+    # arrives (kept until abort_timeout_s); a push beyond it is dropped and that read pulls
+    push_inbox_bytes: int = 1 << 30
 
     WHERE = "kv_transfer_config kv_connector_extra_config"
 
@@ -126,6 +129,7 @@ class P2pConfig:
         if not isinstance(self.layerwise, bool):
             raise ValueError(f"{w} layerwise ({self.layerwise!r}) must be true or false")
         _positive_int(w, "send_buffer_bytes", self.send_buffer_bytes)
+        _positive_int(w, "push_inbox_bytes", self.push_inbox_bytes)
         if self.transport not in P2P_TRANSPORTS:
             raise ValueError(f"{w} transport ({self.transport!r}) must be one of "
                              f"{', '.join(P2P_TRANSPORTS)}")
@@ -240,6 +244,8 @@ def kv_transfer_params(extra_args: dict[str, Any] | None) -> dict[str, Any]:
     if params.get("do_remote_decode") and params.get("do_remote_prefill"):
         raise ValueError("kv_transfer_params do_remote_decode and do_remote_prefill cannot "
                          "both be true (a request is either the prefill or the decode leg)")
+    if params.get("do_remote_decode"):  # a push target: the decode instance's side channel
+        _push_target(params)
     if params.get("do_remote_prefill"):
         missing = [k for k in REMOTE_FIELDS if params.get(k) is None]
         if missing:
@@ -249,13 +255,33 @@ def kv_transfer_params(extra_args: dict[str, Any] | None) -> dict[str, Any]:
             if not isinstance(params[name], str) or not params[name]:
                 raise ValueError(f"kv_transfer_params {name} ({params[name]!r}) must be a "
                                  "non-empty string")
-        port = params["remote_port"]
-        if isinstance(port, bool) or not isinstance(port, int) or not 0 < port <= 65535:
-            raise ValueError(f"kv_transfer_params remote_port ({port!r}) must be an integer "
-                             "in 1..65535")
+        _check_port(params["remote_port"])
         ids = params["remote_block_ids"]
         if not isinstance(ids, list) or not ids or any(
                 isinstance(b, bool) or not isinstance(b, int) or b < 0 for b in ids):
             raise ValueError(f"kv_transfer_params remote_block_ids ({ids!r}) must be a "
                              "non-empty list of block ids (integers >= 0)")
     return params
+
+
+def _check_port(port: Any) -> None:
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port <= 65535:
+        raise ValueError(f"kv_transfer_params remote_port ({port!r}) must be an integer "
+                         "in 1..65535")
+
+
+def _push_target(params: dict[str, Any]) -> None:
+    """A prefill request may name the decode instance's side channel (remote_host and
+    remote_port, both or neither; vLLM's proxy sends them as null): a layerwise producer
+    pushes the KV there while the prefill runs."""
+    host, port = params.get("remote_host"), params.get("remote_port")
+    if host is None and port is None:
+        return
+    if host is None or port is None:
+        raise ValueError("kv_transfer_params with do_remote_decode need remote_host and "
+                         "remote_port together (the decode instance to push the KV to) or "
+                         "neither")
+    if not isinstance(host, str) or not host:
+        raise ValueError(f"kv_transfer_params remote_host ({host!r}) must be a non-empty "
+                         "string")
+    _check_port(port)

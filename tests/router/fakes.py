@@ -8,7 +8,9 @@
 Each replica records what it was sent (`seen`: path, JSON body, X-Request-Id) and answers as
 a greedy engine whose token at position p is `100 + p`, so a continuation (prompt + tokens so
 far) goes on with the same tokens. A request with `kv_transfer_params.do_remote_decode` is a
-prefill: one token and a top-level `kv_transfer_params` (`FakeReplica.kv_params`). Modes:
+prefill: one token and a top-level `kv_transfer_params` (`FakeReplica.kv_params`). A decode
+replica ("d...") answers GET /kv_transfer_info with its side channel (`side_channel`; None:
+404, as a server without a P2pConnector). Modes:
 "ok", "refuse" (ConnectError), "status" (answers `status` with an error body); `break_after`
 k: a stream breaks (ReadError) after k token chunks. `clock` advances by `latency_s` per
 completion request, so the router's timings are exact.
@@ -49,9 +51,12 @@ class FakeReplica:
     break_after: int | None = None  # a stream breaks after this many token chunks
     latency_s: float = 0.0
     clock: FakeClock | None = None
+    side_channel: tuple[str, int] | None = None  # GET /kv_transfer_info; decode replicas
     seen: list[Seen] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        if self.side_channel is None and self.name.startswith("d"):
+            self.side_channel = (f"{self.name}-kv", 5700)
         if self.kv_params is None and self.name.startswith("p"):
             self.kv_params = {"do_remote_prefill": True, "do_remote_decode": False,
                               "remote_engine_id": f"engine-{self.name}",
@@ -74,6 +79,14 @@ class FakeReplica:
             return httpx.Response(200)
         if path == "/metrics":
             return httpx.Response(200, text="")
+        if path == "/kv_transfer_info":
+            self.seen.append(Seen(path, {}, None))
+            if self.side_channel is None:
+                return httpx.Response(404, json={"error": {"message": "no KV connector"}})
+            return httpx.Response(200, json={
+                "kv_connector": "P2pConnector", "kv_role": "kv_consumer",
+                "engine_id": f"engine-{self.name}", "side_channel_host": self.side_channel[0],
+                "side_channel_port": self.side_channel[1], "layerwise": False})
         body = json.loads(request.content)
         self.seen.append(Seen(path, body, request.headers.get("x-request-id")))
         if self.clock is not None:

@@ -97,7 +97,7 @@ def test_json_request_prefills_then_decodes_with_the_returned_params() -> None:
         records = client.get("/router/requests").json()["requests"]
         assert records == [{
             "seq": 1, "request_id": "req-7", "stream": False, "prefill_replicas": [0],
-            "prefill_outcome": "ok", "prefill_s": 0.25, "decode_replicas": [1],
+            "prefill_outcome": "ok", "prefill_s": 0.25, "decode_replicas": [1], "pushed_to": None,
             "decode_status": 200, "decode_first_byte_s": 0.5}]
 
 
@@ -281,12 +281,14 @@ def test_metrics_count_prefills_retries_fallbacks_and_time_both_legs() -> None:
             "workbench:disagg_prefill_retries_total": 1.0,
             "workbench:disagg_prefill_fallbacks_total": 1.0,
             "workbench:disagg_prefill_no_params_total": 0.0,
+            "workbench:disagg_kv_push_requests_total": 0.0,
+            "workbench:disagg_kv_push_misses_total": 0.0,
             "workbench:disagg_prefill_seconds_count": 3.0,
             "workbench:disagg_prefill_seconds_sum": 0.75,  # 3 x 0.25 (a refusal takes 0 s)
             "workbench:disagg_decode_first_byte_seconds_count": 4.0,
             "workbench:disagg_decode_first_byte_seconds_sum": 2.0,
-            'workbench:disagg_info{decode_policy="least_outstanding",num_decode="1",'
-            'num_prefill="2",prefill_policy="round_robin"}': 1.0}
+            'workbench:disagg_info{decode_policy="least_outstanding",kv_push="false",'
+            'num_decode="1",num_prefill="2",prefill_policy="round_robin"}': 1.0}
         assert flat['workbench:disagg_prefill_seconds_bucket{le="0.1"}'] == 0.0
         assert flat['workbench:disagg_prefill_seconds_bucket{le="0.25"}'] == 3.0
         assert flat['router_requests_total{replica="2"}'] == 4.0  # the decode legs

@@ -180,3 +180,20 @@ def test_disagg_verb_refuses_num_prefill_zero(capsys: pytest.CaptureFixture[str]
     with pytest.raises(SystemExit):
         parse_args(["--model", MODEL, "--num-prefill", "0"], disaggregated=True)
     assert "num_prefill (0) must be an integer >= 1" in capsys.readouterr().err
+
+
+def test_kv_push_makes_the_prefill_side_layerwise_and_is_a_flag() -> None:
+    user = {"kv_connector_extra_config": {"abort_timeout_s": 9}}
+    assert role_kv_transfer_config(user, "prefill", kv_push=True) == {
+        **PRODUCER, "kv_connector_extra_config": {"abort_timeout_s": 9, "layerwise": True}}
+    assert role_kv_transfer_config(user, "decode", kv_push=True) == {**CONSUMER, **user}
+    with pytest.raises(ValueError, match='kv_push needs kv_connector_extra_config layerwise '
+                                         'true on the prefill side'):
+        role_kv_transfer_config({"kv_connector_extra_config": {"layerwise": False}}, "prefill",
+                                kv_push=True)
+    _, config, _, _ = parse_args(["--num-prefill", "1", "--kv-push", "--model", MODEL])
+    assert config.kv_push is True
+    _, config, _, _ = parse_args(["--num-prefill", "1", "--no-kv-push", "--model", MODEL])
+    assert config.kv_push is False
+    with pytest.raises(ValueError, match=r"kv_push needs disaggregated prefill/decode"):
+        RouterConfig(num_replicas=2, kv_push=True)

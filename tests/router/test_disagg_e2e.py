@@ -4,7 +4,9 @@ real `openai` client. Greedy outputs equal a colocated request (a decode replica
 the prompt itself); the KV is read, not recomputed (the decode replica's counters); a
 prefill replica killed between its prefill and the decode's read costs a recompute, not the
 request; a decode replica killed mid-stream is resumed on the other; with the prefill
-replica gone every request falls back to the decode side. Tests run in file order: the
+replica gone every request falls back to the decode side. The prefill replica stages
+layerwise, so the router may also push (`kv_push`): the decode replica then decodes from the
+pushed KV without a pull. Tests run in file order: the
 kills come last."""
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from workbench.router.app import build_router_app
 from workbench.router.config import RouterConfig
 from workbench.router.disagg import DisaggRouter
 from workbench.router.disagg_pool import disagg_pool
+from workbench.router.disagg_push import SideChannels
 from workbench.testing import tiny_checkpoint
 
 SERVE = ["--dtype", "float32", "--max-model-len", "384", "--block-size", "16",
@@ -64,7 +67,7 @@ def handle(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Handle]:
     config = RouterConfig(num_prefill=1, num_decode=2, decode_policy="least_outstanding",
                           block_size=16, health_interval_s=0.2)
     pool = disagg_pool(["--model", str(model), *SERVE], 1, 2, log_dir=tmp / "logs",
-                       ready_timeout_s=180)
+                       ready_timeout_s=180, kv_push=True)
     app = build_router_app(config, pool, load_tokenizer(model))
     with serve_router(app, pool) as (url, _, _):
         yield Handle(app, url)
@@ -112,6 +115,45 @@ def test_openai_client_through_the_disaggregated_router_equals_colocated(
         **chat_body, **GREEDY).choices[0].message.content
     got_chat = handle.client().chat.completions.create(**chat_body, **GREEDY)
     assert got_chat.choices[0].message.content == want_chat
+
+
+def test_kv_push_decodes_from_the_kv_pushed_during_the_prefill(handle: Handle) -> None:
+    """The router with kv_push: the decode replica is chosen first and named in the prefill
+    request; the prefill replica pushes each layer's KV there while it prefills, the decode
+    replica decodes from it (no pull: nothing sent on request) and tokens stay equal."""
+    prompt = PROMPT + "return parser"
+    router = handle.router
+    router.side_channels = SideChannels(router.client)  # as `--kv-push` starts it
+    try:
+        before = [handle.scrape(i) for i in (0, 1, 2)]
+        seq = router._seq
+        got = handle.client().completions.create(model="tiny", prompt=prompt, max_tokens=16,
+                                                 **GREEDY).choices[0]
+        stream = handle.client().completions.create(model="tiny", prompt=prompt,
+                                                    max_tokens=16, stream=True, **GREEDY)
+        streamed = "".join(c.choices[0].text for c in stream if c.choices)
+        deadline = time.monotonic() + 10  # a stream's record lands when its relay closes
+        while len([r for r in router.records if r.seq > seq]) < 2 \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
+        records = [r for r in router.records if r.seq > seq]
+    finally:
+        router.side_channels = None
+    assert [r.pushed_to for r in records] == [r.decode_replicas[0] for r in records]
+    assert all(r.pushed_to in (1, 2) for r in records)
+    after = [handle.scrape(i) for i in (0, 1, 2)]
+
+    def delta(i: int, name: str) -> float:
+        return after[i].get(name, 0.0) - before[i].get(name, 0.0)
+
+    pushed = "workbench:kv_transfer_pushed_loads_total"
+    assert delta(1, pushed) + delta(2, pushed) == 2
+    assert delta(0, "workbench:kv_transfer_push_bytes_total") > 0
+    assert delta(0, "workbench:kv_transfer_send_bytes_total") == 0  # nothing pulled
+    assert delta(0, "workbench:kv_transfer_sends_total") == 2  # both buffers released
+    want = colocated(handle, 16, prompt)  # after: the decode replicas' caches were cold
+    assert got.token_ids == want.token_ids  # type: ignore[attr-defined]
+    assert streamed == want.text
 
 
 def test_a_handshake_a_replica_cannot_honour_is_a_400(handle: Handle) -> None:

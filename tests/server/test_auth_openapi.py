@@ -54,7 +54,7 @@ def test_openapi_document(keyed_server: ServerHandle) -> None:
     ops = {(m.upper(), p): op for p, item in doc["paths"].items() for m, op in item.items()}
     assert set(ops) == {("POST", "/v1/completions"), ("POST", "/v1/chat/completions"),
                         ("GET", "/v1/models"), ("GET", "/health"), ("GET", "/metrics"),
-                        ("POST", "/reset_prefix_cache")}
+                        ("POST", "/reset_prefix_cache"), ("GET", "/kv_transfer_info")}
     assert doc["components"]["securitySchemes"] == {"bearer": {"type": "http",
                                                                "scheme": "bearer"}}
     for key, op in ops.items():

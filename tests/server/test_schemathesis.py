@@ -60,7 +60,7 @@ FUZZ_ENGINE_KW: dict[str, Any] = dict(
 TIMEOUT_S = 60  # per case; the slowest case (64 prompts x n 16 x 31 tokens) takes seconds
 OPERATIONS = {
     "POST /v1/completions", "POST /v1/chat/completions", "GET /v1/models", "GET /health",
-    "GET /metrics", "POST /reset_prefix_cache",
+    "GET /metrics", "POST /reset_prefix_cache", "GET /kv_transfer_info",
 }
 CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
           response_schema_conformance, negative_data_rejection]

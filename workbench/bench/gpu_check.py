@@ -469,14 +469,22 @@ def pd_disagg_round_trip(cfg: CheckConfig, ckpt: Path) -> list[dict[str, Any]]:
     prefill = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True,
                              extra_args={"kv_transfer_params": {"do_remote_decode": True}})
     rows: list[dict[str, Any]] = []
-    for mode, extra in (("hold", {}), ("layerwise", {"layerwise": True})):
+    for mode, extra in (("hold", {}), ("layerwise", {"layerwise": True}),
+                        ("push", {"layerwise": True})):
         prod = LLM(str(ckpt), kv_transfer_config={
             "kv_connector": "P2pConnector", "kv_role": "kv_producer",
             "kv_connector_extra_config": extra}, **kw)
         cons = LLM(str(ckpt), kv_transfer_config={"kv_connector": "P2pConnector",
                                                   "kv_role": "kv_consumer"}, **kw)
+        leg = prefill
+        if mode == "push":  # each staged layer sent to the consumer while prefill runs
+            info = cons.engine.kv_transfer_info() or {}
+            leg = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True, extra_args={
+                "kv_transfer_params": {"do_remote_decode": True,
+                                       "remote_host": info["side_channel_host"],
+                                       "remote_port": info["side_channel_port"]}})
         t0 = time.perf_counter()
-        handshakes = [o.kv_transfer_params for o in prod.generate(prompts, prefill)]
+        handshakes = [o.kv_transfer_params for o in prod.generate(prompts, leg)]
         prefill_s = time.perf_counter() - t0
         t0 = time.perf_counter()
         outs = cons.generate(prompts, [SamplingParams(
@@ -492,10 +500,13 @@ def pd_disagg_round_trip(cfg: CheckConfig, ckpt: Path) -> list[dict[str, Any]]:
                "recv_gb_per_s": st["workbench:kv_transfer_recv_bytes"] / recv_s / 1e9
                if recv_s else None,
                "stage_s": ps["workbench:kv_transfer_stage_time"],
+               "push_s": ps["workbench:kv_transfer_push_time"],
+               "pushed_loads": st["workbench:kv_transfer_pushed_loads"],
                "failed_recvs": st["workbench:kv_transfer_failed_recvs"],
                "requests_equal_to_colocated": sum(a == b for a, b in zip(got, want,
                                                                          strict=True))}
-        row["ok"] = row["requests_equal_to_colocated"] == n and row["failed_recvs"] == 0
+        row["ok"] = row["requests_equal_to_colocated"] == n and row["failed_recvs"] == 0 \
+            and (mode != "push" or row["pushed_loads"] == n)
         rows.append(row)
         prod.engine.shutdown()
         cons.engine.shutdown()
@@ -566,11 +577,12 @@ def render_markdown(report: Report) -> str:
                                           "requests_equal_to_recompute", "ok"]) + [""]
     if "pd_disagg" in s:
         lines += ["## Prefill/decode disaggregation (P2pConnector over ZeroMQ)", "",
-                  "Prefill on one engine, KV read by a second that decodes. Target: every "
-                  "request equal to the colocated engine, no failed read.", ""]
+                  "Prefill on one engine, KV read by a second that decodes (push: sent to it "
+                  "layer by layer during the prefill). Target: every request equal to the "
+                  "colocated engine, no failed read, every push used.", ""]
         lines += _table(s["pd_disagg"], ["mode", "prompts", "prompt_len", "colocated_s",
                                          "prefill_leg_s", "decode_leg_s", "kv_bytes",
-                                         "recv_gb_per_s", "stage_s",
+                                         "recv_gb_per_s", "stage_s", "push_s", "pushed_loads",
                                          "requests_equal_to_colocated",
                                          "ok"]) + [""]
     for name, err in report.errors.items():

@@ -456,6 +456,11 @@ class LLMEngine:
                 "kv_load_bytes": st.load_bytes if st else 0,
                 "kv_store_bytes": (st.store_bytes + st.swap_out_bytes) if st else 0}
 
+    def kv_transfer_info(self) -> dict[str, Any] | None:
+        """The KV connector's side channel (disaggregation), None without one."""
+        conn = self.scheduler.connector
+        return conn.transfer_info() if conn is not None else None
+
     def _kv_transfer_done(self, kv_out: KVConnectorOutput) -> None:
         """The worker's KV connector report: finished loads resume their requests, failed
         ones recompute (recorded in `errors`, scope "kv_transfer"); counters."""
@@ -481,6 +486,10 @@ class LLMEngine:
             ("workbench:kv_transfer_send_wait_time", st.send_wait_s),
             ("workbench:kv_transfer_stage_bytes", st.stage_bytes),
             ("workbench:kv_transfer_stage_time", st.stage_time_s),
+            ("workbench:kv_transfer_push_bytes", st.push_bytes),
+            ("workbench:kv_transfer_push_time", st.push_time_s),
+            ("workbench:kv_transfer_push_drops", st.push_drops),
+            ("workbench:kv_transfer_pushed_loads", st.pushed_loads),
         ):
             c[name] += value
         if kv_out.errors:

@@ -27,7 +27,7 @@ ROUTER_KNOBS = ("num_replicas", "num_workers", "policy", "routing_policy", "pref
                 "replica_ready_timeout_s", "replica_log_dir", "replica_log_level",
                 "replica_url", "scheduling_policy", "max_attempts", "health_interval_s",
                 "num_prefill", "num_decode", "prefill_url", "decode_url", "prefill_policy",
-                "decode_policy")
+                "decode_policy", "kv_push")
 ROUTING_POLICIES = ("round_robin", "least_outstanding", "prefix_aware")
 
 

@@ -260,6 +260,17 @@ METRICS: tuple[MetricSpec, ...] = (
             "Disaggregation, layerwise: seconds of those copies (on the copy thread/stream)."),
     _engine("workbench:kv_transfer_stage_fallbacks", "requests", "none", "counter",
             "Disaggregation, layerwise: prefill legs without buffer room (their blocks held)."),
+    _engine("workbench:kv_transfer_push_bytes", "bytes", "none", "counter",
+            "Disaggregation, push, prefill side: KV sent to the decode instance while the "
+            "prefill ran."),
+    _engine("workbench:kv_transfer_push_time", "s", "none", "counter",
+            "Disaggregation, push, prefill side: seconds handing those slices to the wire "
+            "(on the copy thread)."),
+    _engine("workbench:kv_transfer_push_drops", "requests", "lower", "counter",
+            "Disaggregation, push: legs whose push did not arrive whole (decode side not "
+            "connected or its inbox full; that read pulls instead)."),
+    _engine("workbench:kv_transfer_pushed_loads", "requests", "none", "counter",
+            "Disaggregation, push, decode side: loads served from pushed KV (no pull)."),
     _engine("vllm:num_requests_running", "requests", "none", "gauge",
             "Requests in the running batch after the latest step."),
     _engine("vllm:num_requests_waiting", "requests", "none", "gauge",

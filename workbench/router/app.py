@@ -156,7 +156,7 @@ def build_router_app(config: RouterConfig, pool: ReplicaPool, tokenizer: Any,
         mode: dict[str, Any] = {"mode": "colocated", "policy": config.policy}
         if config.disaggregated:
             mode = {"mode": "disaggregated", "prefill_policy": config.prefill_policy,
-                    "decode_policy": config.decode_policy}
+                    "decode_policy": config.decode_policy, "kv_push": config.kv_push}
         return JSONResponse({**mode, "replicas": [r.describe() for r in router.pool.replicas]})
 
     @app.get("/router/requests")

@@ -52,7 +52,7 @@ ROUTER_KNOBS = ("num_replicas", "num_workers", "policy", "routing_policy", "pref
                 "replica_ready_timeout_s", "replica_log_dir", "replica_log_level",
                 "replica_url", "scheduling_policy", "max_attempts", "health_interval_s",
                 "num_prefill", "num_decode", "prefill_url", "decode_url", "prefill_policy",
-                "decode_policy")
+                "decode_policy", "kv_push")
 
 
 def build_parser(prog: str = "workbench router") -> argparse.ArgumentParser:
@@ -98,6 +98,10 @@ def build_parser(prog: str = "workbench router") -> argparse.ArgumentParser:
                    help="a running decode server (repeatable; with --prefill-url)")
     g.add_argument("--prefill-policy", choices=POLICIES, default=d.prefill_policy)
     g.add_argument("--decode-policy", choices=DECODE_POLICIES, default=d.decode_policy)
+    g.add_argument("--kv-push", action=argparse.BooleanOptionalAction, default=d.kv_push,
+                   help="choose the decode replica first and have the (layerwise) prefill "
+                        "replica push the KV to it while it prefills (default: the decode "
+                        "replica pulls after the prefill)")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--log-level", default="info",
@@ -200,7 +204,8 @@ def parse_args(argv: list[str], disaggregated: bool = False
             replica_threads=args.replica_threads, ready_timeout_s=args.replica_ready_timeout_s,
             health_interval_s=args.health_interval_s, max_attempts=args.max_attempts,
             tensor_parallel_size=tp, num_prefill=prefill, num_decode=decode,
-            prefill_policy=args.prefill_policy, decode_policy=args.decode_policy)
+            prefill_policy=args.prefill_policy, decode_policy=args.decode_policy,
+            kv_push=args.kv_push)
     except ValueError as e:
         ap.error(str(e))
     return args, config, serve_args, engine.model_config.model
@@ -225,7 +230,8 @@ def main(argv: list[str] | None = None, disaggregated: bool = False) -> None:
             pool = url_pool(args.prefill_url, args.decode_url)
         else:
             pool = disagg_pool(serve_args, config.num_prefill, config.num_decode,
-                               args.kv_transfer_config, threads=config.replica_threads,
+                               args.kv_transfer_config, kv_push=config.kv_push,
+                               threads=config.replica_threads,
                                ready_timeout_s=config.ready_timeout_s,
                                log_dir=args.replica_log_dir)
     elif args.replica_url:

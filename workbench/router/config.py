@@ -44,6 +44,9 @@ class RouterConfig:
     num_decode: int = 0  # disaggregated: decode replicas
     prefill_policy: str = "prefix_aware"  # POLICIES, among the prefill replicas
     decode_policy: str = "least_outstanding"  # DECODE_POLICIES, among the decode replicas
+    # disaggregated: pick the decode replica first and name its side channel in the prefill
+    # request, so a layerwise prefill replica pushes the KV there while it prefills
+    kv_push: bool = False
 
     def __post_init__(self) -> None:
         ints = {"num_replicas": self.num_replicas, "prefix_blocks": self.prefix_blocks,
@@ -81,6 +84,11 @@ class RouterConfig:
         if self.decode_policy not in DECODE_POLICIES:
             raise ValueError(f"decode_policy ({self.decode_policy!r}) must be one of "
                              f"{', '.join(DECODE_POLICIES)}")
+        if not isinstance(self.kv_push, bool):
+            raise ValueError(f"kv_push ({self.kv_push!r}) must be true or false")
+        if self.kv_push and not self.disaggregated:
+            raise ValueError("kv_push needs disaggregated prefill/decode (num_prefill and "
+                             "num_decode >= 1)")
         if self.disaggregated:  # the replica count follows the two sides
             object.__setattr__(self, "num_replicas", self.num_prefill + self.num_decode)
 

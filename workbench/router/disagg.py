@@ -20,6 +20,11 @@ Failures, nothing lost:
     decode replica dies     -> the router's retry / resume; a retried, restarted or resumed
         decode attempt goes WITHOUT kv_transfer_params (that replica recomputes the prompt)
 
+`--kv-push` (`config.kv_push`, `disagg_push.py`): the decode replica is chosen first (its
+attempt counted on it) and its side channel named in the prefill request, so a layerwise
+prefill replica pushes the KV there while it prefills; the decode leg's first attempt goes to
+that replica when it is alive, else to another one (which pulls, as without push).
+
 A request of several choices (n > 1) or several prompts is refused (400 naming the field):
 one prefill hands over one sequence's KV. Both legs carry the same X-Request-Id (the
 client's, else a new one), as vLLM's proxy sends.
@@ -49,6 +54,7 @@ from fastapi.responses import Response
 from starlette.responses import StreamingResponse
 
 from workbench.router.config import RouterConfig
+from workbench.router.disagg_push import SideChannels
 from workbench.router.forward import Router, response_headers
 from workbench.router.policies import NoLiveReplicaError
 from workbench.router.pool import Replica, ReplicaPool
@@ -137,6 +143,7 @@ class DisaggRecord:
     prefill_outcome: str = ""
     prefill_s: float | None = None  # first prefill attempt sent -> the answer read
     decode_replicas: list[int] = field(default_factory=list)  # attempts, in order
+    pushed_to: int | None = None  # kv_push: the decode replica named in the prefill leg
     decode_status: int | None = None  # the decode leg's HTTP status
     decode_first_byte_s: float | None = None  # decode leg sent -> first byte for the client
 
@@ -170,14 +177,65 @@ class DisaggRouter(Router):
         self.decode_first_byte_seconds = Histogram()
         self.records: deque[DisaggRecord] = deque(maxlen=max_records)
         self._seq = 0
+        self.side_channels = SideChannels(self.client) if config.kv_push else None
+        self.push_requests = 0  # prefill legs that named a decode replica to push to
+        self.push_misses = 0  # ... whose decode leg could not start there (it pulled)
 
     def healthy(self) -> bool:
         """A decode replica is alive (a prefill can always fall back to it)."""
         return any(r.alive for r in self.decode_members)
 
     def pick(self, routed: RoutedRequest, tried: set[int]) -> Replica:
-        """The decode leg's replica (`Router.forward_*` call this)."""
+        """The decode leg's replica (`Router.forward_*` call this): with kv_push the first
+        attempt goes to the replica the KV was pushed to (counted when it was chosen)."""
+        pinned = routed.pushed_to
+        if pinned is not None and not tried:
+            replica = self.pool.replicas[pinned]
+            tried.add(pinned)
+            if replica.alive:
+                return replica
+            self.done(replica)  # its reservation
+            self.push_misses += 1
         return self.pick_from(self.decode_policy, self.decode_members, routed, tried)
+
+    def replica_failed(self, replica: Replica, reason: str) -> None:
+        super().replica_failed(replica, reason)
+        if self.side_channels is not None:
+            self.side_channels.forget(replica)
+
+    async def push_target(self, routed: RoutedRequest, record: DisaggRecord
+                          ) -> tuple[Replica, dict[str, Any]] | None:
+        """kv_push: the decode replica (chosen now, its attempt counted) and the fields that
+        name its side channel in the prefill request; None without one."""
+        if self.side_channels is None:
+            return None
+        try:
+            replica = self.pick_from(self.decode_policy, self.decode_members, routed, set())
+        except NoLiveReplicaError:
+            return None
+        channel = await self.side_channels.get(replica)
+        if channel is None:
+            self.done(replica)
+            replica.requests_total -= 1  # not an attempt after all
+            return None
+        record.pushed_to = replica.index
+        self.push_requests += 1
+        return replica, {"remote_host": channel[0], "remote_port": channel[1]}
+
+    async def _legs(self, routed: RoutedRequest, headers: dict[str, str],
+                    record: DisaggRecord) -> RoutedRequest | Response:
+        """The prefill leg (pushing to a decode replica chosen first, with kv_push): the
+        decode leg's request, or the answer for the client."""
+        target = await self.push_target(routed, record)
+        params = await self.prefill(routed, headers, record,
+                                    None if target is None else target[1])
+        if isinstance(params, Response) or params is None or target is None:
+            if target is not None:
+                self.done(target[0])  # no KV to decode with there: a plain pick
+                self.push_misses += 1
+            return params if isinstance(params, Response) else \
+                replace(routed, kv_transfer_params=params)
+        return replace(routed, kv_transfer_params=params, pushed_to=target[0].index)
 
     # ---------------------------------------------------------------- the two legs
     async def forward_json(self, routed: RoutedRequest, headers: dict[str, str],
@@ -185,10 +243,9 @@ class DisaggRouter(Router):
         check_disaggregable(routed)
         record, headers = self._start(routed, headers)
         try:
-            params = await self.prefill(routed, headers, record)
-            if isinstance(params, Response):
-                return params
-            decode = replace(routed, kv_transfer_params=params)
+            decode = await self._legs(routed, headers, record)
+            if isinstance(decode, Response):
+                return decode
             picked = [] if picked is None else picked
             start = self.clock()
             try:
@@ -204,11 +261,10 @@ class DisaggRouter(Router):
                              picked: list[Replica] | None = None) -> Response:
         check_disaggregable(routed)
         record, headers = self._start(routed, headers)
-        params = await self.prefill(routed, headers, record)
-        if isinstance(params, Response):
+        decode = await self._legs(routed, headers, record)
+        if isinstance(decode, Response):
             self.records.append(record)
-            return params
-        decode = replace(routed, kv_transfer_params=params)
+            return decode
         picked = [] if picked is None else picked
         start = self.clock()
         resp = await super().forward_stream(decode, headers, picked)
@@ -221,10 +277,14 @@ class DisaggRouter(Router):
         return resp
 
     async def prefill(self, routed: RoutedRequest, headers: dict[str, str],
-                      record: DisaggRecord) -> dict[str, Any] | None | Response:
+                      record: DisaggRecord, push_to: dict[str, Any] | None = None
+                      ) -> dict[str, Any] | None | Response:
         """The prefill leg: the kv_transfer_params to decode with (None: decode without),
-        or the prefill replica's 4xx answer for the client."""
+        or the prefill replica's 4xx answer for the client. `push_to`: the decode replica's
+        side channel (remote_host, remote_port) for the prefill replica to push to."""
         body = prefill_body(routed.body)
+        if push_to is not None:
+            body["kv_transfer_params"].update(push_to)
         tried: set[int] = set()
         failed: Replica | None = None
         start = self.clock()

@@ -9,7 +9,8 @@ with its side's `--kv-transfer-config`, or servers already running (vLLM or work
 A `--kv-transfer-config` the user gave among the engine flags is taken out of the shared
 flags (`split_kv_transfer_config`) and merged per side (`role_kv_transfer_config`): every key
 of theirs is kept (kv_connector_extra_config, and kv_connector when they name one), kv_role
-is set to the side's. The JSON is passed through, not validated here: each replica's own
+is set to the side's; with `kv_push` the prefill side's extra config gets `layerwise: true`
+(the push sends staged slices). The JSON is passed through, not validated here: each replica's own
 parser checks it when it starts (a refusal is the start failure naming the replica).
 """
 
@@ -58,14 +59,24 @@ def split_kv_transfer_config(serve_args: list[str]) -> tuple[list[str], dict[str
     return rest, config
 
 
-def role_kv_transfer_config(user: dict[str, Any] | None, role: str) -> dict[str, Any]:
+def role_kv_transfer_config(user: dict[str, Any] | None, role: str,
+                            kv_push: bool = False) -> dict[str, Any]:
     """The side's kv_transfer_config: `user`'s keys, kv_connector P2pConnector unless they
-    name one, kv_role the side's (kv_producer for prefill, kv_consumer for decode)."""
+    name one, kv_role the side's (kv_producer for prefill, kv_consumer for decode); with
+    `kv_push`, layerwise staging on the prefill side."""
     if role not in KV_ROLES:
         raise ValueError(f"role ({role!r}) must be one of {', '.join(KV_ROLES)}")
     out = {"kv_connector": KV_CONNECTOR, **(user or {}), "kv_role": KV_ROLES[role]}
     if not out["kv_connector"]:
         out["kv_connector"] = KV_CONNECTOR
+    if kv_push and role == "prefill":
+        extra = out.get("kv_connector_extra_config") or {}
+        if isinstance(extra, dict) and extra.get("layerwise") is False:
+            raise ValueError("kv_push needs kv_connector_extra_config layerwise true on the "
+                             "prefill side (the push sends the staged slices); drop "
+                             '"layerwise": false')
+        out["kv_connector_extra_config"] = {**extra, "layerwise": True} \
+            if isinstance(extra, dict) else extra
     return out
 
 
@@ -79,7 +90,7 @@ def roles(num_prefill: int, num_decode: int) -> list[str]:
 
 def disagg_pool(
     serve_args: list[str], num_prefill: int, num_decode: int,
-    kv_transfer_config: dict[str, Any] | None = None, threads: int = 1,
+    kv_transfer_config: dict[str, Any] | None = None, kv_push: bool = False, threads: int = 1,
     ready_timeout_s: float = 300.0, log_dir: str | Path | None = None,
     ports: list[int] | None = None,
 ) -> ReplicaPool:
@@ -89,7 +100,7 @@ def disagg_pool(
         raise ValueError(f"serve_args hold {FLAG}; pass it as kv_transfer_config (merged per "
                          "side)")
     sides = roles(num_prefill, num_decode)
-    extra = [[FLAG, json.dumps(role_kv_transfer_config(kv_transfer_config, role))]
+    extra = [[FLAG, json.dumps(role_kv_transfer_config(kv_transfer_config, role, kv_push))]
              for role in sides]
     return ReplicaPool(serve_args, len(sides), threads=threads, ready_timeout_s=ready_timeout_s,
                        log_dir=log_dir, ports=ports, roles=sides, replica_args=extra)

@@ -141,6 +141,13 @@ def disagg_families(router: DisaggRouter) -> Iterator[Metric]:
         ("workbench:disagg_prefill_no_params",
          "Prefills answered with null kv_transfer_params (the decode replica recomputes).",
          router.prefill_no_params),
+        ("workbench:disagg_kv_push_requests",
+         "kv_push: prefill legs that named a decode replica to push the KV to.",
+         router.push_requests),
+        ("workbench:disagg_kv_push_misses",
+         "kv_push: of those, decode legs that did not start on that replica with the KV "
+         "(it was dead, or the prefill fell back / returned no params).",
+         router.push_misses),
     ):
         yield CounterMetricFamily(name, doc, value=float(value))
     for name, doc, hist in (
@@ -155,9 +162,9 @@ def disagg_families(router: DisaggRouter) -> Iterator[Metric]:
     cfg = router.config
     info = GaugeMetricFamily("workbench:disagg_info", "The disaggregated router's configuration.",
                              labels=["prefill_policy", "decode_policy", "num_prefill",
-                                     "num_decode"])
+                                     "num_decode", "kv_push"])
     info.add_metric([cfg.prefill_policy, cfg.decode_policy, str(len(router.prefill_members)),
-                     str(len(router.decode_members))], 1.0)
+                     str(len(router.decode_members)), str(cfg.kv_push).lower()], 1.0)
     yield info
 
 

@@ -40,6 +40,9 @@ class RoutedRequest:
     # disaggregated decode leg: the prefill's `kv_transfer_params`, added to the FIRST attempt
     # only (a retry, restart or resume goes without: that replica recomputes the prompt)
     kv_transfer_params: dict[str, Any] | None = None
+    # disaggregated with kv_push: the decode replica the prefill pushed the KV to (its
+    # attempt already counted on it); the decode leg's first attempt goes there when alive
+    pushed_to: int | None = None
 
     @property
     def path(self) -> str:

@@ -131,6 +131,16 @@ def _add_service_routes(app: FastAPI) -> None:
         await m.refresh()
         return Response(m.render(), media_type=CONTENT_TYPE_LATEST)
 
+    @app.get("/kv_transfer_info", **openapi.kv_transfer_info_route())
+    async def kv_transfer_info(request: Request) -> JSONResponse:
+        """The KV connector's side channel: a proxy names it in a prefill request to have
+        the prefill's KV pushed to this (decode) instance."""
+        info = serving_state(request).engine.engine.kv_transfer_info()
+        if info is None:
+            raise APIError("this instance has no KV connector with a side channel (serve "
+                           "with --kv-transfer-config and kv_connector P2pConnector)", 404)
+        return JSONResponse(info)
+
     @app.post("/reset_prefix_cache", **openapi.reset_route())
     async def reset_prefix_cache(request: Request, reset_external: bool = False) -> JSONResponse:
         """The prefix cache; `reset_external=true` (vLLM's) the KV connector's tiers too."""

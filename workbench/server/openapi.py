@@ -150,6 +150,15 @@ class ResetResult(BaseModel):
     success: bool  # false while requests hold blocks
 
 
+class KVTransferInfo(BaseModel):
+    kv_connector: str
+    kv_role: str
+    engine_id: str
+    side_channel_host: str
+    side_channel_port: int
+    layerwise: bool  # this instance pushes its prefills' KV when told where
+
+
 def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
     why = {400: "Bad request: the message and `param` name the field",
            401: "Missing or wrong API key", 404: "Unknown model", 413: "Body too large",
@@ -201,6 +210,12 @@ def health_route() -> dict[str, Any]:
 def metrics_route() -> dict[str, Any]:
     return {"responses": {200: {"content": {"text/plain": {"schema": {"type": "string"}}},
                                 "description": "Prometheus text format"}, **_errors(503)}}
+
+
+def kv_transfer_info_route() -> dict[str, Any]:
+    return {"responses": {200: {"model": KVTransferInfo}, **_errors(401, 503),
+                          404: {"model": ErrorResponse,
+                                "description": "No KV connector with a side channel"}}}
 
 
 def reset_route() -> dict[str, Any]:

@@ -83,6 +83,10 @@ class KVConnectorBase_V1(ABC):  # noqa: N801 - vLLM's name
     def set_xfer_handshake_metadata(self, metadata: dict[str, Any]) -> None:  # noqa: B027
         """The worker side's `get_handshake_metadata()` (its side channel), vLLM's name."""
 
+    def transfer_info(self) -> dict[str, Any] | None:
+        """What a proxy must know to hand KV to or from this instance (None: nothing)."""
+        return None
+
     def make_stats(self) -> dict[str, float]:
         """Scheduler-side counters since the last call (name -> increment)."""
         return {}

@@ -72,6 +72,10 @@ class KVConnectorStats:
     send_wait_s: float = 0.0  # their waits: the prefill leg's end -> the read served
     stage_bytes: int = 0  # layerwise: copied to the host send buffer during the forward
     stage_time_s: float = 0.0  # seconds of those copies (off the forward's critical path)
+    push_bytes: int = 0  # push: staged KV sent to the decode instance during the prefill
+    push_time_s: float = 0.0  # seconds handing those slices to the transport
+    push_drops: int = 0  # legs whose push did not arrive whole (the decode side pulls)
+    pushed_loads: int = 0  # decode side: loads served from pushed KV (no pull)
 
     def add(self, other: KVConnectorStats) -> None:
         for name in self.__dataclass_fields__:

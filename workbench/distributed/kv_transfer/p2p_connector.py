@@ -23,6 +23,11 @@ chunk by chunk under chunked prefill; the request's device blocks are freed when
 (no hold), and reads are served from the buffer. A leg that does not fit `send_buffer_bytes`
 falls back to the hold.
 
+Push (`layerwise` plus a prefill request naming the decode instance's side channel in its
+`remote_host`/`remote_port`): each staged slice also goes straight to the decode instance
+while the prefill runs (`p2p_push`); its read then finds the KV in its inbox and only
+releases the producer's buffer. A push that did not arrive whole falls back to the pull.
+
 Failures: a read refused, cut, or not answered within `load_timeout_s` (the producer died,
 restarted — its `engine_id` changes — or expired the blocks) fails the load: the decode
 instance recomputes the prompt itself. Nothing is lost; tokens are the same (greedy).
@@ -53,7 +58,8 @@ from workbench.distributed.kv_transfer.metadata import (
     KVConnectorStats,
 )
 from workbench.distributed.kv_transfer.offloading_connector import kv_namespace
-from workbench.distributed.kv_transfer.p2p_transport import Reply, ZmqTransport
+from workbench.distributed.kv_transfer.p2p_push import PushInbox, PushSender
+from workbench.distributed.kv_transfer.p2p_transport import Reply, TransferError, ZmqTransport
 from workbench.kv_transfer_config import P2pConfig, kv_transfer_params
 
 if TYPE_CHECKING:
@@ -88,6 +94,7 @@ class StageJob:
     block_ids: list[int]
     num_blocks: int
     last: bool
+    push_to: tuple[str, int] | None = None  # the decode instance's side channel
 
 
 @dataclass
@@ -103,6 +110,7 @@ class _Stage:
     """Scheduler side, layerwise: a prefill leg's send buffer."""
 
     num_blocks: int
+    push_to: tuple[str, int] | None = None  # push each staged slice there
     staged_full: int = 0  # leading full blocks copied (final)
     complete: bool = False  # every prompt block copied
 
@@ -151,6 +159,13 @@ class P2pConnector(KVConnectorBase_V1):
         """The worker's side channel (vLLM's name): what the prefill response announces."""
         self.engine_id = metadata["engine_id"]
         self.host, self.port = metadata["host"], metadata["port"]
+
+    def transfer_info(self) -> dict[str, Any]:
+        """`GET /kv_transfer_info`: the side channel a proxy names in a prefill request to
+        have the KV pushed here (`layerwise`: this instance pushes its prefills)."""
+        return {"kv_connector": "P2pConnector", "kv_role": self.kt.kv_role,
+                "engine_id": self.engine_id, "side_channel_host": self.host,
+                "side_channel_port": self.port, "layerwise": self.saves_layerwise}
 
     def _count(self, name: str, value: float) -> None:
         self.counters[name] = self.counters.get(name, 0.0) + value
@@ -234,7 +249,7 @@ class P2pConnector(KVConnectorBase_V1):
             ids = out.block_ids[rid]
             st.complete = end == prompt
             self._stage_jobs.append(StageJob(rid, st.staged_full, list(ids[st.staged_full:last]),
-                                             st.num_blocks, st.complete))
+                                             st.num_blocks, st.complete, st.push_to))
             st.staged_full = end // bs
 
     def _new_stage(self, req: Request) -> _Stage | None:
@@ -248,7 +263,8 @@ class P2pConnector(KVConnectorBase_V1):
             return None  # no room: this leg holds its device blocks instead
         self.buffer_used += nbytes
         self._buffer_bytes[req.request_id] = nbytes
-        return _Stage(num_blocks)
+        host, port = params.get("remote_host"), params.get("remote_port")
+        return _Stage(num_blocks, (host, port) if host and port else None)
 
     def has_pending_work(self) -> bool:
         """Held blocks the worker has not been told about: one more step announces them."""
@@ -300,7 +316,7 @@ class P2pConnector(KVConnectorBase_V1):
         self.caches: list[torch.Tensor] = []
         self.transport = ZmqTransport(park_timeout_s=self.extra.load_timeout_s)
         self._reader = ThreadPoolExecutor(2, thread_name_prefix="kv-p2p-read")
-        self._reads: dict[str, Future[tuple[int, float]]] = {}
+        self._reads: dict[str, Future[tuple[int, float, bool]]] = {}
         self._lock = threading.Lock()
         self._held: dict[str, tuple[list[int], float]] = {}  # request -> (blocks, deadline)
         self._sent: set[str] = set()
@@ -309,6 +325,8 @@ class P2pConnector(KVConnectorBase_V1):
             if self.saves_layerwise else None
         self._copies: list[Future[float]] = []
         self._copy_stream: Any = None
+        self._inbox: PushInbox | None = None  # consumer: KV pushed before its request came
+        self._sender: PushSender | None = None  # layerwise producer: pushes slices
         # holds that ended (read or expired), newest last: a late read is refused at once
         self._gone: OrderedDict[str, str] = OrderedDict()
         self._send_stats = KVConnectorStats()
@@ -319,7 +337,14 @@ class P2pConnector(KVConnectorBase_V1):
         two, _, bs, hkv, d = self.caches[0].shape
         self.layout = {"num_layers": len(self.caches), "block_shape": [two, bs, hkv, d],
                        "dtype": str(self.caches[0].dtype), "namespace": self.namespace}
-        self.port = self.transport.start_server(self.host, self.port, self._serve)
+        if self.kt.is_kv_consumer:
+            self._inbox = PushInbox(self.layout, self.caches[0].dtype,
+                                    self.extra.push_inbox_bytes, self.extra.abort_timeout_s)
+        if self.saves_layerwise:
+            self._sender = PushSender(self.transport.pusher(), self.engine_id, self.layout)
+        self.port = self.transport.start_server(
+            self.host, self.port, self._serve,
+            self._inbox.take if self._inbox is not None else None)
         if self.saves_layerwise and self.caches[0].device.type == "cuda":
             self._copy_stream = torch.cuda.Stream(device=self.caches[0].device)
 
@@ -339,6 +364,9 @@ class P2pConnector(KVConnectorBase_V1):
                 for rid in metadata.drop:
                     if self._buffers.pop(rid, None) is not None:
                         self._sent.add(rid)  # the scheduler's buffer bytes come back
+            if self._copier is not None and self._sender is not None:
+                for rid in metadata.drop:
+                    self._copier.submit(self._sender.forget, rid)
         for job in metadata.stage:
             if job.req_id not in self._buffers:
                 two, _, bs, hkv, d = self.caches[0].shape
@@ -426,31 +454,62 @@ class P2pConnector(KVConnectorBase_V1):
         for load in meta.recv:
             self._reads[load.req_id] = self._reader.submit(self._read, load)
 
-    def _read(self, load: RemoteLoad) -> tuple[int, float]:
+    def _read(self, load: RemoteLoad) -> tuple[int, float, bool]:
+        """(bytes, seconds, served from a push) of one load, on a reader thread."""
+        t0 = time.perf_counter()
         header = {"op": "read" if load.local_block_ids else "release",
                   "engine_id": load.remote_engine_id, "namespace": self.namespace,
                   "request_id": load.remote_request_id, "block_ids": load.remote_block_ids}
-        t0 = time.perf_counter()
+        pushed = None
+        if self._inbox is not None:
+            if load.local_block_ids:
+                pushed = self._inbox.wait_complete(load.remote_engine_id,
+                                                   load.remote_request_id)
+            else:
+                self._inbox.discard(load.remote_engine_id, load.remote_request_id)
+        if pushed is not None:  # the KV is here: copy it in, release the producer's buffer
+            nbytes = self._copy_in(load.local_block_ids, pushed.layers,
+                                   load.remote_block_ids)
+            header["op"] = "release"
+            try:
+                self.transport.read(load.remote_host, load.remote_port, header,
+                                    self.extra.load_timeout_s)
+            except TransferError as e:  # its buffer expires there; nothing lost here
+                self._log_error(f"release of {load.remote_request_id} after its push: {e}")
+            return nbytes, time.perf_counter() - t0, True
         reply, frames = self.transport.read(load.remote_host, load.remote_port, header,
                                             self.extra.load_timeout_s)
         if not load.local_block_ids:
-            return 0, time.perf_counter() - t0
+            return 0, time.perf_counter() - t0, False
         if reply.get("layout") != self.layout or len(frames) != len(self.caches):
             raise RuntimeError(f"the producer's KV layout {reply.get('layout')} differs from "
                                f"this instance's {self.layout}")
         n = len(load.local_block_ids)
         two, bs, hkv, d = self.layout["block_shape"]
-        dev = self.caches[0].device
-        index = torch.tensor(load.local_block_ids, dtype=torch.long, device=dev)
-        nbytes = 0
         with warnings.catch_warnings():  # zmq frames are read-only; they are only copied
             warnings.simplefilter("ignore", UserWarning)
-            for cache, frame in zip(self.caches, frames, strict=True):
-                raw = torch.frombuffer(frame, dtype=torch.uint8)
-                part = raw.view(cache.dtype).view(two, n, bs, hkv, d)
-                cache.index_copy_(1, index, part.to(dev, non_blocking=False))
-                nbytes += raw.numel()
-        return nbytes, time.perf_counter() - t0
+            parts = [torch.frombuffer(f, dtype=torch.uint8).view(c.dtype).view(two, n, bs, hkv, d)
+                     for c, f in zip(self.caches, frames, strict=True)]
+            nbytes = self._copy_in(load.local_block_ids, parts)
+        return nbytes, time.perf_counter() - t0, False
+
+    def _copy_in(self, local_ids: list[int], layers: list[torch.Tensor],
+                 places: list[int] | None = None) -> int:
+        """Host blocks (`places` of each layer's tensor, or all of them) -> local blocks."""
+        dev = self.caches[0].device
+        index = torch.tensor(local_ids, dtype=torch.long, device=dev)
+        pick = None if places is None else torch.tensor(places, dtype=torch.long)
+        nbytes = 0
+        for cache, part in zip(self.caches, layers, strict=True):
+            if pick is not None:
+                part = part.index_select(1, pick)
+            cache.index_copy_(1, index, part.to(dev, non_blocking=False))
+            nbytes += part.numel() * part.element_size()
+        return nbytes
+
+    def _log_error(self, message: str) -> None:
+        with self._lock:
+            self._errors.append(message)
 
     def save_kv_layer(self, layer: int, kv_layer: torch.Tensor) -> None:
         """Layerwise: called by the model right after `layer` has run. Copies this step's
@@ -462,15 +521,43 @@ class P2pConnector(KVConnectorBase_V1):
                 or not meta.stage:
             return
         cache = self.caches[layer]
-        jobs = [(self._buffers[j.req_id].layers[layer], j.first, j.block_ids)
-                for j in meta.stage if j.block_ids]
+        staged = [j for j in meta.stage if j.block_ids]
+        jobs = [(self._buffers[j.req_id].layers[layer], j.first, j.block_ids) for j in staged]
+        pushes = [j for j in staged if j.push_to is not None]
         if self._copy_stream is not None:  # after the layer's kernels, on the copy stream
             self._copy_stream.wait_stream(torch.cuda.current_stream(cache.device))
             with torch.cuda.stream(self._copy_stream):
                 self._copies.append(_done(_copy_blocks(cache, jobs, non_blocking=True)))
+                event = torch.cuda.Event() if pushes else None
+                if event is not None:
+                    event.record()
+            if event is not None:  # the host buffer's slices once the copy has landed
+                assert self._copier is not None
+                self._copier.submit(self._push_layer, layer, pushes, event)
         else:
             assert self._copier is not None
-            self._copies.append(self._copier.submit(_copy_blocks, cache, jobs))
+            self._copies.append(self._copier.submit(self._stage_layer, layer, cache, jobs,
+                                                    pushes))
+
+    def _stage_layer(self, layer: int, cache: torch.Tensor,
+                     jobs: list[tuple[torch.Tensor, int, list[int]]],
+                     pushes: list[StageJob]) -> float:
+        """The copy thread: one layer's staging copies, then its pushes."""
+        seconds = _copy_blocks(cache, jobs)
+        self._push_layer(layer, pushes)
+        return seconds
+
+    def _push_layer(self, layer: int, pushes: list[StageJob], event: Any = None) -> None:
+        """The copy thread: this step's staged slices of `layer` to their decode instances."""
+        if event is not None:
+            event.synchronize()
+        assert self._sender is not None
+        for job in pushes:
+            assert job.push_to is not None
+            buf = self._buffers.get(job.req_id)
+            if buf is not None:
+                self._sender.push_slice(job.push_to, job.req_id, layer, job.first,
+                                        buf.layers[layer], len(job.block_ids))
 
     def wait_for_save(self) -> None:
         """Layerwise: every copy of this step done; legs whose prompt is complete become
@@ -491,6 +578,11 @@ class P2pConnector(KVConnectorBase_V1):
             for job in meta.stage:
                 if job.last and job.req_id in self._buffers:
                     self._buffers[job.req_id].deadline = deadline
+        if self._sender is not None:  # after every slice (the copy thread keeps the order)
+            assert self._copier is not None
+            for job in meta.stage:
+                if job.last and job.push_to is not None:
+                    self._copier.submit(self._sender.push_done, job.push_to, job.req_id)
 
     def get_finished(self, finished_req_ids: set[str], wait: bool = False
                      ) -> KVConnectorOutput:
@@ -503,7 +595,7 @@ class P2pConnector(KVConnectorBase_V1):
                 continue
             del self._reads[rid]
             try:
-                nbytes, seconds = fut.result()
+                nbytes, seconds, pushed = fut.result()
             except Exception as e:  # noqa: BLE001 - this request recomputes its prompt
                 out.failed_recving.add(rid)
                 out.stats.failed_loads += 1
@@ -513,6 +605,13 @@ class P2pConnector(KVConnectorBase_V1):
             out.recv_info[rid] = (nbytes, seconds)
             out.stats.recv_bytes += nbytes
             out.stats.recv_time_s += seconds
+            out.stats.pushed_loads += pushed
+        if self._sender is not None:
+            out.stats.push_bytes, out.stats.push_time_s, out.stats.push_drops = \
+                self._sender.counters()
+        if self._inbox is not None:
+            self._inbox.expire()
+            out.stats.push_drops += self._inbox.take_dropped()
         now = time.monotonic()
         with self._lock:
             for rid, (_, deadline) in list(self._held.items()):
@@ -536,6 +635,8 @@ class P2pConnector(KVConnectorBase_V1):
         if self.role == KVConnectorRole.WORKER:
             self._reader.shutdown(wait=True)
             if self._copier is not None:
+                if self._sender is not None:
+                    self._copier.submit(self._sender.pusher.close)
                 self._copier.shutdown(wait=True)
             self.transport.close()
 

@@ -9,6 +9,12 @@ thread; a read for a request the producer has not registered yet (its scheduler 
 the blocks one step after the request finished, and the decode instance may be faster) is
 parked and answered when the registration arrives, or refused after `park_timeout_s`.
 
+Push (overlap on the wire): a producer may also send frames unasked, from its copy thread,
+to a consumer's server: `[header JSON with "op": "push", payload frames]` on one DEALER per
+destination (`Pusher`). The server hands them to `push_handler` and answers nothing. A
+destination that is not connected drops the push at once (ZMQ_IMMEDIATE); the consumer then
+pulls as usual.
+
 Dead peers fail fast: the client watches its socket's monitor, so a refused connection (the
 producer is gone) or a disconnect before the answer ends the read at once, not after the
 timeout; the consumer then recomputes the prompt.
@@ -49,12 +55,19 @@ class Reply:
 
 # handler(header) -> the Reply, or None when the request is not registered yet (parked)
 Handler = Callable[[dict[str, Any]], Reply | None]
+# push_handler(header, payload frames): a push, answered with nothing
+PushHandler = Callable[[dict[str, Any], list[memoryview]], None]
 
 
 class KVTransport(ABC):
     @abstractmethod
-    def start_server(self, host: str, port: int, handler: Handler) -> int:
-        """Serve reads on host:port (0: a free port); returns the port."""
+    def start_server(self, host: str, port: int, handler: Handler,
+                     push_handler: PushHandler | None = None) -> int:
+        """Serve reads (and take pushes) on host:port (0: a free port); returns the port."""
+
+    @abstractmethod
+    def pusher(self) -> Pusher:
+        """A sender of pushes; used from one thread only."""
 
     @abstractmethod
     def read(self, host: str, port: int, header: dict[str, Any], timeout_s: float
@@ -73,34 +86,43 @@ class ZmqTransport(KVTransport):
         self._stop = threading.Event()
 
     # ---------------------------------------------------------------- server
-    def start_server(self, host: str, port: int, handler: Handler) -> int:
+    def start_server(self, host: str, port: int, handler: Handler,
+                     push_handler: PushHandler | None = None) -> int:
         sock = self.ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
         if port == 0:
             port = sock.bind_to_random_port(f"tcp://{host}")
         else:
             sock.bind(f"tcp://{host}:{port}")
-        self._thread = threading.Thread(target=self._serve, args=(sock, handler),
+        self._thread = threading.Thread(target=self._serve, args=(sock, handler, push_handler),
                                         name="kv-p2p-server", daemon=True)
         self._thread.start()
         return port
 
-    def _serve(self, sock: zmq.Socket, handler: Handler) -> None:
+    def _serve(self, sock: zmq.Socket, handler: Handler,
+               push_handler: PushHandler | None) -> None:
         parked: list[tuple[bytes, dict[str, Any], float]] = []
         try:
             while not self._stop.is_set():
                 timeout_ms = 5 if parked else 100
                 if sock.poll(timeout_ms):
-                    ident, raw = sock.recv_multipart()
+                    ident, raw, *payload = sock.recv_multipart(copy=False)
                     try:
-                        header = json.loads(raw)
+                        header = json.loads(raw.bytes)
                         if not isinstance(header, dict):
                             raise ValueError("the header is not an object")
                     except ValueError as e:
-                        self._send(sock, ident, Reply({"ok": False,
-                                                       "error": f"bad request: {e}"}))
+                        self._send(sock, ident.bytes, Reply({"ok": False,
+                                                             "error": f"bad request: {e}"}))
                         continue
-                    parked.append((ident, header, time.monotonic()))
+                    if header.get("op") == "push":  # unasked: taken, never answered
+                        if push_handler is not None:
+                            try:
+                                push_handler(header, [f.buffer for f in payload])
+                            except Exception:  # noqa: BLE001 - a bad push fails alone
+                                logger.exception("KV push dropped")
+                        continue
+                    parked.append((ident.bytes, header, time.monotonic()))
                 if parked:  # new requests and parked ones (retried every 5 ms)
                     parked = self._answer(sock, handler, parked)
         finally:
@@ -171,8 +193,54 @@ class ZmqTransport(KVTransport):
             monitor.close(0)
             sock.close(0)
 
+    def pusher(self) -> ZmqPusher:
+        return ZmqPusher(self.ctx)
+
     def close(self) -> None:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
+
+
+class Pusher(ABC):
+    @abstractmethod
+    def push(self, host: str, port: int, header: dict[str, Any], frames: list[Any]) -> bool:
+        """Send `frames` to host:port without waiting; False: not connected (dropped)."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+class ZmqPusher(Pusher):
+    """One DEALER per destination, connected on first use. ZMQ_IMMEDIATE: nothing is queued
+    for a destination that is not connected (the push is dropped, the consumer pulls)."""
+
+    def __init__(self, ctx: zmq.Context, connect_wait_s: float = 0.5) -> None:
+        self.ctx = ctx
+        self.connect_wait_s = connect_wait_s
+        self._socks: dict[tuple[str, int], zmq.Socket] = {}
+
+    def push(self, host: str, port: int, header: dict[str, Any], frames: list[Any]) -> bool:
+        sock = self._socks.get((host, port))
+        if sock is None:
+            sock = self.ctx.socket(zmq.DEALER)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.IMMEDIATE, 1)
+            sock.setsockopt(zmq.SNDHWM, 10_000)
+            sock.connect(f"tcp://{host}:{port}")
+            self._socks[(host, port)] = sock
+            # the first push waits for the connection (a live peer connects in ~1 ms)
+            if not sock.poll(int(self.connect_wait_s * 1000), zmq.POLLOUT):
+                return False
+        try:
+            sock.send_multipart([json.dumps(header).encode(), *frames], flags=zmq.NOBLOCK,
+                                copy=False)
+        except zmq.Again:
+            return False
+        return True
+
+    def close(self) -> None:
+        for sock in self._socks.values():
+            sock.close(0)
+        self._socks = {}
