@@ -2,12 +2,16 @@
 parses its flags (`workbench <verb> --help`). `workbench --help` lists the verbs.
 
     workbench run experiments/X.yaml [--tracking-uri URI] [--profile torch] [--promote OUT]
-                                     [--results-dir ROOT]
+                                     [--results-dir ROOT] [--executor local|ray]
+                                     [--address HOST:PORT] [--allow-mixed-hardware]
                                      run an experiment template, print the verdict table;
-                                     write results/<name>/<UTC time>/ (run, bench, sweep)
+                                     write results/<name>/<UTC time>/ (run, bench, sweep);
+                                     --executor ray: each run a Ray task on a cluster
+                                     (docs/cluster.md)
     workbench promote PARENT_RUN_ID --out OUT.yaml [--tracking-uri URI]
                                      write the adopted config as the new baseline template
     workbench sweep notebooks/X.ipynb -p NAME V1 V2 ... [--set k=v] [--resume]
+                                     [--executor local|ray] [--address HOST:PORT]
                                      one papermill run per value, each an MLflow child run
     workbench rerun RUN_ID [--repeats N] [--tracking-uri URI] [--results-dir ROOT]
                                      measure a logged experiment run or sweep point again;
@@ -30,6 +34,8 @@ parses its flags (`workbench <verb> --help`). `workbench --help` lists the verbs
                                      the device check (kernels vs torch twins, graphs, TP)
     workbench bench pd-capacity --model DIR --input-len N --output-len N --batch B
                     --num-workers W   prefill / decode tok/s per instance -> calc.pd_ratio
+    workbench bench pd-push --model DIR --input-len N
+                                     disaggregated KV hand-over: pull vs push, side by side
     workbench calc {kv,budget,blocks,prefix,passes,decode,spec,spec-counters,tp,transfer,
                     pd} [...]
     workbench preflight [--json] [--out F] [--compare OLD.json]
@@ -70,17 +76,22 @@ def _run(argv: list[str]) -> None:
                          "max_other_cpu_share, else 0.25)")
     _add_results_dir(ap)
     _add_next_variable(ap)
+    from workbench.experiments.executors.config import add_executor_args, executor_config
+
+    add_executor_args(ap)
     args = ap.parse_args(argv)
     if args.max_other_cpu_share is not None and not 0 <= args.max_other_cpu_share <= 1:
         ap.error(f"--max-other-cpu-share ({args.max_other_cpu_share}) must be in [0, 1]")
+    executor_config(args)  # the executor flags alone, before the template is read
     from workbench.experiments.runner import promote, run_experiment, run_label
     from workbench.experiments.template import load_template
 
     template = load_template(args.template)  # every problem at once, before any run
     next_variable = _next_variable(ap, args)
+    executor = executor_config(args, template.raw.get("cluster"))  # flags over the template
     result = run_experiment(template, uri=args.tracking_uri, profile=args.profile,
                             max_other_cpu_share=args.max_other_cpu_share,
-                            results_dir=_results_root(args))
+                            results_dir=_results_root(args), executor=executor)
     print(f"\n# {template.name}\n{template.question}\n")
     print(result.table)
     adopted = ("nothing" if result.adopted is None else
@@ -96,7 +107,9 @@ def _run(argv: list[str]) -> None:
     print(f"results folder: {result.results_dir}")
     if not result.verdicts:
         first = next((r.error for r in result.runs if r.error), "unknown")
-        print(f"workbench run: every baseline run failed, so there is no verdict; first error: "
+        print(f"workbench run: {result.no_verdict}" if result.no_verdict and
+              not result.no_verdict.startswith("every baseline") else
+              f"workbench run: every baseline run failed, so there is no verdict; first error: "
               f"{first}", file=sys.stderr)
         raise SystemExit(1)
 
@@ -121,9 +134,11 @@ def _print_compare_urls(result: Any, template: Any) -> None:
         from workbench.experiments.results import VERDICT_MD
         from workbench.tracking.ui import experiment_urls, run_artifact_url
 
-        table, compare = experiment_urls(result.tracking_uri, result.parent_run_id,
-                                         objective.metric, objective.direction == "minimize")
-        verdict = run_artifact_url(result.tracking_uri, result.parent_run_id, VERDICT_MD)
+        uri = result.tracking_uri  # a tracking server serves its own UI; else `workbench ui`
+        base = uri.rstrip("/") if uri.startswith(("http://", "https://")) else None
+        table, compare = experiment_urls(uri, result.parent_run_id, objective.metric,
+                                         objective.direction == "minimize", base=base)
+        verdict = run_artifact_url(uri, result.parent_run_id, VERDICT_MD, base=base)
     except Exception as e:  # noqa: BLE001 - the results are logged; only the links are lost
         print(f"(no MLflow links: {type(e).__name__}: {e})")
         return
@@ -241,6 +256,8 @@ BENCH: dict[str, tuple[str, Callable[[list[str]], None]]] = {
                   _lazy("workbench.bench.gpu_check")),
     "pd-capacity": ("one instance's prefill and decode tok/s and the P:D split they imply",
                     _lazy("workbench.bench.pd_capacity")),
+    "pd-push": ("the disaggregated KV hand-over, pull vs push (prefill leg, decode first token)",
+                _lazy("workbench.bench.pd_push")),
 }
 
 EPILOG = """global flag: --debug (anywhere) shows the Python traceback of an error.
