@@ -28,18 +28,21 @@
 # [docs/experiments.md](../docs/experiments.md#goodput-and-rate-sweeps)): baseline
 # `num_prefill: 0` at `num_workers: 2`, variable `num_prefill: 1`, the router and both
 # replicas started afresh for every (layout, rate, repeat), the same seeded Poisson arrivals
-# scaled to each rate. Here it runs once per shape with the shape's lengths and rates and
-# fewer requests and repeats than the template. The connector and the proxy:
-# [docs/disaggregation.md](../docs/disaggregation.md).
+# scaled to each rate. Here it runs once per shape with the shape's lengths, rates and
+# requests per point (32; 96 on decode-heavy traffic, three times `max_num_seqs`, so that
+# requests outlast one batch and queue) and fewer repeats than the template. The connector
+# and the proxy: [docs/disaggregation.md](../docs/disaggregation.md).
 
 # %% tags=["parameters"]
 model = "demo"                  # trained demo target; "bundled": a random tiny Llama
 template_file = ""              # empty: experiments/pd_disaggregation.yaml of this checkout
 shapes = ["prefill-heavy", "decode-heavy", "mixed"]  # traffic shapes (analysis.disagg_runs)
 rates_prefill_heavy = [3.0, 6.0, 12.0]  # requests/s swept for each shape (increasing)
-rates_decode_heavy = [8.0, 16.0, 32.0]
+rates_decode_heavy = [6.0, 12.0, 18.0]
 rates_mixed = [10.0, 20.0, 30.0]
-num_requests = 32               # requests per sweep point
+num_requests_prefill_heavy = 32  # requests per sweep point for each shape
+num_requests_decode_heavy = 96   # past max_num_seqs (32), or one batch holds every request
+num_requests_mixed = 32
 repeats = 2                     # sweeps per layout, interleaved (min-max bands over them)
 cdf_rate_index = 1              # the swept rate (index) whose TTFT/TPOT distributions are drawn
 capacity_batch = 32              # decode batch of the pd-capacity measurement (max_num_seqs)
@@ -64,7 +67,9 @@ check_params(
     rates_prefill_heavy=List(Float(min=0, min_open=True)),
     rates_decode_heavy=List(Float(min=0, min_open=True)),
     rates_mixed=List(Float(min=0, min_open=True)),
-    num_requests=Int(min=1),
+    num_requests_prefill_heavy=Int(min=1),
+    num_requests_decode_heavy=Int(min=1),
+    num_requests_mixed=Int(min=1),
     repeats=Int(min=1),
     cdf_rate_index=Int(min=0),
     capacity_batch=Int(min=1),
@@ -103,17 +108,22 @@ target_share = raw["rate_sweep"].get("attainment", 0.9)
 plan = sweep_plan(shapes, {"prefill-heavy": rates_prefill_heavy,
                            "decode-heavy": rates_decode_heavy, "mixed": rates_mixed},
                   quick=quick)
+num_requests = {shape: n for shape, n in {
+    "prefill-heavy": num_requests_prefill_heavy, "decode-heavy": num_requests_decode_heavy,
+    "mixed": num_requests_mixed}.items() if shape in plan}
 uri = resolve_tracking_uri(mlflow_uri)  # empty: a throwaway temp sqlite store
 print(f"SLO: TTFT <= {slo['ttft_ms']} ms and TPOT <= {slo['tpot_ms']} ms for "
-      f"{target_share:.0%} of requests; rates per shape: {plan}")
+      f"{target_share:.0%} of requests; rates per shape: {plan}; requests per point: "
+      f"{num_requests}")
 print("MLflow store:", uri)
 
 # %% [markdown]
 # ## 1. The sweeps
 #
-# One experiment per shape (2 layouts x rates x `repeats` router starts, about 15 s each on
-# this machine). Each prints its verdict on goodput per worker; a run that other processes
-# disturbed is flagged INVALID and left out of the verdict (its numbers still show below).
+# One experiment per shape (2 layouts x rates x `repeats` router starts, 13-25 s each on
+# this machine, 20-30 s with decode-heavy's 96 requests). Each prints its verdict on goodput
+# per worker; a run that other processes disturbed is flagged INVALID and left out of the
+# verdict (its numbers still show below).
 
 # %%
 results = run_shapes(
@@ -225,13 +235,30 @@ publish("12_pd_disaggregation", metrics=metrics,
                  **{f"pd_ratio_{s}": f for s, f in fig_calc.items()}},
         tables={"goodput": goodput, "kv": kv, "calc": calc_table, "calc_vs_measured": versus,
                 "points": pd.concat([p.assign(shape=s) for s, p in points.items()])},
-        params={"model": model, "num_requests": num_requests, "repeats": repeats,
-                "seed": seed},
+        params={"model": model, "repeats": repeats, "seed": seed,
+                **{f"num_requests_{s.replace('-', '_')}": n for s, n in num_requests.items()}},
         figures_dir=figures_dir, mlflow_uri=mlflow_uri,
         mlflow_parent_run_id=mlflow_parent_run_id, mlflow_experiment=mlflow_experiment)
 
 # %% [markdown]
 # ## What the figures mean on 2 CPU cores, and what they do not
+#
+# **Measured** in the executed copy (docs/notebooks/12_pd_disaggregation.ipynb; AMD EPYC,
+# 2 cores, fp32, demo model, 2026-12-02, these defaults, 12 min 52 s): goodput in req/s,
+# median [min, max] over the 2 repeats (`>=`: a repeat met the target at every swept rate,
+# a lower bound); per worker is half of it.
+#
+# | traffic | rates (req/s) | requests per point | colocated x2 | 1P:1D |
+# |---|---|---:|---:|---:|
+# | prefill-heavy | 3, 6, 12 | 32 | 6.63 [4.07, 9.20] | 3.69 [3.69, 3.69] |
+# | decode-heavy | 6, 12, 18 | 96 | 15.7 [15.0, 16.4] | 7.12 [7.11, 7.13] |
+# | mixed | 10, 20, 30 | 32 | 24.0 [18.0, >= 30] | 11.7 [11.3, 12.1] |
+#
+# Colocated has the higher goodput on all three shapes, with bands apart (on prefill-heavy
+# only just: 1P:1D's 3.69 against colocated's lowest repeat, 4.07). One 1P:1D repeat on
+# prefill-heavy traffic was flagged INVALID (other processes used 29% of the CPUs at one
+# point) and left out of the verdict; both of its repeats crossed the target at 3.69 req/s.
+# A re-execution gives other numbers (see Noise below): read the tables above, not these.
 #
 # - **The split cannot show a GPU's gains here.** DistServe's win comes from two separate
 #   devices: prefill no longer stalls the decode batch (TPOT), decode no longer delays
@@ -242,20 +269,29 @@ publish("12_pd_disaggregation", metrics=metrics,
 #   machine is how work is queued: every prompt goes through the one prefill instance and
 #   every decode through the one decode instance, where colocated spreads both over two.
 # - **What it does show is the trade DistServe describes, in the CDFs.** On prefill-heavy
-#   traffic the 1P:1D decode replica never runs a prefill, so its TPOT stays tight (a few
-#   tens of ms) while the colocated replicas' TPOT spreads as long prompts land in their
-#   batches; in exchange every prompt queues for the one prefill replica and a KV read, so
-#   the TTFT tail moves right. Which SLO binds decides the goodput: with these bounds the
-#   TTFT tail of 1P:1D crosses 500 ms at a lower rate than the colocated TPOT crosses 50 ms,
-#   so colocated has the higher goodput on prefill-heavy and mixed traffic here (on
-#   prefill-heavy the bands are close). A tighter TPOT bound would favour the split.
-# - **Decode-heavy traffic does not cross with these defaults:** both layouts meet the SLO
-#   at every swept rate (goodput a lower bound, `>=`). With 32 requests a point is a burst
-#   of at most 32 requests, no more than `max_num_seqs`, so nothing queues: raise
-#   `num_requests` and the rates to find the crossing. calc's balanced ratio P:M says how
-#   lopsided 1P:1D is for each shape (one prefill instance could feed 1 / (P:M) decode
-#   instances: about 19 on decode-heavy traffic, while prefill-heavy wants 7:1 the other way).
-# - **The KV transfer is a memcpy over loopback** (ZeroMQ on 127.0.0.1), a few ms per request
+#   traffic at 6 req/s the 1P:1D decode replica never runs a prefill, so its TPOT stays
+#   tight (p90 20 ms, at most 29 ms) while the colocated replicas' spreads (p90 58 ms, up to
+#   87 ms: 14% of their requests miss the 50 ms bound) as long prompts land in their
+#   batches; in exchange every prompt queues for the one prefill replica and a KV read, and
+#   1P:1D's TTFT p90 is 920 ms against 322 ms colocated (44% of its requests over 500 ms).
+#   Which SLO binds decides the goodput: with these bounds the TTFT tail of 1P:1D crosses
+#   500 ms at a lower rate than the colocated TPOT crosses 50 ms, so colocated has the
+#   higher goodput on prefill-heavy and mixed traffic here. A tighter TPOT bound would
+#   favour the split.
+# - **Decode-heavy traffic needs more requests per point than one batch holds.** With 32
+#   requests (= `max_num_seqs`) a point was one burst that fit in a batch, nothing queued,
+#   and both layouts met the SLO up to 32 req/s. With 96 the decode slots fill: 1P:1D's one
+#   decode replica holds 32 sequences of ~192 output tokens at ~26.5 ms a step (its median
+#   TPOT at 12 req/s), so it turns over about 32 / (192 x 0.0265) = 6.3 req/s; past that new
+#   requests wait for a slot, and at 12 req/s its attainment is 0.46 [0.46, 0.47] with TTFT
+#   p90 3.7 s, while TPOT stays at most 33 ms. Colocated holds 64 sequences on two replicas,
+#   meets the target at 12 req/s (attainment 1.0, TTFT p90 197 ms) and falls at 18 (0.83
+#   [0.80, 0.86], TTFT again: 17% over 500 ms, no TPOT over 50 ms). The crossing of 1P:1D
+#   (7.12) sits a little above 6.3 because 96 requests give the queue only so long to grow.
+#   calc's balanced ratio P:M says how lopsided 1P:1D is for each shape (one prefill
+#   instance could feed 1 / (P:M) decode instances: about 20 on decode-heavy traffic, while
+#   prefill-heavy wants 7:1 the other way).
+# - **The KV transfer is a memcpy over loopback** (ZeroMQ on 127.0.0.1), 6-10 ms per request
 #   for a few hundred prompt tokens: it costs CPU time on the same cores rather than link
 #   bandwidth. On GPUs the same bytes cross NVLink, PCIe or RDMA (NIXL), and
 #   `calc.pd_ratio(..., kv_bytes_per_token=, link_bandwidth_bytes_per_s=)` bounds a prefill
@@ -263,14 +299,18 @@ publish("12_pd_disaggregation", metrics=metrics,
 # - **calc.pd_ratio vs measured:** calc's rates are capacities (throughput with every
 #   instance saturated, no SLO); the goodput is the rate at which 90% of requests still meet
 #   the SLO, so it is lower. calc also knows nothing of the router, HTTP, the load generator
-#   or two processes sharing cores, which is why the ratio measured / calc differs by layout.
-#   Use calc for the P:M ratio of a real deployment; use this sweep to check its ordering.
+#   or two processes sharing cores, which is why the ratio measured / calc differs by layout
+#   (colocated, 1P:1D: 0.36, 0.38 on prefill-heavy; 0.80, 0.69 on decode-heavy; 0.75, 0.43
+#   on mixed traffic). It orders the layouts as measured on all three shapes and names
+#   1P:1D's bottleneck (prefill on prefill-heavy, decode on decode-heavy traffic). Use calc
+#   for the P:M ratio of a real deployment; use this sweep to check its ordering.
 # - **Noise:** `repeats` sweeps per layout on cores other processes also use; a disturbed
 #   run is flagged INVALID and left out of the verdict, and the bands show the spread of the
-#   rest. With 32 requests per point, one request is 3% of the attainment, and the crossing
-#   is interpolated between rates a wide step apart: two executions of this notebook on the
-#   same machine put the same layout's goodput up to a factor 2 apart
-#   (docs/disaggregation.md).
+#   rest. With 32 requests per point one request is 3% of the attainment (1% with 96), and
+#   the crossing is interpolated between rates a wide step apart: colocated's two repeats on
+#   prefill-heavy traffic crossed at 4.07 and 9.20 req/s in the same execution, and two
+#   executions on the same machine have put the same layout's goodput up to a factor 2
+#   apart (docs/disaggregation.md).
 # - **Not shown:** more than 2 workers (the split that calc recommends, e.g. 1P:3D, needs 4+),
 #   prefill or decode replica failure (the router's fallbacks are counted in the KV table),
 #   layer-by-layer KV streaming (not built), and any GPU: the device check's `pd_disagg`

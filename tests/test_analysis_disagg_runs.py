@@ -199,6 +199,45 @@ def test_shape_template_reshapes_the_shipped_template() -> None:
         dr.shape_template({"workload": {}}, "mixed")
 
 
+def test_num_requests_per_shape() -> None:
+    """One count for every shape (the scalar form) or {shape: count}; a shape the mapping
+    leaves out keeps the template's count (48)."""
+    raw = raw_template("", "pd_disaggregation.yaml")
+    assert raw["workload"]["params"]["num_requests"] == 48
+    per_shape = {"decode-heavy": 96, "prefill-heavy": 32}
+
+    def count(shape: str, n: Any) -> int:
+        out = dr.shape_template(raw, shape, num_requests=n)
+        return parse_template(out).workload["params"]["num_requests"]
+
+    assert {s: count(s, per_shape) for s in dr.SHAPES} == {
+        "prefill-heavy": 32, "decode-heavy": 96, "mixed": 48}
+    assert {s: count(s, 20) for s in dr.SHAPES} == dict.fromkeys(dr.SHAPES, 20)
+    assert {s: count(s, None) for s in dr.SHAPES} == dict.fromkeys(dr.SHAPES, 48)
+    assert {s: dr.shape_num_requests(per_shape, s) for s in dr.SHAPES} == {
+        "prefill-heavy": 32, "decode-heavy": 96, "mixed": None}
+    assert dr.shape_num_requests(7, "mixed") == 7 and dr.shape_num_requests(None, "mixed") is None
+    with pytest.raises(ValueError, match=r"num_requests has unknown shapes \['decode'\]"):
+        dr.shape_template(raw, "mixed", num_requests={"decode": 96})
+    for bad in (0, 2.0, True, {"mixed": 0}):
+        with pytest.raises(ValueError, match="num_requests for shape 'mixed' .* must be an "
+                                             "integer >= 1"):
+            dr.shape_template(raw, "mixed", num_requests=bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="shape .'long'. must be one of"):
+        dr.shape_num_requests(3, "long")
+
+
+def test_run_shapes_refuses_a_bad_count_before_any_sweep(tmp_path: Any) -> None:
+    raw = raw_template("", "pd_disaggregation.yaml")
+    plan = {"mixed": [1.0], "decode-heavy": [1.0]}
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    with pytest.raises(ValueError, match="num_requests for shape 'decode-heavy' .0."):
+        dr.run_shapes(raw, plan, uri, num_requests={"mixed": 4, "decode-heavy": 0})
+    with pytest.raises(ValueError, match="unknown shapes"):
+        dr.run_shapes(raw, plan, uri, num_requests={"mixed-ish": 4})
+    assert not (tmp_path / "mlflow.db").exists()  # nothing ran, no store was made
+
+
 def test_mean_lengths_and_capacity_config() -> None:
     assert dr.mean_lengths("prefill-heavy") == (640.0, 20.0)
     cfg = dr.capacity_config("decode-heavy", "demo", batch=4, repeats=1, max_num_seqs=4)

@@ -378,7 +378,7 @@ def test_12_pd_disaggregation_quick(tmp_path: Path) -> None:
     colocated pair none; calc's rates sit beside the measured goodput."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     nb, figs = execute("12_pd_disaggregation.ipynb", tmp_path, model="bundled", quick=True,
-                       shapes=["mixed"], rates_mixed=[2.0, 4.0, 8.0], num_requests=4,
+                       shapes=["mixed"], rates_mixed=[2.0, 4.0, 8.0], num_requests_mixed=4,
                        capacity_batch=2, port=8194, mlflow_uri=uri, mlflow_experiment="pd-nb")
     text = text_of(nb)
     assert "measured_over_calc" in text and "balanced_p_over_m" in text
@@ -389,6 +389,8 @@ def test_12_pd_disaggregation_quick(tmp_path: Path) -> None:
     from workbench.analysis import parent_runs, run_artifact_frame
 
     run = parent_runs("pd-nb", uri).loc[0]
+    assert run["params.num_requests_mixed"] == 4  # only the swept shape's count
+    assert "params.num_requests_decode_heavy" not in run
     kv = run_artifact_frame(run["run_id"], "12_pd_disaggregation/kv.csv", uri).set_index(
         "layout")
     assert kv.loc["colocated x2", "kv_reads"] == 0 and kv.loc["1P:1D", "kv_reads"] == 4
@@ -398,6 +400,28 @@ def test_12_pd_disaggregation_quick(tmp_path: Path) -> None:
     assert list(goodput["repeats"]) == [1, 1]
     points = run_artifact_frame(run["run_id"], "12_pd_disaggregation/points.csv", uri)
     assert list(points["rate"]) == [4.0, 4.0] and (points["status"] == "FINISHED").all()
+    assert (points["completed"] == 4).all()  # num_requests_mixed requests per point
+
+
+def test_12_defaults_queue_decode_heavy_past_one_batch() -> None:
+    """Notebook 12's defaults: 32 requests per point on prefill-heavy and mixed traffic, 96
+    (three times the template's max_num_seqs) on decode-heavy, whose rates are the ones the
+    docs' figures come from; the templates the notebook runs carry those counts."""
+    from workbench.analysis import disagg_runs as dr
+    from workbench.analysis.notebook import raw_template
+
+    nb = nbformat.read(NOTEBOOKS / "12_pd_disaggregation.ipynb", as_version=4)
+    defaults: dict[str, Any] = {}
+    exec(nb.cells[_parameters_cell(nb)].source, defaults)  # noqa: S102 - its parameters cell
+    counts = {"prefill-heavy": defaults["num_requests_prefill_heavy"],
+              "decode-heavy": defaults["num_requests_decode_heavy"],
+              "mixed": defaults["num_requests_mixed"]}
+    assert counts == {"prefill-heavy": 32, "decode-heavy": 96, "mixed": 32}
+    assert defaults["rates_decode_heavy"] == [6.0, 12.0, 18.0]
+    raw = raw_template("", "pd_disaggregation.yaml")
+    assert counts["decode-heavy"] == 3 * raw["baseline"]["max_num_seqs"]
+    shaped = {shape: dr.shape_template(raw, shape, num_requests=counts) for shape in dr.SHAPES}
+    assert {s: t["workload"]["params"]["num_requests"] for s, t in shaped.items()} == counts
 
 
 # --------------------------------------------------------------------------- parameters

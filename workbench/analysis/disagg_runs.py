@@ -9,6 +9,7 @@ beside the measurement:
 
     SHAPES                             traffic shapes: workload params of balanced-chat
     shape_template(raw, shape, ...)    the raw template re-shaped and scaled for one shape
+    shape_num_requests(n, shape)       requests per point for a shape: one count or per shape
     layout_name(num_prefill, W)        "colocated x2" | "1P:1D"
     point_runs(parent, uri)            one row per sweep point: layout, repeat, rate, run id,
                                        attainment, validity
@@ -85,13 +86,39 @@ def mean_lengths(shape: str) -> tuple[float, float]:
     return tuple((p[k]["low"] + p[k]["high"]) / 2 for k in ("input_len", "output_len"))
 
 
+def shape_num_requests(num_requests: int | Mapping[str, int] | None,
+                       shape: str) -> int | None:
+    """Requests per sweep point for `shape`: `num_requests` itself (one count for every
+    shape), or its entry for `shape` ({shape: count}; a shape left out gets None: the
+    template's count); None stays None. Keys must be SHAPES; counts integers >= 1."""
+    _check_shape(shape)
+    if num_requests is None:
+        return None
+    if isinstance(num_requests, Mapping):
+        unknown = [k for k in num_requests if k not in SHAPES]
+        if unknown:
+            raise ValueError(f"num_requests has unknown shapes {unknown}: keys must be some "
+                             f"of {', '.join(SHAPES)}")
+        n = num_requests.get(shape)
+        if n is None:
+            return None
+    else:
+        n = num_requests
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"num_requests for shape {shape!r} ({n!r}) must be an integer >= 1")
+    return n
+
+
 def shape_template(raw: Mapping[str, Any], shape: str, *, rates: Sequence[float] | None = None,
-                   num_requests: int | None = None, repeats: int | None = None,
-                   seed: int | None = None, name: str | None = None) -> dict[str, Any]:
+                   num_requests: int | Mapping[str, int] | None = None,
+                   repeats: int | None = None, seed: int | None = None,
+                   name: str | None = None) -> dict[str, Any]:
     """A copy of the raw pd_disaggregation template with the shape's lengths (fixture
-    balanced-chat), and when given the sweep's `rates`, `num_requests`, `repeats`, the
+    balanced-chat), and when given the sweep's `rates`, `num_requests` (one count, or
+    {shape: count} per shape: `shape_num_requests`; else the template's), `repeats`, the
     workload and arrival `seed` and the experiment `name` (default: "<name>-<shape>")."""
     params = _check_shape(shape)
+    count = shape_num_requests(num_requests, shape)
     if "rate_sweep" not in raw:
         raise ValueError("raw template has no rate_sweep block: give the pd_disaggregation "
                          "template (or another rate sweep)")
@@ -99,8 +126,8 @@ def shape_template(raw: Mapping[str, Any], shape: str, *, rates: Sequence[float]
     workload = out.setdefault("workload", {})
     workload["fixture"] = "balanced-chat"
     workload["params"] = {**workload.get("params", {}), **copy.deepcopy(params)}
-    if num_requests is not None:
-        workload["params"]["num_requests"] = num_requests
+    if count is not None:
+        workload["params"]["num_requests"] = count
     if seed is not None:
         workload["seed"] = seed
         out["arrivals"] = {**(out.get("arrivals") or {}), "seed": seed}
@@ -370,7 +397,7 @@ def split_measured(measured: Mapping[str, float]) -> dict[str, float]:
 __all__ = ["BASELINE_LABEL", "KV_COUNTERS", "SHAPES", "calc_vs_measured", "capacity_config",
            "goodput_runs", "goodput_table", "kv_moved", "kv_summary", "kv_transfer_row",
            "layout_name", "mean_lengths", "point_requests", "point_runs", "run_delta",
-           "shape_template", "split_measured"]
+           "shape_num_requests", "shape_template", "split_measured"]
 
 
 # --------------------------------------------------------------------------- notebook glue
@@ -391,12 +418,16 @@ def sweep_plan(shapes: Sequence[str], rates: Mapping[str, Sequence[float]], *,
 
 
 def run_shapes(raw: Mapping[str, Any], plan: Mapping[str, Sequence[float]], uri: str, *,
-               target: Any = None, num_requests: int | None = None,
+               target: Any = None, num_requests: int | Mapping[str, int] | None = None,
                repeats: int | None = None, seed: int | None = None,
                name: str | None = None, progress: bool = False) -> dict[str, Any]:
     """Run the template once per shape (`shape_template`, experiment "<name>-<shape>") into
-    the MLflow store `uri`; {shape: ExperimentResult}. `target(spec) -> spec` rewrites the
-    target (a notebook passes `router.experiment.local_target` with its port and model)."""
+    the MLflow store `uri`; {shape: ExperimentResult}. `num_requests`: one count for every
+    shape or {shape: count} (a shape left out keeps the template's). `target(spec) -> spec`
+    rewrites the target (a notebook passes `router.experiment.local_target` with its port
+    and model)."""
+    for shape in plan:  # refuse a bad count before the first shape's sweep starts
+        shape_num_requests(num_requests, shape)
     from workbench.analysis.notebook import ensure_experiment
     from workbench.experiments.runner import run_experiment
     from workbench.experiments.template import parse_template
