@@ -41,6 +41,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "workbench.calc_cli",
         "workbench.demo",
         "workbench.sweep",
+        "workbench.sweep_points",
         "workbench.server",
         "workbench.router",
         "workbench.bench.cli",

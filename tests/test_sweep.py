@@ -112,7 +112,7 @@ def test_cli_parses_values_and_fixed(tmp_path: Path, capfd: pytest.CaptureFixtur
     with (folder / "runs.csv").open() as f:
         header = next(csv.reader(f))
     assert header == ["param", "value", "status", "valid", "other_cpu_share", "run_id",
-                      "notebook", "error"]
+                      "notebook", "error", "node"]
     assert (folder / "summary.md").read_text().strip() == "\n".join(lines[:-1])
 
 

@@ -3,7 +3,7 @@
     sweep("notebooks/03_chunked_prefill_sweep.ipynb", "num_requests", [8, 16])
     workbench sweep notebooks/X.ipynb -p NAME V1 V2 ... [--set k=v ...] [--resume]
                     [--tracking-uri URI] [--experiment NAME] [--results-dir ROOT]
-                    [--kernel NAME]
+                    [--kernel NAME] [--executor local|ray] [--address HOST:PORT]
 
     parent run  (tags: kind=sweep, notebook=<absolute path>, sweep_param, sweep_values, fixed)
       child run per value, named by its label ("budget=64": experiments.labels)
@@ -33,6 +33,11 @@ into the new folder); failed, disturbed and new values run again as new child ru
 still RUNNING whose sweep process is gone (killed with SIGKILL, say) is marked KILLED first
 and a line on stderr says so (`mark_killed`); its value runs again.
 
+`executor=ExecutorConfig("ray", ...)` (`--executor ray [--address HOST:PORT]`) runs each
+point as a Ray task holding one node of a cluster and logging to a tracking server
+(`workbench.sweep_points`, docs/cluster.md); every point's run is tagged with its node
+(node, node_hostname, hardware_fingerprint) either way.
+
 Each point is measured inside a `validity.CpuWatch` (the notebook's kernel is a child process,
 so it counts as this run's own): when other processes took more than `max_other_cpu_share` of
 the machine's CPUs meanwhile, the point is marked invalid (row `valid`: False, a line on
@@ -49,9 +54,13 @@ import re
 import socket
 import sys
 import traceback
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from workbench.experiments.executors.base import Executor
+    from workbench.experiments.executors.config import ExecutorConfig
 
 INJECTED = ("mlflow_parent_run_id", "mlflow_uri", "mlflow_experiment")
 PARENT_TAG = "mlflow.parentRunId"
@@ -123,14 +132,23 @@ def _ipc_kernel_manager() -> type:
     return IpcKernelManager
 
 
-def _progress(values: list[Any], enabled: bool, desc: str) -> Iterable[Any]:
+class _NoBar:
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _progress(total: int, enabled: bool, desc: str) -> Any:
+    """A tqdm bar of points on stderr (`update`, `close`), or one that shows nothing."""
     if not enabled:
-        return values
+        return _NoBar()
     try:
         from tqdm import tqdm
-    except ImportError:  # tqdm comes with transformers; plain iteration without it
-        return values
-    return tqdm(values, desc=desc, unit="point", file=sys.stderr)
+    except ImportError:  # tqdm comes with transformers; no bar without it
+        return _NoBar()
+    return tqdm(total=total, desc=desc, unit="point", file=sys.stderr)
 
 
 def sweep(
@@ -148,6 +166,7 @@ def sweep(
     progress: bool = True,
     max_other_cpu_share: float | None = None,
     cpu_watch: Any = None,
+    executor: ExecutorConfig | None = None,
 ) -> list[dict[str, Any]]:
     """One papermill run per value; one row per value: {value, status, output_path, run_id,
     error, valid, other_cpu_share, metrics, results_dir}. status is FINISHED, FAILED or
@@ -155,9 +174,10 @@ def sweep(
     <results_dir>/<experiment>/<UTC time>/ (root default: `results.default_root()`; `out_dir`
     is its old name) holds notebooks/, runs.csv, runs.json and summary.md.
     `max_other_cpu_share` (default validity.DEFAULT_MAX_OTHER_CPU_SHARE) and `cpu_watch`
-    (default validity.default_cpu_watch()) judge each point's disturbance."""
+    (default validity.default_cpu_watch()) judge each point's disturbance. `executor`: an
+    `executors.ExecutorConfig` (default: local, here one point after another)."""
+    from workbench.experiments.executors.config import ExecutorConfig, check_tracking_uri
     from workbench.harness.validity import DEFAULT_MAX_OTHER_CPU_SHARE, default_cpu_watch
-    from workbench.tracking.mlflow_store import Store, tracking_uri
 
     if max_other_cpu_share is None:
         max_other_cpu_share = DEFAULT_MAX_OTHER_CPU_SHARE
@@ -175,7 +195,30 @@ def sweep(
         raise ValueError(f"values ({values}) contain duplicates; give each value once")
     declared = declared_parameters(nb)
     _check(declared, param, fixed, nb)
+    config = executor or ExecutorConfig()
+    check_tracking_uri(config, uri)
+    from workbench.experiments.executors.factory import make_executor
+
+    ex = make_executor(config)  # a cluster: connected, its node resource checked
+    try:
+        return _sweep(ex, nb, param, values, keys, fixed, declared, experiment=experiment,
+                      uri=uri, resume=resume, root=results_dir if results_dir is not None
+                      else out_dir, kernel_name=kernel_name, progress=progress,
+                      max_other_cpu_share=max_other_cpu_share,
+                      cpu_watch=cpu_watch if cpu_watch is not None else default_cpu_watch())
+    finally:
+        ex.close()
+
+
+def _sweep(ex: Executor, nb: Path, param: str, values: list[Any], keys: list[str],
+           fixed: dict[str, Any], declared: dict[str, Any], *, experiment: str | None,
+           uri: str | None, resume: bool, root: str | Path | None, kernel_name: str | None,
+           progress: bool, max_other_cpu_share: float, cpu_watch: Any
+           ) -> list[dict[str, Any]]:
+    """`sweep` once its input is checked and the executor `ex` is ready."""
     from workbench.analysis.notebook import ensure_experiment
+    from workbench.sweep_points import run_points
+    from workbench.tracking.mlflow_store import Store, tracking_uri
 
     name = experiment or f"sweep-{nb.stem}"
     ensure_experiment(name, tracking_uri(_absolute_uri(uri)))
@@ -196,27 +239,34 @@ def sweep(
         store.client.update_run(parent, status="RUNNING")
     from workbench.experiments.results import new_results_dir
 
-    root = results_dir if results_dir is not None else out_dir
     folder = new_results_dir(name, root)
     run_dir = folder / "notebooks"
     run_dir.mkdir(parents=True, exist_ok=True)
-    rows: list[dict[str, Any]] = []
+    slots: list[dict[str, Any] | None] = [None] * len(values)
     ctx = {"store": store, "parent": parent, "nb": nb, "param": param, "fixed": fixed,
            "declared": declared, "kernel_name": kernel_name, "values": values,
-           "max_other_cpu_share": max_other_cpu_share,
-           "cpu_watch": cpu_watch if cpu_watch is not None else default_cpu_watch()}
-    try:
-        for i, value in enumerate(_progress(values, progress, f"{nb.stem} {param}")):
-            if keys[i] in done:
-                run_id, output = done[keys[i]]
-                output = _copy_notebook(output, run_dir)
-                rows.append({"value": value, "status": "SKIPPED", "output_path": output,
-                             "run_id": run_id, "error": None, "valid": True,
-                             "other_cpu_share": None})
-                continue
-            out = run_dir / f"{i:02d}_{param}={_slug(value)}.ipynb"
-            rows.append(_run_point(ctx, value, keys[i], out))
+           "max_other_cpu_share": max_other_cpu_share, "cpu_watch": cpu_watch}
+    bar = _progress(len(values), progress, f"{nb.stem} {param}")
+    todo: list[int] = []
+    for i, value in enumerate(values):
+        if keys[i] in done:
+            run_id, output = done[keys[i]]
+            output = _copy_notebook(output, run_dir)
+            slots[i] = {"value": value, "status": "SKIPPED", "output_path": output,
+                        "run_id": run_id, "error": None, "valid": True,
+                        "other_cpu_share": None, "node": None}
+            bar.update(1)
+        else:
+            todo.append(i)
+    points = [(values[i], keys[i], run_dir / f"{i:02d}_{param}={_slug(values[i])}.ipynb")
+              for i in todo]
+    try:  # in order here; on a cluster each point a Ray task (`sweep_points`)
+        for finished in run_points(ex, ctx, points, _run_point):
+            slots[todo[finished.index]] = finished.value
+            bar.update(1)
     finally:
+        bar.close()
+        rows = [r for r in slots if r is not None]
         failed = len(rows) < len(values) or any(r["status"] == "FAILED" for r in rows)
         store.finish(parent, failed=failed)
         _write_results(store, folder, param, rows)
@@ -234,10 +284,13 @@ def _run_point(ctx: dict[str, Any], value: Any, key: str, out: Path) -> dict[str
 
     store, param, declared = ctx["store"], ctx["param"], ctx["declared"]
     name = value_label(param, value, ctx.get("values", ()))  # "budget=64", as `workbench run`
-    run_id = store.create_run(name, parent_id=ctx["parent"], tags={
-        "kind": "sweep-point", "notebook": str(ctx["nb"]), "sweep_param": param,
-        "sweep_value": key, "value": key, "output_path": str(out),
-        "sweep_pid": str(os.getpid()), "sweep_host": socket.gethostname()})
+    tags = {"kind": "sweep-point", "notebook": str(ctx["nb"]), "sweep_param": param,
+            "sweep_value": key, "value": key, "output_path": str(out),
+            # the sweep process (on a cluster: the driver, not the node's worker)
+            "sweep_pid": str(ctx.get("owner_pid", os.getpid())),
+            "sweep_host": ctx.get("owner_host", socket.gethostname()),
+            **ctx.get("tags", {})}  # where it runs (`sweep_points`)
+    run_id = store.create_run(name, parent_id=ctx["parent"], tags=tags)
     chosen = {param: value, **ctx["fixed"]}
     defaults = {k: v for k, v in declared.items() if k not in INJECTED}
     store.log_params(run_id, notebook_params({**defaults, **chosen}, swept=param))
@@ -278,7 +331,8 @@ def _run_point(ctx: dict[str, Any], value: Any, key: str, out: Path) -> dict[str
     store.finish(run_id, failed=error is not None)
     return {"value": value, "status": "FAILED" if error else "FINISHED",
             "output_path": str(out), "run_id": run_id, "error": error,
-            "valid": validity.valid, "other_cpu_share": validity.other_cpu_share}
+            "valid": validity.valid, "other_cpu_share": validity.other_cpu_share,
+            "node": tags.get("node")}
 
 
 KEY_METRICS = ("output_throughput", "request_throughput", "p95_ttft_ms", "p95_itl_ms",
@@ -351,9 +405,9 @@ def _write_results(store: Any, folder: Path, param: str, rows: list[dict[str, An
     flat = [{"param": param, "value": value_key(r["value"]), "status": r["status"],
              "valid": r["valid"], "other_cpu_share": r["other_cpu_share"],
              "run_id": r["run_id"], "notebook": r["output_path"], "error": r["error"],
-             **r["metrics"]} for r in rows]
+             "node": r.get("node"), **r["metrics"]} for r in rows]
     write_rows(folder, flat, ["param", "value", "status", "valid", "other_cpu_share",
-                              "run_id", "notebook", "error"])
+                              "run_id", "notebook", "error", "node"])
     (folder / "summary.md").write_text(summary_table(rows, param) + "\n")
 
 
@@ -452,6 +506,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-other-cpu-share", type=float, default=None, metavar="SHARE",
                     help="mark a point invalid when other processes used more than this share "
                     "of the machine's CPUs while it ran (default 0.25)")
+    from workbench.experiments.executors.config import add_executor_args
+
+    add_executor_args(ap, verdict=False)
     return ap
 
 
@@ -468,11 +525,14 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--set {item!r} must look like KEY=VALUE")
         fixed[key] = parse_value(text)
     name, values = args.param[0], [parse_value(v) for v in args.param[1:]]
+    from workbench.experiments.executors.config import executor_config
+
     try:
         rows = sweep(args.notebook, name, values, fixed=fixed, experiment=args.experiment,
                      uri=args.tracking_uri, resume=args.resume, results_dir=args.results_dir,
                      kernel_name=args.kernel, progress=not args.no_progress,
-                     max_other_cpu_share=args.max_other_cpu_share)
+                     max_other_cpu_share=args.max_other_cpu_share,
+                     executor=executor_config(args))
     except ValueError as e:
         print(f"workbench sweep: {e}", file=sys.stderr)
         return 2

@@ -59,14 +59,17 @@ class RunProgress:
         else:
             print(text, flush=True)
 
-    def done(self, note: str = "") -> str:
-        """Count the run; print and return its line."""
+    def done(self, note: str = "", what: str | None = None, seconds: float | None = None
+             ) -> str:
+        """Count the run; print and return its line. Runs that overlap (a cluster's) name
+        themselves (`what`) and give their own time (`seconds`) instead of `start`'s."""
         self.count += 1
         now = time.perf_counter()
         elapsed = now - self.t0
         left = self.total - self.count
         eta = elapsed / self.count * left
-        text = (f"[{self.count}/{self.total}] {self._what}: {now - self._run_t0:.1f} s"
+        took = now - self._run_t0 if seconds is None else seconds
+        text = (f"[{self.count}/{self.total}] {what or self._what}: {took:.1f} s"
                 f"{'  ' + note if note else ''}  (elapsed {clock(elapsed)}, "
                 f"ETA {clock(eta) if left else '0:00'})")
         if self.bar is not None:

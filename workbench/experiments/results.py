@@ -120,7 +120,7 @@ def text_table(rows: Iterable[dict[str, Any]], cols: Sequence[str]) -> str:
 
 
 RUN_COLUMNS = ("variable", "value", "repeat", "run_id", "status", "valid", "disturbed",
-               "other_cpu_share", "error")
+               "other_cpu_share", "error", "node", "fingerprint")
 VERDICT_MD = "VERDICT.md"  # capitals: listed first
 
 
@@ -129,7 +129,8 @@ def experiment_rows(variable: str, runs: Iterable[Any]) -> list[dict[str, Any]]:
     return [{"variable": variable, "value": r.label, "repeat": r.repeat + 1,
              "run_id": r.run_id, "status": "FAILED" if r.error else "FINISHED",
              "valid": r.valid, "disturbed": r.disturbed, "other_cpu_share": r.other_cpu_share,
-             "error": r.error, **r.metrics} for r in runs]
+             "error": r.error, "node": r.node, "fingerprint": r.fingerprint, **r.metrics}
+            for r in runs]
 
 
 def write_experiment_results(folder: Path, template: Any, runs: Sequence[Any],

@@ -25,6 +25,8 @@ class RunRecord:
     error: str | None = None
     other_cpu_share: float | None = None  # of all CPUs, by other processes during the run
     disturbed: bool = False  # invalid because other processes took too much of the CPUs
+    node: str | None = None  # where it ran: the Ray node's name, or the hostname
+    fingerprint: str | None = None  # that node's `workbench preflight` fingerprint
 
 
 def run_label(template: Template, value: Any) -> str:

@@ -12,6 +12,12 @@ other_cpu_share), and the verdict leaves it out (inconclusive when too few valid
 
 Every run replays the same workload (its checksum is checked before each run); a run that
 fails is logged FAILED with its error and whatever rows it had, and the sweep goes on.
+
+Where the runs execute is the executor's business (`run_jobs`, `executors`): here, one after
+another (local, the default), or each a Ray task holding one node of a cluster (ray). Each
+run is tagged with its node and that node's hardware fingerprint; runs from more than one
+fingerprint get no verdict unless `allow_mixed_hardware` (`fingerprints`), and a cluster whose
+nodes differ is refused before any run.
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ from typing import Any
 
 import yaml
 
+from workbench.experiments.executors.base import Executor
+from workbench.experiments.executors.config import ExecutorConfig
 from workbench.experiments.labels import metric_label, value_label
 from workbench.experiments.progress import RunProgress
 from workbench.experiments.quality import gate_reports
@@ -61,6 +69,8 @@ class ExperimentResult:
     adopted: Any = None  # the adopted value, or None
     results_dir: Path | None = None  # results/<name>/<UTC time>/ (`experiments.results`)
     rate_sweep: Any = None  # a rate sweep's `rate_sweep_run.RateSweepResult` (points, curves)
+    no_verdict: str | None = None  # why there is none (every baseline run failed, mixed hardware)
+    executor: str = "local"  # where the runs executed ("local" | "ray")
 
     def adopted_config(self, template: Template) -> dict[str, Any] | None:
         return None if self.adopted is None else template.variant_config(self.adopted)
@@ -91,8 +101,12 @@ def run_experiment(
     cpu_watch: Any = None,
     check: bool = True,
     results_dir: str | Path | None = None,
+    executor: ExecutorConfig | None = None,
 ) -> ExperimentResult:
     """Run every (value, repeat); `profile="torch"` stores a Chrome trace per run.
+    `executor`: where the runs execute (default: here, one after the other;
+    `ExecutorConfig("ray", address=...)`: a Ray task per run on a cluster, logging to the
+    tracking server `uri`; `workbench.experiments.executors`).
     `results_dir`: a root under which results/<name>/<UTC time>/ is written (VERDICT.md,
     runs.csv, runs.json, sweep.png, traces/; `workbench.experiments.results`); None: none.
     `progress`: a bar of runs and a line per run with its time and the ETA, a bar of
@@ -104,22 +118,56 @@ def run_experiment(
     run-by-run failure path use it)."""
     if profile not in (None, "torch"):
         raise ValueError(f"profile ({profile!r}) must be None or 'torch'")
-    from workbench.experiments import rate_sweep_run  # the sweep mode (`rate_sweep`)
-    from workbench.harness.validity import default_cpu_watch
+    from workbench.experiments.executors.config import check_tracking_uri
+    from workbench.experiments.executors.factory import make_executor
 
+    config = executor or ExecutorConfig()
+    if config.kind != "local" and template.rate_sweep is not None:
+        from workbench.errors import UserError
+
+        raise UserError(f"template {template.name!r} is a rate sweep (rate_sweep): "
+                        f"--executor {config.kind} runs plain experiments and notebook sweeps; "
+                        "run it with --executor local")
+    check_tracking_uri(config, uri)  # a cluster writes to a server every node reaches
     threshold = disturbance_threshold(template, max_other_cpu_share)
-    watch = cpu_watch if cpu_watch is not None else default_cpu_watch()
+    setup = replay_setup(template, check, sweep=True)  # every template problem, up front
+    ex = make_executor(config)  # a cluster: connected, its node resource checked
+    try:
+        return _run_experiment(template, ex, setup, uri, progress, profile, threshold,
+                               cpu_watch, results_dir)
+    finally:
+        ex.close()
+
+
+def _run_experiment(template: Template, ex: Executor, setup: tuple[str, Any, Any, Any],
+                    uri: str | None, progress: bool, profile: str | None, threshold: float,
+                    cpu_watch: Any, results_dir: str | Path | None) -> ExperimentResult:
+    """`run_experiment` once the template is checked and the executor `ex` is ready."""
+    from workbench.experiments import rate_sweep_run  # the sweep mode (`rate_sweep`)
+    from workbench.experiments.fingerprints import common_fingerprint, mixed_nodes, mixed_runs
+    from workbench.experiments.run_jobs import run_plan
+    from workbench.harness.validity import default_cpu_watch
     from workbench.preflight import collect_preflight
     from workbench.tracking.mlflow_store import Store
 
-    model, workload, arrival, slo = replay_setup(template, check, sweep=True)
+    allow_mixed = ex.config.allow_mixed_hardware
+    probes = ex.node_preflights() if ex.kind != "local" else []  # each node's preflight
+    refused = None if allow_mixed else mixed_nodes(probes)
+    if refused:
+        from workbench.errors import UserError
+
+        raise UserError(refused)
+    watch = cpu_watch if cpu_watch is not None else default_cpu_watch()
+    model, workload, arrival, slo = setup
     checksum = workload.checksum
     preflight = collect_preflight()
+    fingerprint = common_fingerprint(probes) if probes else preflight["fingerprint"]
     store = Store(template.name, uri)
-    mismatch = _fingerprint_warning(store, preflight["fingerprint"])
+    mismatch = _fingerprint_warning(store, fingerprint)
     parent = store.create_run(template.name, tags={
         "question": template.question, "variable": template.variable_name,
-        "workload_checksum": checksum, "hardware_fingerprint": preflight["fingerprint"],
+        "workload_checksum": checksum, "hardware_fingerprint": fingerprint,
+        "executor": ex.kind,
         "git_sha": str(preflight.get("git_sha")), "kind": "experiment",
         "baseline": value_label(template.variable_name,
                                 template.baseline.get(template.variable_name),
@@ -133,6 +181,7 @@ def run_experiment(
         "template.yaml": yaml.safe_dump(template.raw, sort_keys=False),
         "preflight.json": json.dumps(preflight, indent=2, default=str),
         "workload.json": json.dumps(workload.summary(), indent=2, default=str),
+        **({"nodes.json": json.dumps(probes, indent=2, default=str)} if probes else {}),
     })
     plan: list[tuple[str, Any]] = [(BASELINE, None)] + [
         (str(v), v) for v in template.variable_values
@@ -150,16 +199,11 @@ def run_experiment(
                 run_point=run_one, profile=profile, threshold=threshold, cpu_watch=watch,
                 progress=progress, out=out)
             runs = sweep.runs
-        else:
-            for repeat in range(template.repeats):
-                for label, value in plan:
-                    bar.start(f"{run_label(template, value)} repeat {repeat + 1}/"
-                              f"{template.repeats}")
-                    runs.append(run_one(template, store, parent, model, workload, arrival,
-                                        slo, label, value, repeat, preflight, checksum,
-                                        profile, max_other_cpu_share=threshold,
-                                        cpu_watch=watch, progress=progress, out=out))
-                    bar.done("FAILED" if runs[-1].error else "")
+        else:  # the interleaved runs, here or on a cluster (`run_jobs`)
+            runs = run_plan(ex, template, store, parent, model, workload, arrival, slo, plan,
+                            preflight, checksum, bar, profile=profile, threshold=threshold,
+                            cpu_watch=watch, progress=progress, out=out, run_point=run_one,
+                            setup=replay_setup)
     finally:
         bar.close()
     # The quality gate replays golden prompts through the in-process engine on the same
@@ -168,11 +212,12 @@ def run_experiment(
         _quality(template, model, workload, log=print if progress else None)
         if template.quality_gate else ({}, {}))
     base = [r for r in runs if r.label == BASELINE and r.error is None]
-    verdicts = judge_runs(template, runs, quality, BASELINE) if base else []
+    mixed = None if allow_mixed else mixed_runs(runs)  # runs from other hardware: no verdict
+    verdicts = judge_runs(template, runs, quality, BASELINE) if base and not mixed else []
+    no_verdict = mixed or (None if base else "every baseline run failed: no verdict")
     table = verdict_table(verdicts, template.objective.metric,
                           None if sweep is None else rate_sweep_run.SWEEP_COLUMNS
-                          ) if verdicts else (
-        "every baseline run failed: no verdict")
+                          ) if verdicts else str(no_verdict)
     if sweep is not None:
         table += "\n\n" + rate_sweep_run.sweep_summary(sweep)
     adopted = next((v.value for v in verdicts if v.adopted), None)
@@ -194,14 +239,17 @@ def run_experiment(
     if out is not None:
         write_experiment_results(out, template, runs, table)
     _log_verdict(store, parent, template, runs, verdicts)
-    store.set_description(parent, f"{template.question}\n\n" + verdict_summary(
-        verdicts, template.objective.metric, run_label(template, None), VERDICT_MD))
+    store.set_description(parent, f"{template.question}\n\n" + (
+        f"**No verdict**: {mixed}" if mixed else verdict_summary(
+            verdicts, template.objective.metric, run_label(template, None), VERDICT_MD)))
     store.set_tags(parent, {"adopted": "none" if adopted is None else run_label(template, adopted),
                             "invalid_runs": str(sum(not r.valid for r in runs)),
-                            "disturbed_runs": str(sum(r.disturbed for r in runs))})
-    store.finish(parent, failed=not base)
+                            "disturbed_runs": str(sum(r.disturbed for r in runs)),
+                            **({"no_verdict": no_verdict} if no_verdict else {})})
+    store.finish(parent, failed=not verdicts)
     return ExperimentResult(template.name, parent, store.uri, checksum, runs, verdicts, table,
-                            adopted, results_dir=out, rate_sweep=sweep)
+                            adopted, results_dir=out, rate_sweep=sweep, no_verdict=no_verdict,
+                            executor=ex.kind)
 
 
 def replay_setup(template: Template, check: bool = True, sweep: bool = False
@@ -341,18 +389,19 @@ def run_one(
     from workbench.harness.server_process import make_target
 
     config = template.baseline if value is None else template.variant_config(value)
+    host = str(preflight.get("hostname"))
+    all_tags = {"variable": template.variable_name, "value": label, "repeat": str(repeat),
+                "baseline_run": parent, "role": "baseline" if value is None else "variant",
+                "workload_checksum": checksum, "hardware_fingerprint": preflight["fingerprint"],
+                "node": host, "node_hostname": host, **(tags or {})}
     run_id = store.create_run(name or run_label(template, value), parent_id=parent,
-                              tags={"variable": template.variable_name, "value": label,
-                                    "repeat": str(repeat), "baseline_run": parent,
-                                    "role": "baseline" if value is None else "variant",
-                                    "workload_checksum": checksum,
-                                    "hardware_fingerprint": preflight["fingerprint"],
-                                    **(tags or {})})
+                              tags=all_tags)
     store.log_params(run_id, run_params(  # knob keys as on every path (param_keys)
         config, template.workload, template.arrivals if arrivals is None else arrivals,
         cache_state=template.cache_state,
         target=template.target, model=model, repeat=repeat))
-    record = RunRecord(label, value, repeat, run_id)
+    record = RunRecord(label, value, repeat, run_id, node=all_tags["node"],
+                       fingerprint=str(preflight["fingerprint"]))
     result = None
     target = None
     try:

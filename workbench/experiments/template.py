@@ -27,6 +27,10 @@ registry's direction for the metric.
 `rate_sweep` (optional, `workbench.experiments.rate_sweep`): measure each value's goodput
 over a sweep of Poisson request rates instead of one run; the objective is then goodput.
 
+`cluster` (optional, `workbench.experiments.executors.config`): what each run asks of a Ray
+cluster under `--executor ray`: `num_cpus`, `num_gpus`, and `runs_per_node` (default 1: a run
+holds a whole node; 2+: that many runs may share one). Ignored by the local executor.
+
 Instead of `variable`, `variants:` may list full engine configs; each must differ from the
 baseline in the same single key, and anything else is refused naming the keys.
 

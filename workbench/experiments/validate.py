@@ -67,6 +67,10 @@ def template_problems(data: Any) -> Checked:
             out.append(f"template is missing {key!r}")
     _check_scalars(data, out)
     _check_mappings(data, out)
+    if "cluster" in data:  # the executor's block (`executors.config.cluster_problems`)
+        from workbench.experiments.executors.config import cluster_problems
+
+        out.extend(cluster_problems(data["cluster"]))
     sweep = "rate_sweep" in data
     if sweep:
         from workbench.experiments.rate_sweep import rate_sweep_problems

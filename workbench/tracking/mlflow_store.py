@@ -180,6 +180,18 @@ class Store:
     def finish(self, run_id: str, failed: bool = False) -> None:
         self.client.set_terminated(run_id, status="FAILED" if failed else "FINISHED")
 
+    def kill_running(self, tag: str, value: str, error: str) -> list[str]:
+        """Mark KILLED (tag `error`) the runs of this experiment still RUNNING whose `tag`
+        is `value` (a try whose node died: tag executor_attempt); their ids."""
+        runs = self.client.search_runs(
+            [self.experiment_id],
+            filter_string=f"tags.`{tag}` = '{value}' and attributes.status = 'RUNNING'",
+            max_results=100)
+        for r in runs:
+            self.client.set_tag(r.info.run_id, "error", error[:5000])
+            self.client.set_terminated(r.info.run_id, status="KILLED")
+        return [r.info.run_id for r in runs]
+
 
 def _metric_name(name: str) -> str:
     # MLflow allows alphanumerics, _ - . space / ; vLLM's "vllm:xxx" becomes "vllm/xxx".

@@ -1,0 +1,125 @@
+"""An experiment's measured runs on an executor: one job per (value, repeat), interleaved.
+
+    for repeat in 1..R:  for value in [baseline, v1, v2, ...]:  -> job   (A B C A B C ...)
+    local: each job is `run_point` (the runner's `run_one`) here, in that order (as before
+           executors)
+    ray:   each job is `run_on_node` in a Ray task holding one node (executors.ray_executor),
+           submitted in that order; the node rebuilds the workload (checksum checked), logs
+           its child run to the tracking server itself and tags it with where it ran
+           (node, node_hostname, hardware_fingerprint, ray_node_id: executors.node)
+
+Whatever order the jobs finish in, the records come back in the plan's order, so the verdict
+reads them exactly as a local run's. A job whose node died is marked KILLED in MLflow (found
+by its `executor_attempt` tag) and runs again on another node. The runner hands in its
+`run_one` and `replay_setup` (as it does to `rate_sweep_run`), so this module does not import
+the runner that imports it; a Ray task gets them pickled by reference.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from workbench.experiments.executors.base import Executor
+from workbench.experiments.progress import RunProgress
+from workbench.experiments.run_record import RunRecord, run_label
+from workbench.experiments.template import Template
+
+ATTEMPT_TAG = "executor_attempt"
+
+
+@dataclass(frozen=True)
+class RunJob:
+    """What a node needs to measure one (value, repeat); pickled into its Ray task."""
+
+    template: Template
+    uri: str  # the tracking server every node reaches
+    parent: str  # the experiment's parent run
+    checksum: str  # the workload every run must replay
+    label: str
+    value: Any
+    repeat: int
+    profile: str | None
+    threshold: float  # max_other_cpu_share
+    runs_per_node: int
+    cwd: str  # the driver's working folder (relative template paths resolve there)
+    run_point: Callable[..., RunRecord]  # `runner.run_one`
+    setup: Callable[..., tuple[str, Any, Any, Any]]  # `runner.replay_setup`
+
+
+def run_on_node(job: RunJob, attempt: str) -> RunRecord:
+    """One measured run inside a Ray task: `run_one` with this node's preflight, its CPU
+    watch and its tags; the workload is rebuilt here (`run_one` checks its checksum) and the
+    run is logged to `job.uri` from here."""
+    from workbench.experiments.executors.node import in_cwd, node_identity, use_node_threads
+    from workbench.harness.validity import default_cpu_watch
+    from workbench.tracking.mlflow_store import Store
+
+    with in_cwd(job.cwd):
+        ident = node_identity()
+        use_node_threads(ident, job.runs_per_node)
+        model, workload, arrival, slo = job.setup(job.template, check=False)
+        store = Store(job.template.name, job.uri)
+        return job.run_point(job.template, store, job.parent, model, workload, arrival, slo,
+                       job.label, job.value, job.repeat, ident.preflight, job.checksum,
+                       job.profile, max_other_cpu_share=job.threshold,
+                       cpu_watch=default_cpu_watch(), progress=False, out=None,
+                       tags={"executor": "ray", ATTEMPT_TAG: attempt, **ident.tags()})
+
+
+def run_plan(executor: Executor, template: Template, store: Any, parent: str, model: str,
+             workload: Any, arrival: Any, slo: Any, plan: Sequence[tuple[str, Any]],
+             preflight: dict[str, Any], checksum: str, bar: RunProgress, *,
+             profile: str | None, threshold: float, cpu_watch: Any, progress: bool,
+             out: Path | None, run_point: Callable[..., RunRecord],
+             setup: Callable[..., tuple[str, Any, Any, Any]]) -> list[RunRecord]:
+    """Every (value, repeat) of `plan` on `executor`; the records in the interleaved order.
+    Local runs print as they always did; a cluster's lines name the node of each run.
+    `run_point`, `setup`: the runner's `run_one` and `replay_setup`."""
+    jobs = [(label, value, repeat) for repeat in range(template.repeats)
+            for label, value in plan]
+    names = [f"{run_label(template, v)} repeat {r + 1}/{template.repeats}" for _, v, r in jobs]
+    local = executor.kind == "local"
+
+    def here(job: tuple[str, Any, int], attempt: str) -> RunRecord:
+        label, value, repeat = job
+        return run_point(template, store, parent, model, workload, arrival, slo, label, value,
+                         repeat, preflight, checksum, profile, max_other_cpu_share=threshold,
+                         cpu_watch=cpu_watch, progress=progress, out=out,
+                         tags={"executor": "local", ATTEMPT_TAG: attempt})
+
+    payloads: list[Any] = jobs if local else [
+        RunJob(template, store.uri, parent, checksum, label, value, repeat, profile, threshold,
+               executor.config.runs_per_node, os.getcwd(), run_point, setup)
+        for label, value, repeat in jobs]
+    killed: dict[int, str] = {}
+
+    def lost(i: int, attempt: str, reason: str) -> None:
+        ids = store.kill_running(ATTEMPT_TAG, attempt,
+                                 f"killed: its node was lost ({reason}); the run goes again")
+        killed.update({i: ids[-1]} if ids else {})
+        print(f"workbench run: {names[i]} (run {', '.join(ids) or 'not started'}) was lost: "
+              f"{reason}: marked KILLED; it runs again", file=sys.stderr, flush=True)
+
+    def give_up(i: int, reason: str) -> RunRecord:
+        label, value, repeat = jobs[i]
+        return RunRecord(label, value, repeat, killed.get(i, ""), error=reason)
+
+    records: list[RunRecord | None] = [None] * len(jobs)
+    for done in executor.run(here if local else run_on_node, payloads,
+                             what=names.__getitem__, lost=lost, give_up=give_up,
+                             started=(lambda i: bar.start(names[i])) if local else None):
+        rec = records[done.index] = done.value
+        if local:
+            bar.done("FAILED" if rec.error else "")
+        else:  # the node's own console is not this one: its verdict on the run goes here
+            bar.done(f"on {rec.node}" + ("  FAILED" if rec.error else "") + (
+                f"  INVALID: other processes took {rec.other_cpu_share:.0%} of the CPUs"
+                if rec.disturbed and rec.other_cpu_share is not None else ""),
+                what=names[done.index], seconds=done.wall_s)
+    assert all(r is not None for r in records), "a job never came back"
+    return [r for r in records if r is not None]

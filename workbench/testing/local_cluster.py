@@ -1,0 +1,159 @@
+"""A two-node Ray cluster and an MLflow tracking server on this machine: the cluster tests
+(tests/cluster/) and the local-vs-cluster figure (scripts/cluster_figure.py) start it.
+
+    with LocalCluster.start(tmp) as c:    # ray start --head, ray start --address, mlflow server
+        c.address, c.tracking_uri         # "192.0.2.2:PORT", "http://127.0.0.1:PORT"
+        c.kill("worker")                  # the worker node and every process under it, now
+
+Each node is `ray start` with 1 CPU, no GPU and the resource {"workbench_node": 1}, named
+"head" and "worker" (`--node-name`, what the runs' `node` tag says), its own temp folder, in
+its own process group. Ray 2.60 rewrites a loopback node address to the machine's routable IP
+(`services.resolve_ip_for_localhost`; only its single-node mode keeps 127.0.0.1, and that
+mode refuses `ray start --address`), so the nodes address each other by this machine's IP;
+nothing leaves the machine. The tracking server (sqlite backend, artifacts proxied from a
+local folder) listens on 127.0.0.1 only. Every step has a timeout; `close` kills each process
+group and every process started under it (Ray workers and notebook kernels are children of
+a raylet, in groups of their own).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+import psutil
+
+BIN = Path(sys.executable).parent
+RESOURCES = json.dumps({"workbench_node": 1})
+START_TIMEOUT_S = 150.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def group_tree(pgid: int) -> list[psutil.Process]:
+    """Every process in group `pgid` and every descendant of one (whatever its group)."""
+    found: dict[int, psutil.Process] = {}
+    for p in psutil.process_iter():
+        try:
+            if os.getpgid(p.pid) == pgid:
+                found[p.pid] = p
+                found.update({c.pid: c for c in p.children(recursive=True)})
+        except (psutil.Error, ProcessLookupError, PermissionError):
+            continue
+    return list(found.values())
+
+
+def kill_tree(pgid: int) -> None:
+    """SIGKILL group `pgid` and everything under it; wait (bounded) until they are gone."""
+    procs = group_tree(pgid)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(procs, timeout=15)
+
+
+@dataclass
+class LocalCluster:
+    root: Path  # temp folders, logs, the tracking store
+    address: str = ""
+    tracking_uri: str = ""
+    groups: dict[str, int] = field(default_factory=dict)  # name -> process group id
+
+    @classmethod
+    def start(cls, root: Path | None = None) -> LocalCluster:
+        c = cls(Path(tempfile.mkdtemp(prefix="wbray", dir="/tmp")) if root is None else root)
+        try:
+            c._start()
+        except BaseException:
+            c.close()
+            raise
+        return c
+
+    def __enter__(self) -> LocalCluster:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, e: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def _spawn(self, name: str, cmd: list[str]) -> subprocess.Popen[bytes]:
+        log = (self.root / f"{name}.log").open("wb")
+        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True, cwd=self.root)
+        self.groups[name] = proc.pid  # its own session: group id = its pid
+        return proc
+
+    def _ray_start(self, name: str, *extra: str) -> list[str]:
+        tmp = self.root / name[0]
+        tmp.mkdir(exist_ok=True)
+        return [str(BIN / "ray"), "start", *extra, "--num-cpus=1", "--num-gpus=0",
+                f"--resources={RESOURCES}", f"--node-name={name}", f"--temp-dir={tmp}",
+                "--disable-usage-stats"]
+
+    def _start(self) -> None:
+        port, ui = free_port(), free_port()
+        store = self.root / "mlflow"
+        store.mkdir(exist_ok=True)
+        mlflow = self._spawn("mlflow", [
+            str(BIN / "mlflow"), "server", "--backend-store-uri",
+            f"sqlite:///{store / 'mlflow.db'}", "--artifacts-destination", str(store / "art"),
+            "--host", "127.0.0.1", "--port", str(ui), "--workers", "1"])
+        head = self._spawn("head", self._ray_start("head", "--head", f"--port={port}",
+                                                   "--include-dashboard=false"))
+        deadline = time.monotonic() + START_TIMEOUT_S
+        self._wait(head, "head", deadline)
+        ip = re.search(r"Local node IP: (\S+)", (self.root / "head.log").read_text())
+        assert ip, (self.root / "head.log").read_text()
+        self.address = f"{ip.group(1)}:{port}"
+        worker = self._spawn("worker", self._ray_start("worker", f"--address={self.address}"))
+        self._wait(worker, "worker", deadline)
+        self.tracking_uri = f"http://127.0.0.1:{ui}"
+        while True:
+            try:
+                urllib.request.urlopen(f"{self.tracking_uri}/health", timeout=2).read()
+                break
+            except OSError:
+                assert mlflow.poll() is None, (self.root / "mlflow.log").read_text()[-3000:]
+                assert time.monotonic() < deadline, "mlflow server did not come up"
+                time.sleep(0.5)
+
+    def _wait(self, proc: subprocess.Popen[bytes], name: str, deadline: float) -> None:
+        try:
+            rc = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"`ray start` ({name}) did not finish in time") from None
+        assert rc == 0, (self.root / f"{name}.log").read_text()[-3000:]
+
+    def kill(self, name: str) -> None:
+        """Kill one of the processes (a node, the tracking server) and all under it."""
+        pgid = self.groups.pop(name, None)
+        if pgid is not None:
+            kill_tree(pgid)
+
+    def close(self) -> None:
+        for name in list(self.groups):
+            self.kill(name)
+        shutil.rmtree(self.root, ignore_errors=True)
