@@ -115,6 +115,7 @@ LEAVES: tuple[str, ...] = (
     "workbench.models.registry",  # architecture -> (module, class): config validates with it
     "workbench.testing",  # tiny checkpoints named_models builds on demand; the demo pair trainer
     "workbench.errors",
+    "workbench.ray_utils",  # the optional Ray import (config refuses the "ray" backend without it)
     "workbench.profiling",  # NVTX ranges, used from the engine down to the runner
     "workbench.calc",  # shape and memory arithmetic
     "workbench.kv_transfer_config",  # KVTransferConfig: config and sampling params read it

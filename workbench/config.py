@@ -16,6 +16,7 @@ from typing import Any
 from workbench.kv_transfer_config import PREEMPTION_MODES, KVTransferConfig
 from workbench.models.registry import SUPPORTED_ARCHITECTURES
 from workbench.named_models import resolve_model
+from workbench.ray_utils import CLUSTER_EXTRA, ray_installed
 
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 # The policies `workbench.engine.request_queue.REQUEST_QUEUES` implements (a test keeps the two
@@ -308,7 +309,7 @@ class SchedulerConfig:
             )
 
 
-DISTRIBUTED_EXECUTOR_BACKENDS = ("mp", "external_launcher")
+DISTRIBUTED_EXECUTOR_BACKENDS = ("mp", "ray", "external_launcher")
 
 
 @dataclass
@@ -317,12 +318,15 @@ class ParallelConfig:
     `tensor_parallel_size` processes, one per device (CPU: gloo, CUDA: NCCL).
 
     distributed_executor_backend: "mp" = the engine process is rank 0 and spawns the other
-    ranks as worker processes (it schedules; they run the same batch); "external_launcher" =
-    every rank was started by torchrun and runs the same deterministic engine (vLLM's names).
+    ranks as worker processes (it schedules; they run the same batch); "ray" = the same, with
+    ranks 1..N-1 Ray actors in one placement group, on any nodes of a Ray cluster (needs the
+    `cluster` extra); "external_launcher" = every rank was started by torchrun and runs the
+    same deterministic engine (vLLM's names).
     """
 
     tensor_parallel_size: int = knob(1, "processes (devices) one model is split over")
     distributed_executor_backend: str = knob("mp", "mp (this process spawns the ranks) | "
+                                                   "ray (Ray actors, any nodes) | "
                                                    "external_launcher (torchrun started them)")
 
     def __post_init__(self) -> None:
@@ -333,6 +337,11 @@ class ParallelConfig:
             raise ValueError(
                 f"distributed_executor_backend ({self.distributed_executor_backend!r}) must be "
                 f"one of {', '.join(repr(b) for b in DISTRIBUTED_EXECUTOR_BACKENDS)}"
+            )
+        if self.distributed_executor_backend == "ray" and not ray_installed():
+            raise ValueError(
+                "distributed_executor_backend ('ray') needs Ray, which is not installed: "
+                f"{CLUSTER_EXTRA} (or use 'mp': the ranks as processes on this machine)"
             )
 
     def verify_with_model_config(self, mc: ModelConfig) -> None:

@@ -1,9 +1,11 @@
 """Tensor parallelism without processes: config validation, rank r's weight shards (layers
-built under `tensor_parallel_scope`), the step delta rank 0 sends its workers."""
+built under `tensor_parallel_scope`), the step delta rank 0 sends its workers, the Ray
+worker's check of its connection to rank 0."""
 
 from __future__ import annotations
 
 import json
+import socket
 from pathlib import Path
 
 import pytest
@@ -25,6 +27,7 @@ from workbench.layers.linear import (
     RowParallelLinear,
 )
 from workbench.sampling_params import SamplingParams
+from workbench.worker.ray_worker import rank0_gone
 
 
 def _config_only(path: Path, heads: int, kv_heads: int, intermediate: int = 128) -> Path:
@@ -42,12 +45,35 @@ def _config_only(path: Path, heads: int, kv_heads: int, intermediate: int = 128)
 @pytest.mark.parametrize(("kwargs", "match"), [
     ({"tensor_parallel_size": 0}, r"tensor_parallel_size \(0\) must be an integer >= 1"),
     ({"tensor_parallel_size": True}, r"tensor_parallel_size \(True\) must be an integer"),
-    ({"distributed_executor_backend": "ray"},
-     r"distributed_executor_backend \('ray'\) must be one of 'mp', 'external_launcher'"),
+    ({"distributed_executor_backend": "rey"},
+     r"distributed_executor_backend \('rey'\) must be one of 'mp', 'ray', 'external_launcher'$"),
 ])
 def test_parallel_config_rejects(kwargs: dict, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         ParallelConfig(**kwargs)
+
+
+def test_the_ray_backend_without_ray_is_one_clear_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("workbench.config.ray_installed", lambda: False)
+    with pytest.raises(ValueError) as e:
+        ParallelConfig(tensor_parallel_size=2, distributed_executor_backend="ray")
+    assert str(e.value) == (
+        "distributed_executor_backend ('ray') needs Ray, which is not installed: "
+        "pip install -e '.[cluster]' (or use 'mp': the ranks as processes on this machine)")
+
+
+def test_the_ray_watchdog_sees_rank_0_go_without_reading_its_messages() -> None:
+    a, b = socket.socketpair()
+    try:
+        assert rank0_gone(b) is False  # open, nothing sent
+        a.sendall(b"step")
+        assert rank0_gone(b) is False  # a message waits: left for the worker loop
+        assert b.recv(4) == b"step"
+        a.close()
+        assert rank0_gone(b) is True  # end of stream: rank 0's process is gone
+    finally:
+        a.close()
+        b.close()
 
 
 @pytest.mark.parametrize(("heads", "kv", "tp"), [(4, 2, 3), (6, 3, 2), (4, 4, 8), (8, 2, 6)])

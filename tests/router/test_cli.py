@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -140,3 +141,66 @@ def test_layout_row_takes_the_tails_and_the_efficiency_against_one_worker() -> N
     assert math.isnan(layout_row("x", metrics, False, 2)["scaling_efficiency"])
     with pytest.raises(ValueError, match="metrics lack p99_ttft_ms"):
         layout_row("x", {k: v for k, v in metrics.items() if k != "p99_ttft_ms"}, True, 2)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--address", "10.0.0.1:6379"], "address ('10.0.0.1:6379') places replicas on a Ray "
+                                     "cluster: it needs --executor ray"),
+    (["--replica-num-cpus", "0.5"], "replica_num_cpus (0.5) places replicas on a Ray cluster: "
+                                    "it needs --executor ray"),
+    (["--executor", "ray", "--replica-url", "http://a:1"],
+     "replica_url (['http://a:1']) routes to running servers; --executor ray starts the "
+     "replicas as Ray actors: give one or the other"),
+    (["--executor", "ray", "--prefill-url", "http://a:1", "--decode-url", "http://b:1"],
+     "prefill_url (['http://a:1']) routes to running servers; --executor ray starts the "
+     "replicas as Ray actors: give one or the other"),
+    (["--executor", "ray", "--replica-log-dir", "logs"],
+     "replica_log_dir (logs) names a log folder on this machine (Ray keeps each replica's log "
+     "on its node); --executor ray starts the replicas as Ray actors: give one or the other"),
+    (["--executor", "ray", "--replica-resources", "{node: 1}"],
+     "replica_resources ('{node: 1}') is not JSON: Expecting property name enclosed in double "
+     "quotes: line 1 column 2 (char 1)"),
+])
+def test_ray_placement_flags_are_one_error_line(
+        argv: list[str], message: str, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("workbench.router.config.ray_installed", lambda: True)
+    with pytest.raises(SystemExit) as e:
+        parse_args(["--model", str(bundled_checkpoint()), *argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and err[-1] == f"workbench router: error: {message}"
+
+
+def test_executor_ray_is_a_router_flag_and_the_bundle_follows_tp(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("workbench.router.config.ray_installed", lambda: True)
+    from workbench.router.cli import _ray_pool
+
+    model = str(bundled_checkpoint())
+    args, config, serve, _ = parse_args([
+        "--model", model, "--executor", "ray", "--address", "10.0.0.1:6379",
+        "--num-workers", "4", "--tensor-parallel-size", "2", "--replica-threads", "3",
+        "--replica-resources", '{"workbench_node": 1}'])
+    assert (config.executor, config.address, config.num_replicas) == ("ray", "10.0.0.1:6379", 2)
+    assert "--executor" not in serve and "--address" not in serve
+    pool = _ray_pool(args, config, serve)  # nothing starts before `start()`
+    assert (len(pool), pool.address, pool.threads) == (2, "10.0.0.1:6379", 3)
+    assert pool.bundle == {"CPU": 6.0, "workbench_node": 1}  # 3 threads x 2 "mp" ranks
+    args, config, serve, _ = parse_args([
+        "--model", model, "--executor", "ray", "--num-prefill", "1", "--num-decode", "2",
+        "--replica-num-cpus", "0.5"])
+    pool = _ray_pool(args, config, serve)
+    assert [r.role for r in pool.replicas] == ["prefill", "decode", "decode"]
+    assert pool.bundle == {"CPU": 0.5}
+    assert [json.loads(e[1])["kv_role"] for e in pool.extra] == [
+        "kv_producer", "kv_consumer", "kv_consumer"]
+
+
+def test_executor_ray_without_ray_is_one_error_line(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("workbench.router.config.ray_installed", lambda: False)
+    with pytest.raises(SystemExit) as e:
+        parse_args(["--model", str(bundled_checkpoint()), "--executor", "ray"], True)
+    assert e.value.code == 2 and capsys.readouterr().err.strip().splitlines()[-1] == (
+        "workbench disagg: error: --executor ray needs Ray, which is not installed: "
+        "pip install -e '.[cluster]'")

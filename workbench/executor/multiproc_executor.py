@@ -48,7 +48,6 @@ import socket
 import time
 import weakref
 from multiprocessing.connection import Connection
-from multiprocessing.process import BaseProcess
 from typing import Any, NoReturn
 
 import torch
@@ -83,7 +82,7 @@ def threads_per_rank(world_size: int) -> int:
     return max(1, (os.cpu_count() or 1) // world_size)
 
 
-def _stop_processes(procs: list[BaseProcess], conns: list[Connection]) -> None:
+def _stop_processes(procs: list[Any], conns: list[Connection]) -> None:
     """Ask each worker to exit, then terminate / kill the ones still alive."""
     for conn in conns:
         try:
@@ -113,6 +112,8 @@ class WorkerDied(WorkerError):
 
 
 class MultiprocExecutor:
+    backend = "mp"
+
     def __init__(self, config: EngineConfig) -> None:
         n = config.parallel_config.tensor_parallel_size
         if model_parallel_is_initialized():
@@ -120,6 +121,38 @@ class MultiprocExecutor:
                 "this process already is a tensor-parallel rank (one TP engine per process); "
                 "shut the other engine down first (LLM.close())"
             )
+        self._check(config)
+        self.world_size = n
+        self._old_threads = torch.get_num_threads()
+        self.num_threads = threads_per_rank(n)
+        if config.device == "cpu":
+            torch.set_num_threads(self.num_threads)
+        self.procs: list[Any] = []  # BaseProcess, or a handle with its methods (RayWorkerHandle)
+        self.conns: list[Connection] = []
+        self._finalizer = weakref.finalize(self, _stop_processes, self.procs, self.conns)
+        self.num_broadcasts = 0
+        self.broadcast_bytes = 0
+        self.broadcast_s = 0.0  # pickle + pipe writes, summed over steps
+        self.pickle_s = 0.0
+        self._closed = False
+        self._owns_group = False
+        try:
+            init_method = self._start_workers(config)
+            for rank in range(1, n):
+                try:
+                    self._expect(rank, "hello", STARTUP_TIMEOUT_S)
+                except WorkerDied as e:
+                    raise WorkerDied(f"{e} during start-up {self._startup_advice()}") from None
+            init_distributed_environment(n, 0, init_method, device=config.device)
+            self._owns_group = True
+        except BaseException:
+            self.shutdown()
+            raise
+
+    # ----------------------------------------------------------------- start-up
+    def _check(self, config: EngineConfig) -> None:
+        """Refuse what this backend cannot start, before anything is started."""
+        n = config.parallel_config.tensor_parallel_size
         if config.device == "cuda" and torch.cuda.device_count() < n:
             raise ValueError(
                 f"tensor_parallel_size ({n}) needs {n} CUDA devices; "
@@ -131,48 +164,29 @@ class MultiprocExecutor:
                 f"tensor_parallel_size ({n}) starts {n - 1} worker process(es) with the 'spawn' "
                 f"method; {problem}. To use tensor parallelism, {MAIN_ADVICE}."
             )
-        self.world_size = n
-        self._old_threads = torch.get_num_threads()
-        self.num_threads = threads_per_rank(n)
-        if config.device == "cpu":
-            torch.set_num_threads(self.num_threads)
+
+    def _start_workers(self, config: EngineConfig) -> str:
+        """Start ranks 1..N-1 (appending to `procs` and `conns` in rank order); the
+        torch.distributed init method every rank joins with."""
         ctx = mp.get_context("spawn")
         init_method = f"tcp://127.0.0.1:{get_open_port()}"
-        self.procs: list[BaseProcess] = []
-        self.conns: list[Connection] = []
-        self._finalizer = weakref.finalize(self, _stop_processes, self.procs, self.conns)
-        self.num_broadcasts = 0
-        self.broadcast_bytes = 0
-        self.broadcast_s = 0.0  # pickle + pipe writes, summed over steps
-        self.pickle_s = 0.0
-        self._closed = False
-        self._owns_group = False
-        try:
-            for rank in range(1, n):
-                parent_end, child_end = ctx.Pipe(duplex=True)
-                p = ctx.Process(
-                    target=worker_main, name=f"TPWorker-{rank}", daemon=True,
-                    args=(config, rank, n, init_method, child_end, os.getpid(), self.num_threads),
-                )
-                p.start()
-                child_end.close()
-                self.procs.append(p)
-                self.conns.append(parent_end)
-            for rank in range(1, n):
-                try:
-                    self._expect(rank, "hello", STARTUP_TIMEOUT_S)
-                except WorkerDied as e:
-                    raise WorkerDied(
-                        f"{e} during start-up (its own error is on stderr above). A spawned "
-                        "worker first re-runs this program's main module, which must build "
-                        "the LLM only under `if __name__ == \"__main__\":`; "
-                        f"{MAIN_ADVICE}."
-                    ) from None
-            init_distributed_environment(n, 0, init_method, device=config.device)
-            self._owns_group = True
-        except BaseException:
-            self.shutdown()
-            raise
+        for rank in range(1, self.world_size):
+            parent_end, child_end = ctx.Pipe(duplex=True)
+            p = ctx.Process(
+                target=worker_main, name=f"TPWorker-{rank}", daemon=True,
+                args=(config, rank, self.world_size, init_method, child_end, os.getpid(),
+                      self.num_threads),
+            )
+            p.start()
+            child_end.close()
+            self.procs.append(p)
+            self.conns.append(parent_end)
+        return init_method
+
+    def _startup_advice(self) -> str:
+        return ("(its own error is on stderr above). A spawned worker first re-runs this "
+                "program's main module, which must build the LLM only under "
+                f"`if __name__ == \"__main__\":`; {MAIN_ADVICE}.")
 
     # ----------------------------------------------------------------- replies
     def _recv(self, rank: int, timeout_s: float) -> tuple[Any, ...]:

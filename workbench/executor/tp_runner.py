@@ -6,6 +6,8 @@
                                    profile_cudagraph_memory, initialize_kv_cache) is first sent
                                    to the workers, then run here, so all ranks issue the same
                                    collectives in the same order; rank 0 samples
+    tp > 1, "ray"                  the same runner over a RayExecutor: ranks 1..N-1 are Ray
+                                   actors in one placement group, on any nodes
     tp > 1, "external_launcher"    ExternalLauncherModelRunner: torchrun started every rank, each
                                    runs the whole (deterministic) engine, nothing is broadcast;
                                    every rank samples the same tokens from the same logits
@@ -46,11 +48,22 @@ def create_model_runner(config: EngineConfig) -> ModelRunner:
     return MultiprocModelRunner(config)
 
 
+def make_executor(config: EngineConfig) -> MultiprocExecutor:
+    """The executor of `distributed_executor_backend` ("mp" or "ray"); it starts the workers
+    and joins the group."""
+    if config.parallel_config.distributed_executor_backend == "ray":
+        from workbench.executor.ray_executor import RayExecutor
+
+        return RayExecutor(config)
+    return MultiprocExecutor(config)
+
+
 class MultiprocModelRunner(ModelRunner):
-    """TP rank 0 of the "mp" backend: mirrors its collective calls to the worker processes."""
+    """TP rank 0 of the "mp" and "ray" backends: mirrors its collective calls to the workers
+    (spawned processes, or Ray actors)."""
 
     def __init__(self, config: EngineConfig) -> None:
-        self.executor = MultiprocExecutor(config)  # spawns the workers, joins the group
+        self.executor = make_executor(config)  # starts the workers, joins the group
         try:
             super().__init__(config)
             self.executor.wait_ready()

@@ -27,7 +27,8 @@ ROUTER_KNOBS = ("num_replicas", "num_workers", "policy", "routing_policy", "pref
                 "replica_ready_timeout_s", "replica_log_dir", "replica_log_level",
                 "replica_url", "scheduling_policy", "max_attempts", "health_interval_s",
                 "num_prefill", "num_decode", "prefill_url", "decode_url", "prefill_policy",
-                "decode_policy", "kv_push")
+                "decode_policy", "kv_push", "executor", "address", "replica_num_cpus",
+                "replica_resources")
 ROUTING_POLICIES = ("round_robin", "least_outstanding", "prefix_aware")
 
 

@@ -11,6 +11,11 @@
     config.py   RouterConfig (the router's knobs)      app.py   the FastAPI app and lifespan
     summary.py  per-replica / aggregate run summary    cli.py   `workbench router ...`
 
+On a Ray cluster (`--executor ray`, the `cluster` extra; docs/cluster_serving.md):
+    ray_pool.py     RayReplicaPool: the replicas as Ray actors spread over the nodes (one
+                    placement group); a lost one restarted by Ray and routed to again
+    ray_replica.py  the actor: `workbench serve`'s app in its process, on its node's IP
+
 Disaggregated prefill/decode (`--num-prefill P --num-decode M`, `workbench disagg`):
     disagg.py       DisaggRouter: a prefill leg on a prefill replica, then the decode leg
                     (vLLM's proxy protocol, kv_transfer_params), fallback, records, timings

@@ -4,8 +4,9 @@
 
 Lifespan: start the pool (every replica launched at once; startup ends when all answer
 /health, so the router's own /health is 200 only then), watch the replicas every
-`health_interval_s` (a replica whose process exited, or, for a pool of URLs, whose /health
-refuses the connection, is marked dead), and on shutdown stop every replica's process group.
+`health_interval_s` (a replica whose process exited or whose Ray actor died, or, for a pool
+of URLs, whose /health refuses the connection, is marked dead; a replica the pool restarted,
+`RayReplicaPool`, is routed to again), and on shutdown stop every replica.
 
 Routes:
     POST /v1/completions, /v1/chat/completions   validated and tokenized (`prompts`), routed
@@ -170,15 +171,18 @@ def build_router_app(config: RouterConfig, pool: ReplicaPool, tokenizer: Any,
 
 
 async def _watch(router: Router, interval_s: float) -> None:
-    """Mark dead the replicas whose process exited (or, without a process, whose /health
-    refuses the connection)."""
+    """Mark dead the replicas the pool knows are gone (a process exited, a Ray actor died) or,
+    for servers it does not watch, whose /health refuses the connection; route again to the
+    replicas the pool brought back (a restarted Ray actor: new URL, counters kept)."""
     while True:
         await asyncio.sleep(interval_s)
+        for r in await asyncio.to_thread(router.pool.recovered):
+            router.replica_recovered(r)
         for r in router.pool.live():
-            if r.process is not None:
-                code = router.pool.exited(r)
-                if code is not None:
-                    router.replica_failed(r, f"its process exited with code {code}")
+            if router.pool.watches(r):
+                reason = router.pool.failure(r)
+                if reason is not None:
+                    router.replica_failed(r, reason)
                 continue
             try:
                 await router.client.get(r.base_url + "/health", timeout=5.0)

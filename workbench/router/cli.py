@@ -13,6 +13,14 @@ round_robin | least_outstanding | prefix_aware), --prefix-blocks K, --prefix-blo
 `--replica-url URL` (repeatable) routes to servers already running instead of starting
 replicas (`--model` still names the folder whose tokenizer keys the requests).
 
+Where the replicas run: `--executor local` (default: processes on 127.0.0.1) or
+`--executor ray [--address HOST:PORT]` (Ray actors on a Ray cluster's nodes, spread one per
+node while nodes have room, restarted by Ray when lost and routed to again; `ray_pool.py`,
+docs/cluster_serving.md), with `--replica-num-cpus C` (each replica's placement bundle;
+default --replica-threads x --tensor-parallel-size) and `--replica-resources JSON` (custom
+resources per replica, e.g. '{"workbench_node": 1}': a node each). Not with --replica-url,
+--prefill-url / --decode-url or --replica-log-dir. Both modes, colocated and disaggregated.
+
 Disaggregated prefill/decode (`disagg.py`; `workbench disagg ...` is this command in that mode):
 
     workbench router --num-prefill P --num-decode M [--prefill-policy prefix_aware]
@@ -39,11 +47,16 @@ router's. An experiment template can name this command: its engine config become
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
+from typing import TYPE_CHECKING
 
-from workbench.router.config import DECODE_POLICIES, RouterConfig
+from workbench.router.config import DECODE_POLICIES, EXECUTORS, RouterConfig
 from workbench.router.policies import POLICIES
+
+if TYPE_CHECKING:
+    from workbench.router.ray_pool import RayReplicaPool
 
 # Config keys a template may give that are the router's, not an engine's (flags of this
 # command): what a check of a router template's engine config must leave out.
@@ -52,7 +65,8 @@ ROUTER_KNOBS = ("num_replicas", "num_workers", "policy", "routing_policy", "pref
                 "replica_ready_timeout_s", "replica_log_dir", "replica_log_level",
                 "replica_url", "scheduling_policy", "max_attempts", "health_interval_s",
                 "num_prefill", "num_decode", "prefill_url", "decode_url", "prefill_policy",
-                "decode_policy", "kv_push")
+                "decode_policy", "kv_push", "executor", "address", "replica_num_cpus",
+                "replica_resources")
 
 
 def build_parser(prog: str = "workbench router") -> argparse.ArgumentParser:
@@ -102,6 +116,19 @@ def build_parser(prog: str = "workbench router") -> argparse.ArgumentParser:
                    help="choose the decode replica first and have the (layerwise) prefill "
                         "replica push the KV to it while it prefills (default: the decode "
                         "replica pulls after the prefill)")
+    r = ap.add_argument_group("where the replicas run")
+    r.add_argument("--executor", choices=EXECUTORS, default=d.executor,
+                   help="local: processes on this machine; ray: Ray actors on a Ray cluster's "
+                        "nodes, restarted when lost (pip install -e '.[cluster]')")
+    r.add_argument("--address", default=None,
+                   help="ray: the cluster's HOST:PORT (default: RAY_ADDRESS, else the cluster "
+                        "`ray start` started here, else a new local one)")
+    r.add_argument("--replica-num-cpus", type=float, default=None,
+                   help="ray: CPUs each replica's placement bundle holds (default: "
+                        "--replica-threads x --tensor-parallel-size)")
+    r.add_argument("--replica-resources", default=None,
+                   help='ray: custom resources per replica, JSON, e.g. {"workbench_node": 1} '
+                        "(a node each)")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
     ap.add_argument("--log-level", default="info",
@@ -162,6 +189,27 @@ def _sides(args: argparse.Namespace, tensor_parallel_size: int) -> tuple[int, in
     return sides
 
 
+def _ray_placement(args: argparse.Namespace) -> dict[str, float] | None:
+    """--replica-resources as a dict; ValueError for it, or for flags that name running
+    servers or log files, with --executor ray."""
+    resources = None
+    if args.replica_resources is not None:
+        try:
+            resources = json.loads(args.replica_resources)
+        except ValueError as e:
+            raise ValueError(f"replica_resources ({args.replica_resources!r}) is not JSON: "
+                             f"{e}") from None
+    if args.executor == "ray":
+        for name in ("replica_url", "prefill_url", "decode_url", "replica_log_dir"):
+            value = getattr(args, name)
+            if value is not None:
+                what = "names a log folder on this machine (Ray keeps each replica's log on "\
+                       "its node)" if name == "replica_log_dir" else "routes to running servers"
+                raise ValueError(f"{name} ({value}) {what}; --executor ray starts the "
+                                 "replicas as Ray actors: give one or the other")
+    return resources
+
+
 def parse_args(argv: list[str], disaggregated: bool = False
                ) -> tuple[argparse.Namespace, RouterConfig, list[str], str]:
     """(router args, RouterConfig, the replicas' `workbench serve` flags, the model folder).
@@ -191,7 +239,10 @@ def parse_args(argv: list[str], disaggregated: bool = False
     serve_args += ["--log-level", args.replica_log_level]
     _, engine = serve_parse_args([*serve_args, "--port", "0"])  # exits 2 on a bad flag
     tp = engine.parallel_config.tensor_parallel_size
+    args.device = engine.device
+    args.tp_backend = engine.parallel_config.distributed_executor_backend
     try:
+        resources = _ray_placement(args)
         num, prefill, decode = RouterConfig.num_replicas, 0, 0
         if disaggregated:
             prefill, decode = _sides(args, tp)
@@ -205,7 +256,8 @@ def parse_args(argv: list[str], disaggregated: bool = False
             health_interval_s=args.health_interval_s, max_attempts=args.max_attempts,
             tensor_parallel_size=tp, num_prefill=prefill, num_decode=decode,
             prefill_policy=args.prefill_policy, decode_policy=args.decode_policy,
-            kv_push=args.kv_push)
+            kv_push=args.kv_push, executor=args.executor, address=args.address,
+            replica_num_cpus=args.replica_num_cpus, replica_resources=resources)
     except ValueError as e:
         ap.error(str(e))
     return args, config, serve_args, engine.model_config.model
@@ -223,7 +275,9 @@ def main(argv: list[str] | None = None, disaggregated: bool = False) -> None:
     from workbench.router.app import build_router_app
     from workbench.router.pool import ReplicaPool
 
-    if config.disaggregated:
+    if config.executor == "ray":
+        pool = _ray_pool(args, config, serve_args)
+    elif config.disaggregated:
         from workbench.router.disagg_pool import disagg_pool, url_pool
 
         if args.prefill_url:
@@ -242,6 +296,27 @@ def main(argv: list[str] | None = None, disaggregated: bool = False) -> None:
     app = build_router_app(config, pool, load_tokenizer(model))
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
                 timeout_graceful_shutdown=5)
+
+
+def _ray_pool(args: argparse.Namespace, config: RouterConfig,
+              serve_args: list[str]) -> RayReplicaPool:
+    """The replicas (or the P prefill + M decode instances) as Ray actors: each bundle holds
+    the replica's engine process and its "mp" TP ranks (with the "ray" TP backend, rank 0 only:
+    the engine places the others), on CUDA one GPU per rank held."""
+    from workbench.router.disagg_pool import disagg_sides
+    from workbench.router.ray_pool import RayReplicaPool
+
+    ranks = config.tensor_parallel_size if args.tp_backend == "mp" else 1
+    roles = extra = None
+    if config.disaggregated:
+        roles, extra = disagg_sides(serve_args, config.num_prefill, config.num_decode,
+                                    args.kv_transfer_config, kv_push=config.kv_push)
+    return RayReplicaPool(
+        serve_args, config.num_replicas, threads=config.replica_threads,
+        ready_timeout_s=config.ready_timeout_s, address=config.address,
+        num_cpus=config.replica_num_cpus or config.replica_threads * ranks,
+        num_gpus=ranks if args.device == "cuda" else 0, resources=config.replica_resources,
+        roles=roles, replica_args=extra)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,12 @@ is set to P + M, and `num_workers` = (P + M) x tensor_parallel_size, so colocate
 disaggregated layouts compare at the same worker count. `prefill_policy` picks among the
 prefill replicas, `decode_policy` among the decode ones; `policy` is then unused.
 
+Where the replicas run (`executor`): "local" (default) = `workbench serve` processes on
+127.0.0.1 (`pool.ReplicaPool`); "ray" = Ray actors on the nodes of the Ray cluster at
+`address` (`ray_pool.RayReplicaPool`, the `cluster` extra), each replica's placement bundle
+`replica_num_cpus` CPUs (default replica_threads x tensor_parallel_size) plus
+`replica_resources` (e.g. {"workbench_node": 1}: one replica per node).
+
 Each field is a flag of `workbench router` (`--num-replicas`, `--policy`, ...). `block_size`
 defaults to the replicas' engine block size so the prefix key is the engine's block hash.
 """
@@ -22,9 +28,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from workbench.errors import did_you_mean
+from workbench.ray_utils import CLUSTER_EXTRA, ray_installed
 from workbench.router.policies import POLICIES, RoutingPolicy, make_policy
 
 DECODE_POLICIES = ("round_robin", "least_outstanding")  # a decode leg has no prefix to reuse
+EXECUTORS = ("local", "ray")
 
 
 @dataclass(frozen=True)
@@ -47,6 +56,10 @@ class RouterConfig:
     # disaggregated: pick the decode replica first and name its side channel in the prefill
     # request, so a layerwise prefill replica pushes the KV there while it prefills
     kv_push: bool = False
+    executor: str = "local"  # local (processes on this machine) | ray (Ray actors, any node)
+    address: str | None = None  # ray: the cluster's HOST:PORT, "auto", "local"; None: Ray's
+    replica_num_cpus: float | None = None  # ray: CPUs per replica; None: threads x TP
+    replica_resources: dict[str, float] | None = None  # ray: custom resources per replica
 
     def __post_init__(self) -> None:
         ints = {"num_replicas": self.num_replicas, "prefix_blocks": self.prefix_blocks,
@@ -68,6 +81,35 @@ class RouterConfig:
         if self.max_attempts is not None and self.max_attempts < 1:
             raise ValueError(f"max_attempts ({self.max_attempts!r}) must be >= 1 or None")
         self._check_disaggregation()
+        self._check_executor()
+
+    def _check_executor(self) -> None:
+        if self.executor not in EXECUTORS:
+            raise ValueError(f"executor ({self.executor!r}) must be one of "
+                             f"{', '.join(EXECUTORS)}{did_you_mean(self.executor, EXECUTORS)}")
+        if self.executor != "ray":
+            for name in ("address", "replica_num_cpus", "replica_resources"):
+                value = getattr(self, name)
+                if value is not None:
+                    raise ValueError(f"{name} ({value!r}) places replicas on a Ray cluster: it "
+                                     "needs --executor ray")
+            return
+        if not ray_installed():
+            raise ValueError(f"--executor ray needs Ray, which is not installed: {CLUSTER_EXTRA}")
+        cpus = self.replica_num_cpus
+        if cpus is not None and (isinstance(cpus, bool) or not isinstance(cpus, int | float)
+                                 or not cpus > 0):
+            raise ValueError(f"replica_num_cpus ({cpus!r}) must be a number > 0 (CPUs each "
+                             "replica's placement bundle holds)")
+        res = self.replica_resources
+        if res is not None and (not isinstance(res, dict) or not all(
+                isinstance(k, str) and k and not isinstance(v, bool)
+                and isinstance(v, int | float) and v >= 0 for k, v in res.items())):
+            raise ValueError(f"replica_resources ({res!r}) must map resource names to numbers "
+                             '>= 0, e.g. {"workbench_node": 1} (a node per replica)')
+        if res and ({"CPU", "GPU"} & set(res)):
+            raise ValueError(f"replica_resources ({res!r}) holds CPU or GPU: give "
+                             "--replica-num-cpus (GPUs follow the engine's device and TP)")
 
     def _check_disaggregation(self) -> None:
         for name, value in (("num_prefill", self.num_prefill), ("num_decode", self.num_decode)):

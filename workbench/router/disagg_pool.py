@@ -5,6 +5,8 @@ with its side's `--kv-transfer-config`, or servers already running (vLLM or work
         prefill: --kv-transfer-config {"kv_connector": "P2pConnector", "kv_role": "kv_producer"}
         decode:  --kv-transfer-config {"kv_connector": "P2pConnector", "kv_role": "kv_consumer"}
     url_pool(prefill_urls, decode_urls)             the same roles, nothing started
+    disagg_sides(serve_args, 2, 1, user_kv_config)  the roles and per-replica flags alone
+                                                    (`ray_pool.RayReplicaPool` takes them)
 
 A `--kv-transfer-config` the user gave among the engine flags is taken out of the shared
 flags (`split_kv_transfer_config`) and merged per side (`role_kv_transfer_config`): every key
@@ -88,6 +90,22 @@ def roles(num_prefill: int, num_decode: int) -> list[str]:
     return ["prefill"] * num_prefill + ["decode"] * num_decode
 
 
+def disagg_sides(
+    serve_args: list[str], num_prefill: int, num_decode: int,
+    kv_transfer_config: dict[str, Any] | None = None, kv_push: bool = False,
+) -> tuple[list[str], list[list[str]]]:
+    """(each replica's role, each replica's extra flags: its side's --kv-transfer-config), for
+    any pool (`disagg_pool`, or `ray_pool.RayReplicaPool`); `serve_args` must not hold a
+    --kv-transfer-config: pass the user's as `kv_transfer_config`."""
+    if FLAG in serve_args or any(a.startswith(FLAG + "=") for a in serve_args):
+        raise ValueError(f"serve_args hold {FLAG}; pass it as kv_transfer_config (merged per "
+                         "side)")
+    sides = roles(num_prefill, num_decode)
+    extra = [[FLAG, json.dumps(role_kv_transfer_config(kv_transfer_config, role, kv_push))]
+             for role in sides]
+    return sides, extra
+
+
 def disagg_pool(
     serve_args: list[str], num_prefill: int, num_decode: int,
     kv_transfer_config: dict[str, Any] | None = None, kv_push: bool = False, threads: int = 1,
@@ -96,12 +114,7 @@ def disagg_pool(
 ) -> ReplicaPool:
     """P prefill + M decode `workbench serve` replicas of `serve_args` (which must not hold a
     --kv-transfer-config: pass the user's as `kv_transfer_config`)."""
-    if FLAG in serve_args or any(a.startswith(FLAG + "=") for a in serve_args):
-        raise ValueError(f"serve_args hold {FLAG}; pass it as kv_transfer_config (merged per "
-                         "side)")
-    sides = roles(num_prefill, num_decode)
-    extra = [[FLAG, json.dumps(role_kv_transfer_config(kv_transfer_config, role, kv_push))]
-             for role in sides]
+    sides, extra = disagg_sides(serve_args, num_prefill, num_decode, kv_transfer_config, kv_push)
     return ReplicaPool(serve_args, len(sides), threads=threads, ready_timeout_s=ready_timeout_s,
                        log_dir=log_dir, ports=ports, roles=sides, replica_args=extra)
 

@@ -92,6 +92,11 @@ class Router:
     def replica_failed(self, replica: Replica, reason: str) -> None:
         self.pool.mark_dead(replica, reason)
 
+    def replica_recovered(self, replica: Replica) -> None:
+        """The pool brought `replica` back (alive, its new URL set): routed to from now on."""
+        logger.warning("replica %d is back at %s (restart %d); routed to again",
+                       replica.index, replica.base_url, replica.restarts_total)
+
     @staticmethod
     def done(replica: Replica) -> None:
         replica.outstanding -= 1

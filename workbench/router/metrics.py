@@ -7,7 +7,8 @@ instead of vanishing) and renders `RouterCollector`:
     router_requests_total{replica}          attempts sent to the replica (retries included)
     router_requests_outstanding{replica}    attempts in flight now
     router_retries_total{replica}           attempts on it that failed and went elsewhere
-    router_replica_failures_total{replica}  1 once the replica was marked dead
+    router_replica_failures_total{replica}  times the replica was marked dead
+    router_replica_restarts_total{replica}  times it came back after a restart (Ray pool)
     router_replica_up{replica}              1 alive, 0 dead
     router_client_requests_total, router_failed_requests_total (no replica could finish),
     router_resumed_streams_total, router_restarted_requests_total,
@@ -94,6 +95,8 @@ def router_families(router: Router) -> Iterator[Metric]:
          CounterMetricFamily, lambda r: r.retries_total),
         ("router_replica_failures", "Times the replica was marked dead.",
          CounterMetricFamily, lambda r: r.failures_total),
+        ("router_replica_restarts", "Times the replica came back after a restart.",
+         CounterMetricFamily, lambda r: r.restarts_total),
         ("router_replica_up", "1 while the replica is routed to, 0 once marked dead.",
          GaugeMetricFamily, lambda r: int(r.alive)),
     )

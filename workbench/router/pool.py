@@ -8,8 +8,10 @@ Place in the flow: the router's lifespan starts the pool (all replicas launched 
 then each waited for until its /health answers), routes with `replica.outstanding` and
 `replica.alive`, and stops every process group on shutdown. A replica is marked dead once
 (`mark_dead`), when a request's connection to it fails or its stream breaks, or when the
-health check finds its process gone; it is then never routed to again (no restart). The
-pool can also wrap servers it did not start (`urls=`), which it never stops.
+health check finds its process gone (`failure`); this pool never restarts it, so it is not
+routed to again (`recovered()` is always empty). The pool can also wrap servers it did not
+start (`urls=`), which it never stops. `ray_pool.RayReplicaPool` has the same interface with
+replicas that are Ray actors: Ray restarts a lost one and `recovered()` hands it back.
 
 Roles: every replica is "both" (prefill and decode, colocated) unless `roles` gives each one
 "prefill" or "decode" (the disaggregated router, `disagg.py`); `replica_args` adds flags to
@@ -17,7 +19,8 @@ one replica's `workbench serve` (its `--kv-transfer-config` role).
 
 Counters kept per replica (exported by `metrics.py`): attempts sent (`requests_total`,
 retries included), attempts that failed and went to another replica (`retries_total`),
-failures (0 or 1, `failures_total`) and the outstanding count.
+times marked dead (`failures_total`: 0 or 1 here), times brought back after a restart
+(`restarts_total`: always 0 here) and the outstanding count.
 """
 
 from __future__ import annotations
@@ -47,18 +50,21 @@ class Replica:
     requests_total: int = 0
     retries_total: int = 0
     failures_total: int = 0
+    restarts_total: int = 0  # times it came back after a restart (a Ray pool's replicas)
     failure: str | None = None  # why it was marked dead
+    node: str | None = None  # the node it runs on, when the pool places it (a Ray node id)
+    remote_pid: int | None = None  # its process id there (no `process` handle here)
     last_metrics: str = field(default="", repr=False)  # last /metrics text scraped
 
     @property
     def pid(self) -> int | None:
-        return self.process.pid if self.process is not None else None
+        return self.process.pid if self.process is not None else self.remote_pid
 
     def describe(self) -> dict[str, object]:
         return {"replica": self.index, "role": self.role, "url": self.base_url, "pid": self.pid,
-                "alive": self.alive, "outstanding": self.outstanding,
+                "node": self.node, "alive": self.alive, "outstanding": self.outstanding,
                 "requests_total": self.requests_total, "retries_total": self.retries_total,
-                "failure": self.failure,
+                "restarts_total": self.restarts_total, "failure": self.failure,
                 "log_path": str(self.process.log_path) if self.process is not None else None}
 
 
@@ -159,6 +165,21 @@ class ReplicaPool:
         """The exit code when the pool's process for `replica` has exited, else None."""
         proc = replica.process.proc if replica.process is not None else None
         return proc.poll() if proc is not None else None
+
+    def watches(self, replica: Replica) -> bool:
+        """Whether `failure` can tell that `replica` is gone (the pool started it); the router
+        checks the others' /health instead."""
+        return replica.process is not None
+
+    def failure(self, replica: Replica) -> str | None:
+        """Why `replica` is known to be gone (its process exited), else None."""
+        code = self.exited(replica)
+        return None if code is None else f"its process exited with code {code}"
+
+    def recovered(self) -> list[Replica]:
+        """Dead replicas alive again since the last call: none here (nothing is restarted).
+        Called by the router's health loop off its event loop; may block briefly."""
+        return []
 
     def mark_dead(self, replica: Replica, reason: str) -> bool:
         """Exclude `replica` from routing; True the first time (the failure is recorded)."""

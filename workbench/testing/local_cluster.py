@@ -11,9 +11,13 @@ its own process group. Ray 2.60 rewrites a loopback node address to the machine'
 (`services.resolve_ip_for_localhost`; only its single-node mode keeps 127.0.0.1, and that
 mode refuses `ray start --address`), so the nodes address each other by this machine's IP;
 nothing leaves the machine. The tracking server (sqlite backend, artifacts proxied from a
-local folder) listens on 127.0.0.1 only. Every step has a timeout; `close` kills each process
-group and every process started under it (Ray workers and notebook kernels are children of
-a raylet, in groups of their own).
+local folder) listens on 127.0.0.1 only (`tracking=False`: no tracking server). Token
+authentication is off for the nodes and this driver (RAY_AUTH_MODE=disabled, restored at
+close): Ray 2.60 turns it on when a `ray.init()` starts a new local Ray and writes
+~/.ray/auth_token, after which `ray start --head` wants the token and `ray start --address`
+does not send it, so the second node could not join. Every step has a timeout; `close`
+kills each process group and every process started under it (Ray workers and notebook
+kernels are children of a raylet, in groups of their own).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from types import TracebackType
 import psutil
 
 BIN = Path(sys.executable).parent
+AUTH_MODE = "RAY_AUTH_MODE"
 RESOURCES = json.dumps({"workbench_node": 1})
 START_TIMEOUT_S = 150.0
 
@@ -80,10 +85,15 @@ class LocalCluster:
     address: str = ""
     tracking_uri: str = ""
     groups: dict[str, int] = field(default_factory=dict)  # name -> process group id
+    tracking: bool = True  # start the MLflow tracking server too
+    _auth_mode: str | None = None  # the driver's RAY_AUTH_MODE before start
 
     @classmethod
-    def start(cls, root: Path | None = None) -> LocalCluster:
-        c = cls(Path(tempfile.mkdtemp(prefix="wbray", dir="/tmp")) if root is None else root)
+    def start(cls, root: Path | None = None, tracking: bool = True) -> LocalCluster:
+        c = cls(Path(tempfile.mkdtemp(prefix="wbray", dir="/tmp")) if root is None else root,
+                tracking=tracking)
+        c._auth_mode = os.environ.get(AUTH_MODE)
+        os.environ[AUTH_MODE] = "disabled"
         try:
             c._start()
         except BaseException:
@@ -100,7 +110,7 @@ class LocalCluster:
 
     def _spawn(self, name: str, cmd: list[str]) -> subprocess.Popen[bytes]:
         log = (self.root / f"{name}.log").open("wb")
-        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", AUTH_MODE: "disabled"}
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True, cwd=self.root)
         self.groups[name] = proc.pid  # its own session: group id = its pid
@@ -120,7 +130,8 @@ class LocalCluster:
         mlflow = self._spawn("mlflow", [
             str(BIN / "mlflow"), "server", "--backend-store-uri",
             f"sqlite:///{store / 'mlflow.db'}", "--artifacts-destination", str(store / "art"),
-            "--host", "127.0.0.1", "--port", str(ui), "--workers", "1"])
+            "--host", "127.0.0.1", "--port", str(ui), "--workers", "1"]) \
+            if self.tracking else None
         head = self._spawn("head", self._ray_start("head", "--head", f"--port={port}",
                                                    "--include-dashboard=false"))
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -130,6 +141,8 @@ class LocalCluster:
         self.address = f"{ip.group(1)}:{port}"
         worker = self._spawn("worker", self._ray_start("worker", f"--address={self.address}"))
         self._wait(worker, "worker", deadline)
+        if mlflow is None:
+            return
         self.tracking_uri = f"http://127.0.0.1:{ui}"
         while True:
             try:
@@ -157,3 +170,7 @@ class LocalCluster:
         for name in list(self.groups):
             self.kill(name)
         shutil.rmtree(self.root, ignore_errors=True)
+        if self._auth_mode is None:
+            os.environ.pop(AUTH_MODE, None)
+        else:
+            os.environ[AUTH_MODE] = self._auth_mode

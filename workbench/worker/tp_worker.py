@@ -1,4 +1,4 @@
-"""A tensor-parallel worker process (ranks 1..N-1 with distributed_executor_backend="mp").
+"""A tensor-parallel worker (ranks 1..N-1): a spawned process ("mp") or a Ray actor ("ray").
 
     spawn (not fork) -> join the process group -> build its ModelRunner shard -> "ready"
     loop:  recv from rank 0's pipe
@@ -13,11 +13,14 @@ The worker computes the logits (the LM head's all-gather is a collective) but do
 or propose drafts: its ModelRunner is not the driver worker (`is_driver_worker=False`); rank 0
 samples. It exits
 by itself when its parent dies: the pipe reaches EOF, and a watchdog thread checks the parent
-pid (a worker blocked in a collective sees no EOF).
+pid (a worker blocked in a collective sees no EOF). `run_worker` is the loop both backends
+share; the Ray actor (`ray_worker.py`) talks to rank 0 over a TCP connection instead of a
+pipe and watches that connection instead of a parent pid.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import sys
@@ -99,6 +102,39 @@ def _watch_parent(parent_pid: int) -> None:
     os._exit(1)  # parent gone: nobody will shut us down
 
 
+def run_worker(
+    config: EngineConfig,
+    rank: int,
+    world_size: int,
+    distributed_init_method: str,
+    conn: Connection,
+    num_threads: int,
+    local_rank: int,
+) -> int:
+    """Rank `rank`'s whole life over `conn` (any backend); the exit code: 0 after "shutdown",
+    1 after an error (its traceback sent to rank 0) or when rank 0 is gone."""
+    try:
+        if config.device == "cpu":
+            torch.set_num_threads(num_threads)
+        conn.send(("hello", os.getpid()))
+        init_distributed_environment(
+            world_size, rank, distributed_init_method, local_rank=local_rank,
+            device=config.device,
+        )
+        worker = TPWorker(config, rank)
+        conn.send(("ready", None))
+        worker.run(conn)
+    except (EOFError, ConnectionError):
+        return 1  # rank 0 is gone
+    except BaseException:
+        with contextlib.suppress(OSError):
+            conn.send(("error", traceback.format_exc()))
+        return 1
+    destroy_distributed_environment()
+    conn.close()
+    return 0
+
+
 def worker_main(
     config: EngineConfig,
     rank: int,
@@ -108,29 +144,12 @@ def worker_main(
     parent_pid: int,
     num_threads: int,
 ) -> None:
-    """The spawned process's entry point."""
+    """The spawned process's entry point ("mp")."""
     threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
-    try:
-        if config.device == "cpu":
-            torch.set_num_threads(num_threads)
-        conn.send(("hello", os.getpid()))
-        init_distributed_environment(
-            world_size, rank, distributed_init_method, local_rank=rank, device=config.device
-        )
-        worker = TPWorker(config, rank)
-        conn.send(("ready", None))
-        worker.run(conn)
-    except (EOFError, BrokenPipeError):
-        os._exit(1)  # rank 0 is gone
-    except BaseException:
-        try:
-            conn.send(("error", traceback.format_exc()))
-        finally:
-            os._exit(1)
-    destroy_distributed_environment()
-    conn.close()
+    code = run_worker(config, rank, world_size, distributed_init_method, conn, num_threads,
+                      local_rank=rank)
     # Skip interpreter teardown: once, in a loaded test run, a worker leaving through it
     # aborted ("terminate called without an active exception", exit code -6 instead of 0).
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(code)
