@@ -23,9 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workbench.experiments.executors.base import Done, Executor
-
-ATTEMPT_TAG = "executor_attempt"
+from workbench.experiments.executors.base import ATTEMPT_TAG, Done, Executor, mark_lost
 
 
 @dataclass(frozen=True)
@@ -99,11 +97,8 @@ def run_points(executor: Executor, ctx: dict[str, Any],
     killed: dict[int, str] = {}
 
     def lost(i: int, attempt: str, reason: str) -> None:
-        ids = store.kill_running(ATTEMPT_TAG, attempt,
-                                 f"killed: its node was lost ({reason}); the point runs again")
-        killed.update({i: ids[-1]} if ids else {})
-        print(f"workbench sweep: point {names[i]} (run {', '.join(ids) or 'not started'}) was "
-              f"lost: {reason}: marked KILLED; it runs again", file=sys.stderr, flush=True)
+        mark_lost(store, attempt, reason, killed, i, "sweep", f"point {names[i]}",
+                  "it runs again")
 
     def give_up(i: int, reason: str) -> dict[str, Any]:
         return {"value": points[i][0], "status": "FAILED", "output_path": None,

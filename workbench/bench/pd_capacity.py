@@ -235,6 +235,15 @@ def measure(config: PDCapacityConfig, watch: CpuWatch | None = None) -> PDCapaci
     return PDCapacity(config, figures["prefill"], figures["decode"], ratio, others, valid)
 
 
+def add_output_args(ap: argparse.ArgumentParser) -> None:
+    """--max-other-cpu-share, --strict and --json (the disaggregation benches' outputs)."""
+    ap.add_argument("--max-other-cpu-share", type=float, default=DEFAULT_MAX_OTHER_CPU_SHARE,
+                    help="the figures are invalid when other processes used more than this "
+                    "share of the CPUs meanwhile")
+    ap.add_argument("--strict", action="store_true", help="exit 2 when the run was disturbed")
+    ap.add_argument("--json", type=Path, default=None, help="write the figures here")
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="workbench bench pd-capacity",
                                  description=__doc__.split("\n\n")[0])
@@ -251,11 +260,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--repeats", type=int, default=3, help="timed calls per phase (median)")
     ap.add_argument("--rate", type=float, default=None, help="request rate to meet (req/s)")
     ap.add_argument("--seed", type=int, default=0, help="prompt token ids' seed")
-    ap.add_argument("--max-other-cpu-share", type=float, default=DEFAULT_MAX_OTHER_CPU_SHARE,
-                    help="the figures are invalid when other processes used more than this "
-                    "share of the CPUs meanwhile")
-    ap.add_argument("--strict", action="store_true", help="exit 2 when the run was disturbed")
-    ap.add_argument("--json", type=Path, default=None, help="write the figures here")
+    add_output_args(ap)
     add_engine_args(ap, exclude=ENGINE_FIXED, title="engine knobs (default here: fp32, "
                     "prefix caching off, max_num_seqs = the batch)")
     return ap

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workbench.bench.pd_capacity import _positive, _prompts
+from workbench.bench.pd_capacity import _positive, _prompts, add_output_args
 from workbench.engine_args import add_engine_args, engine_kwargs
 from workbench.harness.validity import (
     DEFAULT_MAX_OTHER_CPU_SHARE,
@@ -186,11 +186,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--num-prompts", type=int, default=8, help="prompts per round")
     ap.add_argument("--repeats", type=int, default=3, help="rounds per mode (median)")
     ap.add_argument("--seed", type=int, default=0, help="prompt token ids' seed")
-    ap.add_argument("--max-other-cpu-share", type=float, default=DEFAULT_MAX_OTHER_CPU_SHARE,
-                    help="the figures are invalid when other processes used more than this "
-                    "share of the CPUs meanwhile")
-    ap.add_argument("--strict", action="store_true", help="exit 2 when the run was disturbed")
-    ap.add_argument("--json", type=Path, default=None, help="write the figures here")
+    add_output_args(ap)
     add_engine_args(ap, exclude=ENGINE_FIXED, title="engine knobs of both engines (default "
                     "here: fp32, prefix caching off, max_num_seqs = --num-prompts)")
     return ap

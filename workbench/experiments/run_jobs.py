@@ -18,18 +18,15 @@ the runner that imports it; a Ray task gets them pickled by reference.
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workbench.experiments.executors.base import Executor
+from workbench.experiments.executors.base import ATTEMPT_TAG, Executor, mark_lost
 from workbench.experiments.progress import RunProgress
 from workbench.experiments.run_record import RunRecord, run_label
 from workbench.experiments.template import Template
-
-ATTEMPT_TAG = "executor_attempt"
 
 
 @dataclass(frozen=True)
@@ -99,11 +96,7 @@ def run_plan(executor: Executor, template: Template, store: Any, parent: str, mo
     killed: dict[int, str] = {}
 
     def lost(i: int, attempt: str, reason: str) -> None:
-        ids = store.kill_running(ATTEMPT_TAG, attempt,
-                                 f"killed: its node was lost ({reason}); the run goes again")
-        killed.update({i: ids[-1]} if ids else {})
-        print(f"workbench run: {names[i]} (run {', '.join(ids) or 'not started'}) was lost: "
-              f"{reason}: marked KILLED; it runs again", file=sys.stderr, flush=True)
+        mark_lost(store, attempt, reason, killed, i, "run", names[i], "it runs again")
 
     def give_up(i: int, reason: str) -> RunRecord:
         label, value, repeat = jobs[i]

@@ -15,6 +15,7 @@ Jobs are submitted in the order given: an experiment passes its interleaved orde
 
 from __future__ import annotations
 
+import sys
 import time
 import uuid
 from abc import ABC, abstractmethod
@@ -23,6 +24,8 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from workbench.experiments.executors.config import ExecutorConfig
+
+ATTEMPT_TAG = "executor_attempt"  # tags each try's MLflow run (a lost one is marked KILLED)
 
 P = TypeVar("P")
 R = TypeVar("R")
@@ -80,3 +83,16 @@ class LocalExecutor(Executor):
             t0 = time.perf_counter()
             value = fn(payload, new_attempt())
             yield Done(i, value, time.perf_counter() - t0)
+
+
+def mark_lost(store: Any, attempt: str, reason: str, killed: dict[int, str], index: int,
+              verb: str, what: str, again: str) -> None:
+    """A job lost with its node: its MLflow run (tag ATTEMPT_TAG = `attempt`, still RUNNING)
+    marked KILLED, remembered in `killed[index]`, one line on stderr:
+    "workbench <verb>: <what> (run <id>) was lost: <reason>: marked KILLED; <again>"."""
+    ids = store.kill_running(ATTEMPT_TAG, attempt,
+                             f"killed: its node was lost ({reason}); {again}")
+    if ids:
+        killed[index] = ids[-1]
+    print(f"workbench {verb}: {what} (run {', '.join(ids) or 'not started'}) was lost: "
+          f"{reason}: marked KILLED; {again}", file=sys.stderr, flush=True)
