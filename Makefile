@@ -27,7 +27,7 @@ demo-engine: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest
+	$(BIN)/python scripts/run_tests.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -1,7 +1,7 @@
 """A replica the pool restarts is routed to again (the health loop's `pool.recovered()`), with
 no Ray and no servers: a scripted pool over fake replicas does what `RayReplicaPool` does
 after Ray restarts an actor. Also, without a cluster: `--executor ray`'s config refusals and
-the side channel a Ray replica binds (tests/router/test_ray_pool.py runs the real thing)."""
+the side channel a Ray replica binds (tests/cluster/test_ray_serving.py runs the real thing)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Soak: 64 concurrent streaming clients (the async `openai` client) for 60 s on the tiny
+"""Soak: 64 concurrent streaming clients (the async `openai` client) for 30 s on the tiny
 checkpoint: 0 errors, every request accounted for in /metrics, the KV pool empty at the end.
 
 A mix of completions and chat, string and token-id prompts, greedy and sampled, some with
@@ -18,7 +18,7 @@ import openai
 
 from tests.server.conftest import MODEL_NAME, ServerHandle
 
-DURATION_S = float(os.environ.get("WORKBENCH_SOAK_S", "60"))
+DURATION_S = float(os.environ.get("WORKBENCH_SOAK_S", "30"))
 CLIENTS = 64
 WORDS = "prefill decode block cache token budget chunk queue stream batch".split()
 

@@ -4,6 +4,7 @@
     with LocalCluster.start(tmp) as c:    # ray start --head, ray start --address, mlflow server
         c.address, c.tracking_uri         # "192.0.2.2:PORT", "http://127.0.0.1:PORT"
         c.kill("worker")                  # the worker node and every process under it, now
+        c.restart_worker()                # a new "worker" node in its place
 
 Each node is `ray start` with 1 CPU, no GPU and the resource {"workbench_node": 1}, named
 "head" and "worker" (`--node-name`, what the runs' `node` tag says), its own temp folder, in
@@ -159,6 +160,14 @@ class LocalCluster:
         except subprocess.TimeoutExpired:
             raise AssertionError(f"`ray start` ({name}) did not finish in time") from None
         assert rc == 0, (self.root / f"{name}.log").read_text()[-3000:]
+
+    def restart_worker(self) -> None:
+        """A new "worker" node in place of a killed one (tests that kill it give it back)."""
+        if "worker" in self.groups:
+            return
+        deadline = time.monotonic() + START_TIMEOUT_S
+        worker = self._spawn("worker", self._ray_start("worker", f"--address={self.address}"))
+        self._wait(worker, "worker", deadline)
 
     def kill(self, name: str) -> None:
         """Kill one of the processes (a node, the tracking server) and all under it."""

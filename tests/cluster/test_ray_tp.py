@@ -1,5 +1,5 @@
 """tensor_parallel_size=2 with distributed_executor_backend="ray" on a two-node Ray cluster on
-this machine (tests/ray_nodes.py): rank 0 is this process, rank 1 a Ray actor in the
+this machine (tests/cluster/conftest.py): rank 0 is this process, rank 1 a Ray actor in the
 engine's placement group, talking over an authenticated TCP connection; gloo on CPU.
 
 - greedy tokens equal TP=1 on the tiny Llama (fp32; chunked prefill, prefix hits, a pool
@@ -20,18 +20,20 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[cluster]'")
 
+from tests.cluster.ray_nodes import connected  # noqa: E402
 from tests.distributed.test_tp_engine import ENGINE, GREEDY, prompts_for  # noqa: E402
-from tests.ray_nodes import RayNodes, connected_nodes  # noqa: E402
 from workbench import LLM  # noqa: E402
 from workbench.executor.ray_executor import RayExecutor, RayWorkerHandle  # noqa: E402
 from workbench.testing import tiny_checkpoint  # noqa: E402
+from workbench.testing.local_cluster import LocalCluster  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayNodes]:
-    with connected_nodes(tmp_path_factory.mktemp("ray_nodes")) as c:
+def nodes(cluster: LocalCluster) -> Iterator[LocalCluster]:
+    """The package's cluster, this process connected to it."""
+    with connected(cluster) as c:
         yield c
 
 
@@ -40,7 +42,7 @@ def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_checkpoint(tmp_path_factory.mktemp("ray_tp") / "llama", arch="llama", seed=0)
 
 
-def test_tp2_on_ray_gives_tp1_greedy_tokens(cluster: RayNodes, model: Path) -> None:
+def test_tp2_on_ray_gives_tp1_greedy_tokens(nodes: LocalCluster, model: Path) -> None:
     prompts = prompts_for(json.loads((model / "config.json").read_text())["vocab_size"])
     ref = LLM(model, **ENGINE)
     try:

@@ -1,5 +1,5 @@
 """`workbench router --executor ray` end to end: two replicas of a tiny checkpoint as Ray actors
-on a two-node Ray cluster on this machine (tests/ray_nodes.py: "head" and "worker", 1 CPU
+on a two-node Ray cluster on this machine (tests/cluster/conftest.py: "head" and "worker", 1 CPU
 each), the router app in this process.
 
 Resources: each replica's bundle asks 0.5 CPU, so the SPREAD group puts one replica on each
@@ -32,7 +32,7 @@ import pytest
 
 ray = pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[cluster]'")
 
-from tests.ray_nodes import RayNodes, connected_nodes, node_names  # noqa: E402
+from tests.cluster.ray_nodes import connected, node_names  # noqa: E402
 from tests.router.serving import serve_router  # noqa: E402
 from workbench import LLM, SamplingParams  # noqa: E402
 from workbench.harness import prom  # noqa: E402
@@ -42,6 +42,7 @@ from workbench.router.config import RouterConfig  # noqa: E402
 from workbench.router.disagg_pool import disagg_sides  # noqa: E402
 from workbench.router.ray_pool import RayReplicaPool  # noqa: E402
 from workbench.testing import tiny_checkpoint  # noqa: E402
+from workbench.testing.local_cluster import LocalCluster  # noqa: E402
 
 pytestmark = pytest.mark.slow
 ENGINE = {"dtype": "float32", "max_model_len": 1024, "block_size": 16,
@@ -99,15 +100,16 @@ def reference(model: Path) -> dict[str, list[int]]:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayNodes]:
-    with connected_nodes(tmp_path_factory.mktemp("ray_nodes")) as c:
+def nodes(cluster: LocalCluster) -> Iterator[LocalCluster]:
+    """The package's cluster, this process connected to it."""
+    with connected(cluster) as c:
         yield c
 
 
 @pytest.fixture(scope="module")
-def router(cluster: RayNodes, model: Path) -> Iterator[tuple[str, RayReplicaPool]]:
+def router(nodes: LocalCluster, model: Path) -> Iterator[tuple[str, RayReplicaPool]]:
     config = RouterConfig(num_replicas=2, policy="round_robin", health_interval_s=0.2,
-                          executor="ray", address=cluster.address, replica_num_cpus=0.5)
+                          executor="ray", address=nodes.address, replica_num_cpus=0.5)
     pool = RayReplicaPool(["--model", str(model), *SERVE, "--log-level", "warning"], 2,
                           num_cpus=config.replica_num_cpus, address=config.address,
                           ready_timeout_s=180)
@@ -132,15 +134,15 @@ def test_greedy_tokens_through_ray_replicas_equal_an_in_process_llm(
 
 
 def test_disaggregated_instances_on_two_nodes_hand_the_kv_over(
-        cluster: RayNodes, model: Path, reference: dict[str, list[int]]) -> None:
+        nodes: LocalCluster, model: Path, reference: dict[str, list[int]]) -> None:
     """A prefill and a decode instance as Ray actors (0.5 CPU each: beside the router's
     two), one per node: the decode instance reads the prefill's KV from the side channel the
     prefill instance bound to its node's address."""
     config = RouterConfig(num_prefill=1, num_decode=1, health_interval_s=0.2, executor="ray",
-                          address=cluster.address, replica_num_cpus=0.5)
+                          address=nodes.address, replica_num_cpus=0.5)
     serve = ["--model", str(model), *SERVE, "--log-level", "warning"]
     roles, extra = disagg_sides(serve, 1, 1)
-    pool = RayReplicaPool(serve, 2, num_cpus=0.5, address=cluster.address, roles=roles,
+    pool = RayReplicaPool(serve, 2, num_cpus=0.5, address=nodes.address, roles=roles,
                           replica_args=extra, ready_timeout_s=180)
     app = build_router_app(config, pool, load_tokenizer(model))
     with serve_router(app, pool) as (url, _, _):
@@ -162,7 +164,7 @@ def test_disaggregated_instances_on_two_nodes_hand_the_kv_over(
 
 
 def test_a_lost_node_loses_no_request_and_its_replica_comes_back(
-        cluster: RayNodes, router: tuple[str, RayReplicaPool],
+        nodes: LocalCluster, router: tuple[str, RayReplicaPool],
         reference: dict[str, list[int]]) -> None:
     url, pool = router
     names = node_names()
@@ -174,7 +176,7 @@ def test_a_lost_node_loses_no_request_and_its_replica_comes_back(
         for _ in PROMPTS:  # every stream has begun: two on each replica (round robin)
             assert started.acquire(timeout=60)
         assert lost.outstanding == 2 and not any(f.done() for f in futures.values())
-        cluster.kill("worker")
+        nodes.kill("worker")
         results = {p: f.result(timeout=180) for p, f in futures.items()}
     assert results == reference  # resumed or restarted on the head's replica: same tokens
     assert lost.retries_total == 2 and kept.retries_total == 0
