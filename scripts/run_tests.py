@@ -13,6 +13,7 @@ run's; the exit status is the main run's, or the cluster run's when that one fai
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 import tempfile
@@ -33,9 +34,13 @@ def main(argv: list[str]) -> int:
                                        *argv], cwd=root)
             cluster_rc = cluster.wait()
         finally:
-            if cluster.poll() is None:
-                cluster.kill()
-                cluster.wait()
+            if cluster.poll() is None:  # interrupted: let its fixtures stop the Ray nodes
+                cluster.send_signal(signal.SIGINT)
+                try:
+                    cluster.wait(timeout=90)
+                except subprocess.TimeoutExpired:
+                    cluster.kill()
+                    cluster.wait()
         log.seek(0)
         print(f"\n==== {CLUSTER} (run beside the rest; {time.monotonic() - t0:.0f} s in all) "
               "====", flush=True)
