@@ -30,7 +30,10 @@ class FakeRay:
         self.tries: dict[int, int] = {}
         self._results: dict[int, Any] = {}
 
-    def remote(self, fn: Callable[[Any, str], Any]) -> Any:
+    def remote(self, fn: Callable[[Any, str], Any] | None = None, **decorator: Any) -> Any:
+        if fn is None:  # ray.remote(max_calls=...)(fn)
+            self.decorator = decorator
+            return self.remote
         fake = self
 
         class Remote:
@@ -84,6 +87,7 @@ def test_order_window_lost_and_given_up() -> None:
     assert fake.max_inflight <= 2
     assert fake.submitted[0][2] == {"name": "workbench job 0", "num_cpus": 1.0, "num_gpus": 1,
                                     "max_retries": 0, "resources": {"workbench_node": 1.0}}
+    assert fake.decorator == {"max_calls": 1}  # each job in a fresh worker process
     assert [(i, why) for i, _, why in lost] == [(1, "NodeDiedError: node died")] + [
         (3, "NodeDiedError: node died")] * 2
     assert lost[0][1] == fake.submitted[1][1]  # the lost try's attempt id

@@ -5,7 +5,8 @@
     workbench run X.yaml --executor ray --address HEAD:6379 --tracking-uri http://HEAD:5000
 
 Each job is `ray.remote(fn)` with num_cpus, num_gpus and 1/runs_per_node of the node
-resource, `max_retries=0` (this loop retries, so that the lost try is marked first). At most
+resource, `max_retries=0` (this loop retries, so that the lost try is marked first) and
+`max_calls=1` (each job in a fresh worker process). At most
 as many jobs are in flight as the alive nodes have room for, so jobs start in the order given
 (the experiment's interleaved A B C A B C) and a rerun goes first. A job whose task fails for
 a system reason (its node or worker died: NodeDiedError, WorkerCrashedError, ...) is reported
@@ -127,7 +128,9 @@ class RayExecutor(Executor):
         ray, cfg = self.ray, self.config
         from ray.exceptions import RayError, RayTaskError, TaskCancelledError
 
-        remote = ray.remote(fn)
+        # max_calls 1: every job in a fresh worker process (nothing of an earlier run's
+        # imports, threads or notebook kernels left in it: runs isolated from each other)
+        remote = ray.remote(max_calls=1)(fn)
         opts = {"num_cpus": cfg.num_cpus, "num_gpus": cfg.num_gpus, "max_retries": 0,
                 "resources": {cfg.node_resource: cfg.node_share}}
         queue = deque(range(len(payloads)))
