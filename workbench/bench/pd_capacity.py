@@ -175,16 +175,23 @@ def _prompts(rng: random.Random, n: int, length: int, token_range: tuple[int, in
             for _ in range(n)]
 
 
+def model_folder(name: str) -> str:
+    """A model folder with config.json, or a shipped name (bundled, demo, demo-draft)."""
+    from workbench.named_models import resolve_model
+
+    model = resolve_model(name)
+    if not (Path(model) / "config.json").is_file():
+        raise ValueError(f"model ({name!r}) must be a model folder with config.json "
+                         "(or a shipped name: bundled, demo, demo-draft)")
+    return str(model)
+
+
 def measure(config: PDCapacityConfig, watch: CpuWatch | None = None) -> PDCapacity:
     """Load the engine, warm up, time both phases `repeats` times, and run `calc.pd_ratio`."""
     from workbench import LLM, SamplingParams
     from workbench.bench.offline_workload import non_special_token_range
-    from workbench.named_models import resolve_model
 
-    model = resolve_model(config.model)
-    if not (Path(model) / "config.json").is_file():
-        raise ValueError(f"model ({config.model!r}) must be a model folder with config.json "
-                         "(or a shipped name: bundled, demo, demo-draft)")
+    model = model_folder(config.model)
     token_range = non_special_token_range(model)
     rng = random.Random(config.seed)
     llm = LLM(model=model, **config.engine_kwargs())

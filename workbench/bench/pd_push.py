@@ -31,10 +31,9 @@ import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from workbench.bench.pd_capacity import _positive, _prompts, add_output_args
+from workbench.bench.pd_capacity import _positive, _prompts, add_output_args, model_folder
 from workbench.engine_args import add_engine_args, engine_kwargs
 from workbench.harness.validity import (
     DEFAULT_MAX_OTHER_CPU_SHARE,
@@ -108,12 +107,8 @@ class PDPush:
 def measure(config: PDPushConfig, watch: CpuWatch | None = None) -> PDPush:
     from workbench import LLM, SamplingParams
     from workbench.bench.offline_workload import non_special_token_range
-    from workbench.named_models import resolve_model
 
-    model = resolve_model(config.model)
-    if not (Path(model) / "config.json").is_file():
-        raise ValueError(f"model ({config.model!r}) must be a model folder with config.json "
-                         "(or a shipped name: bundled, demo, demo-draft)")
+    model = model_folder(config.model)
     token_range = non_special_token_range(model)
     rng = random.Random(config.seed)
     kw = config.engine_kwargs()
