@@ -121,6 +121,9 @@ class P2pConfig:
     # consumer: host bytes for KV pushed by layerwise producers before the decode request
     # arrives (kept until abort_timeout_s); a push beyond it is dropped and that read pulls
     push_inbox_bytes: int = 1 << 30
+    # consumer: a read whose KV was pushed here waits this long for the pushes to complete
+    # (they may still be on the wire when the decode request comes), then pulls
+    push_wait_s: float = 1.0
 
     WHERE = "kv_transfer_config kv_connector_extra_config"
 
@@ -140,7 +143,7 @@ class P2pConfig:
         if self.side_channel_port > 65535:
             raise ValueError(f"{w} side_channel_port ({self.side_channel_port}) must be "
                              "<= 65535")
-        for name in ("abort_timeout_s", "load_timeout_s"):
+        for name in ("abort_timeout_s", "load_timeout_s", "push_wait_s"):
             _positive_number(w, name, getattr(self, name))
 
     @classmethod
@@ -218,8 +221,10 @@ class KVTransferConfig:
 # response carries the rest, which the decode request sends back with do_remote_prefill.
 REMOTE_FIELDS = ("remote_engine_id", "remote_request_id", "remote_block_ids", "remote_host",
                  "remote_port")
+# the workbench's own addition: a layerwise producer that pushed the KV names the decode
+# side channel it pushed to ("host:port"), so that consumer waits for the pushes to land
 KV_TRANSFER_PARAM_KEYS = ("max_load_tokens", "do_remote_decode", "do_remote_prefill",
-                          *REMOTE_FIELDS, "tp_size")
+                          *REMOTE_FIELDS, "tp_size", "pushed_to")
 
 
 def kv_transfer_params(extra_args: dict[str, Any] | None) -> dict[str, Any]:
@@ -256,6 +261,10 @@ def kv_transfer_params(extra_args: dict[str, Any] | None) -> dict[str, Any]:
                 raise ValueError(f"kv_transfer_params {name} ({params[name]!r}) must be a "
                                  "non-empty string")
         _check_port(params["remote_port"])
+        pushed = params.get("pushed_to")
+        if pushed is not None and (not isinstance(pushed, str) or ":" not in pushed):
+            raise ValueError(f"kv_transfer_params pushed_to ({pushed!r}) must be "
+                             "'host:port' (the side channel the producer pushed to) or null")
         ids = params["remote_block_ids"]
         if not isinstance(ids, list) or not ids or any(
                 isinstance(b, bool) or not isinstance(b, int) or b < 0 for b in ids):

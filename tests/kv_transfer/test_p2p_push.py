@@ -67,6 +67,8 @@ def test_pushed_kv_decodes_the_same_tokens_without_a_pull(
     assert p["workbench:kv_transfer_push_bytes"] == p["workbench:kv_transfer_stage_bytes"]
     if budget == 128:
         assert p["workbench:kv_transfer_push_bytes"] == PUSHED_BLOCKS * bpb
+    side = f"{info['side_channel_host']}:{info['side_channel_port']}"
+    assert [k["pushed_to"] for k in handshakes] == [side] * 4  # type: ignore[index]
     got = cons.generate(prompts, [decode_params(k) for k in handshakes])
     assert [list(o.outputs[0].token_ids) for o in got] == reference
     c = cons.stats()
@@ -96,6 +98,23 @@ def test_a_push_to_a_decode_instance_that_is_down_falls_back_to_the_pull(
     prod.engine.poll_kv_transfers()
     assert prod.stats()["workbench:kv_transfer_send_bytes"] == READ_BLOCKS \
         * prod.engine.bytes_per_block
+
+
+def test_decode_requests_sent_at_once_wait_for_pushes_still_on_the_wire(
+        ckpt: Path, prompts: list[list[int]], reference: list[list[int]]) -> None:
+    """No wait between the legs (as the router and the bench do): the handshake's
+    `pushed_to` names this consumer, so its reads wait for the pushes instead of pulling."""
+    cons = engine(ckpt, "kv_consumer", push_wait_s=60.0)
+    info: dict[str, Any] = cons.engine.kv_transfer_info()  # type: ignore[assignment]
+    prod = layerwise_engine(ckpt)
+    handshakes = [o.kv_transfer_params for o in prod.generate(
+        prompts, push_prefill(info["side_channel_host"], info["side_channel_port"]))]
+    got = cons.generate(prompts, [decode_params(k) for k in handshakes])
+    assert [list(o.outputs[0].token_ids) for o in got] == reference
+    c = cons.stats()
+    assert c["workbench:kv_transfer_pushed_loads"] == 3  # the 1-token prompt reads nothing
+    assert c["workbench:kv_transfer_recv_bytes"] == READ_BLOCKS * prod.engine.bytes_per_block
+    assert c["workbench:kv_transfer_push_drops"] == 0
 
 
 def test_a_full_inbox_drops_the_push_and_the_read_pulls(

@@ -1,7 +1,8 @@
 """`workbench bench pd-push`: the disaggregated hand-over, pull vs push, on one machine.
 
     workbench bench pd-push --model DIR --input-len N [--num-prompts K] [--repeats 3]
-                            [--seed 0] [--json PATH] [--max-other-cpu-share 0.25]
+                            [--seed 0] [--push-wait-s 1] [--json PATH]
+                            [--max-other-cpu-share 0.25]
                             [every engine knob]
 
 A prefill engine (kv_producer, layerwise staging) and a decode engine (kv_consumer) in this
@@ -55,11 +56,15 @@ class PDPushConfig:
     repeats: int = 3
     seed: int = 0
     max_other_cpu_share: float = DEFAULT_MAX_OTHER_CPU_SHARE
+    push_wait_s: float = 1.0  # the consumer's kv_connector_extra_config push_wait_s
     engine: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in ("input_len", "num_prompts", "repeats"):
             _positive(name, getattr(self, name))
+        if isinstance(self.push_wait_s, bool) or not isinstance(self.push_wait_s, int | float) \
+                or not self.push_wait_s > 0:
+            raise ValueError(f"push_wait_s must be a number > 0, got {self.push_wait_s!r}")
         if self.input_len < 2:
             raise ValueError(f"input_len must be >= 2 (a prompt with KV to hand over), got "
                              f"{self.input_len}")
@@ -115,8 +120,9 @@ def measure(config: PDPushConfig, watch: CpuWatch | None = None) -> PDPush:
     prod = LLM(model=model, kv_transfer_config={
         "kv_connector": "P2pConnector", "kv_role": "kv_producer",
         "kv_connector_extra_config": {"layerwise": True}}, **kw)
-    cons = LLM(model=model, kv_transfer_config={"kv_connector": "P2pConnector",
-                                                "kv_role": "kv_consumer"}, **kw)
+    cons = LLM(model=model, kv_transfer_config={
+        "kv_connector": "P2pConnector", "kv_role": "kv_consumer",
+        "kv_connector_extra_config": {"push_wait_s": config.push_wait_s}}, **kw)
     info = cons.engine.kv_transfer_info() or {}
     legs = {"pull": {"do_remote_decode": True},
             "push": {"do_remote_decode": True, "remote_host": info.get("side_channel_host"),
@@ -181,6 +187,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--num-prompts", type=int, default=8, help="prompts per round")
     ap.add_argument("--repeats", type=int, default=3, help="rounds per mode (median)")
     ap.add_argument("--seed", type=int, default=0, help="prompt token ids' seed")
+    ap.add_argument("--push-wait-s", type=float, default=1.0,
+                    help="how long a decode read waits for KV pushed to it that is still on "
+                    "the wire before it pulls (the consumer's push_wait_s)")
     add_output_args(ap)
     add_engine_args(ap, exclude=ENGINE_FIXED, title="engine knobs of both engines (default "
                     "here: fp32, prefix caching off, max_num_seqs = --num-prompts)")
@@ -192,6 +201,7 @@ def main(argv: Sequence[str] | None = None, watch: CpuWatch | None = None) -> in
     config = PDPushConfig(model=args.model, input_len=args.input_len,
                           num_prompts=args.num_prompts, repeats=args.repeats, seed=args.seed,
                           max_other_cpu_share=args.max_other_cpu_share,
+                          push_wait_s=args.push_wait_s,
                           engine=engine_kwargs(args, ENGINE_FIXED))
     result = measure(config, watch)
     others = ("n/a" if math.isnan(result.other_cpu_share)

@@ -81,6 +81,7 @@ class RemoteLoad:
     remote_block_ids: list[int]
     local_block_ids: list[int]
     num_tokens: int
+    pushed: bool = False  # the producer pushed this KV here: wait for it to land
 
 
 @dataclass
@@ -221,7 +222,8 @@ class P2pConnector(KVConnectorBase_V1):
             remote_engine_id=params["remote_engine_id"],
             remote_request_id=params["remote_request_id"],
             remote_block_ids=list(remote[first:last]),
-            local_block_ids=list(block_ids[first:last]), num_tokens=num_external_tokens))
+            local_block_ids=list(block_ids[first:last]), num_tokens=num_external_tokens,
+            pushed=params.get("pushed_to") == f"{self.host}:{self.port}"))
         self._count("workbench:kv_transfer_recv_tokens", num_external_tokens)
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
@@ -302,10 +304,13 @@ class P2pConnector(KVConnectorBase_V1):
         if delay:
             self._announce[rid] = held
             self._count("workbench:kv_transfer_held_blocks", len(held))
-        return delay, {"do_remote_prefill": True, "do_remote_decode": False,
-                      "remote_engine_id": self.engine_id, "remote_request_id": rid,
-                      "remote_block_ids": held, "remote_host": self.host,
-                      "remote_port": self.port, "tp_size": 1}
+        out = {"do_remote_prefill": True, "do_remote_decode": False,
+               "remote_engine_id": self.engine_id, "remote_request_id": rid,
+               "remote_block_ids": held, "remote_host": self.host, "remote_port": self.port,
+               "tp_size": 1}
+        if stage is not None and stage.push_to is not None:
+            out["pushed_to"] = f"{stage.push_to[0]}:{stage.push_to[1]}"
+        return delay, out
 
     def make_stats(self) -> dict[str, float]:
         out, self.counters = self.counters, {}
@@ -464,7 +469,8 @@ class P2pConnector(KVConnectorBase_V1):
         if self._inbox is not None:
             if load.local_block_ids:
                 pushed = self._inbox.wait_complete(load.remote_engine_id,
-                                                   load.remote_request_id)
+                                                   load.remote_request_id, load.pushed,
+                                                   self.extra.push_wait_s)
             else:
                 self._inbox.discard(load.remote_engine_id, load.remote_request_id)
         if pushed is not None:  # the KV is here: copy it in, release the producer's buffer

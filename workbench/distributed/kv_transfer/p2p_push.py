@@ -33,8 +33,6 @@ from workbench.distributed.kv_transfer.p2p_transport import Pusher
 
 logger = logging.getLogger(__name__)
 
-PUSH_WAIT_S = 1.0  # a read finding its pushes still arriving waits this long, then pulls
-
 
 @dataclass
 class _Entry:
@@ -70,17 +68,17 @@ class PushInbox:
         key = (str(header.get("engine_id")), str(header.get("request_id")))
         with self._cond:
             self._expire(time.monotonic())
-            if key in self._refused:
-                if header.get("kind") == "done":
-                    self._refused.discard(key)
+            if key in self._refused:  # kept until the read (or the cap) clears it
                 return
             entry = self._entries.get(key)
             if header.get("kind") == "done":
-                if entry is not None:
+                if entry is None:  # nothing of it arrived: a waiting read pulls now
+                    self._refused.add(key)
+                else:
                     entry.done = True
                     entry.failed = entry.failed or not header.get("ok") \
                         or header.get("num_pushes") != entry.received
-                    self._cond.notify_all()
+                self._cond.notify_all()
                 return
             if entry is None:
                 entry = self._open(key, header)
@@ -109,6 +107,7 @@ class PushInbox:
     def _refuse(self, key: tuple[str, str]) -> None:
         self._refused.add(key)
         self.dropped += 1
+        self._cond.notify_all()
         return None
 
     @staticmethod
@@ -123,17 +122,24 @@ class PushInbox:
                 dst.copy_(raw.view(dst.shape))
         entry.received += 1
 
-    def wait_complete(self, engine_id: str, request_id: str) -> _Entry | None:
+    def wait_complete(self, engine_id: str, request_id: str, expected: bool,
+                      wait_s: float) -> _Entry | None:
         """A reader thread: the complete entry of that prefill, taken out of the inbox;
-        None when there is none (never pushed, dropped, expired, incomplete after
-        PUSH_WAIT_S)."""
+        None when there is none (never pushed, dropped, expired, not complete within
+        `wait_s`). `expected`: the producer said it pushed here, so wait for the first
+        slice to land too (it may still be on the wire when the decode request comes)."""
         key = (engine_id, request_id)
-        with self._cond:
+
+        def settled() -> bool:
             entry = self._entries.get(key)
+            return key in self._refused or (entry.done if entry is not None else not expected)
+
+        with self._cond:
+            self._cond.wait_for(settled, timeout=wait_s)
+            self._refused.discard(key)
+            entry = self._entries.pop(key, None)
             if entry is None:
                 return None
-            self._cond.wait_for(lambda: entry.done, timeout=PUSH_WAIT_S)
-            del self._entries[key]
             self.used -= entry.nbytes
             return entry if entry.done and not entry.failed else None
 
@@ -144,11 +150,15 @@ class PushInbox:
         return out
 
     def discard(self, engine_id: str, request_id: str) -> None:
-        """The decode instance needs none of it (its prefix cache had the prompt)."""
+        """The decode instance needs none of it (its prefix cache had the prompt); slices
+        still on the way are ignored when they land."""
+        key = (engine_id, request_id)
         with self._cond:
-            entry = self._entries.pop((engine_id, request_id), None)
+            entry = self._entries.pop(key, None)
             if entry is not None:
                 self.used -= entry.nbytes
+            if entry is None or not entry.done:
+                self._refused.add(key)
 
     def expire(self) -> None:
         with self._cond:
