@@ -53,7 +53,9 @@ import os
 import re
 import socket
 import sys
+import tempfile
 import traceback
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -113,10 +115,14 @@ KERNEL_SHUTDOWN_WAIT_S = 30.0  # jupyter_client's 5 s default is short on 2 busy
 
 
 def _ipc_kernel_manager() -> type:
-    """jupyter_client's AsyncKernelManager on IPC transport (Unix sockets in Jupyter's
-    runtime folder): ipykernel >= 7 warns on every start over plain TCP. A kernel that has
-    not exited 5 s after its shutdown request is interrupted (an "[IPKernelApp] ERROR |
-    KeyboardInterrupt caught in kernel" line) on a loaded machine: it gets 30 s."""
+    """jupyter_client's AsyncKernelManager on IPC transport (Unix sockets): ipykernel >= 7
+    warns on every start over plain TCP. The sockets' path prefix is absolute and unique per
+    kernel: jupyter_client's default is the relative "kernel-ipc", numbered from 1 by what
+    already exists, so two kernels started at once in one folder (two sweep points on the
+    nodes of a one-machine Ray cluster) took the same sockets and read each other's messages
+    ("Invalid Signature", or no answer in 60 s). A kernel that has not exited 5 s after its
+    shutdown request is interrupted (an "[IPKernelApp] ERROR | KeyboardInterrupt caught in
+    kernel" line) on a loaded machine: it gets 30 s."""
     from jupyter_client import AsyncKernelManager
     from traitlets import default
 
@@ -124,6 +130,13 @@ def _ipc_kernel_manager() -> type:
         @default("transport")
         def _transport_default(self) -> str:
             return "ipc" if os.name == "posix" else "tcp"
+
+        @default("ip")
+        def _ip_default(self) -> str:
+            if self.transport != "ipc":
+                return str(super()._ip_default())
+            # "<tmp>/wb-kernel-<12 hex>-<n>": short enough for a Unix socket path
+            return os.path.join(tempfile.gettempdir(), f"wb-kernel-{uuid.uuid4().hex[:12]}")
 
         @default("shutdown_wait_time")
         def _shutdown_wait_time_default(self) -> float:

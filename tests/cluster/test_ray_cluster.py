@@ -115,7 +115,6 @@ def test_experiment_runs_across_both_nodes_like_a_local_run(cluster: LocalCluste
     assert len(verdict) == 1 and local.table.splitlines()[0] in out.stdout
 
 
-@pytest.mark.kernel_race
 def test_sweep_runs_across_both_nodes_like_a_local_sweep(cluster: LocalCluster,
                                                          tmp_path: Path) -> None:
     nb = _tiny_notebook(tmp_path / "tiny.ipynb")  # x=2 fails: a failed point, as locally
@@ -148,7 +147,6 @@ def test_sweep_runs_across_both_nodes_like_a_local_sweep(cluster: LocalCluster,
         assert structure(client, one[value]) == structure(lclient, lone[value])
 
 
-@pytest.mark.kernel_race
 def test_a_killed_worker_node_loses_no_point(cluster: LocalCluster, tmp_path: Path) -> None:
     nb = _waiting_notebook(tmp_path / "wait.ipynb")  # each point waits for the flag file
     flag = tmp_path / "go"
