@@ -6,7 +6,10 @@ needs transformers < 5.20 while `.venv` has 5.24.
 
 Configurations:
   * "best": `VLLM_CPU_OMP_THREADS_BIND=0-<ncpu-1>` (all cores compute) and
-    `LD_PRELOAD=libtcmalloc_minimal.so.4:<venv>/lib/libiomp5.so` when both files exist;
+    `LD_PRELOAD=libtcmalloc_minimal.so.4:<venv>/lib/libiomp5.so` (vLLM's CPU guide). Both
+    libraries must exist: without them "best" is refused with the missing one named (it
+    would measure vLLM below its best; `make peer-vllm` installs them or fails). The worker
+    reads its own memory map, so the result says which preload really ran (`preload`);
   * "default": neither (vLLM then leaves one core to its scheduler process).
 Both set `VLLM_CPU_KVCACHE_SPACE` (GiB; vLLM needs it on CPU). Startup takes ~30 s.
 """
@@ -48,6 +51,7 @@ class VllmResult:
     version: str
     env: dict[str, str]
     others_cpu: float = float("nan")  # largest share of the CPUs others used in a kept run
+    preload: str = "none"  # libraries mapped in the worker: "tcmalloc+iomp5", "tcmalloc", ...
 
 
 def venv_python(venv: Path = DEFAULT_VENV) -> Path | None:
@@ -76,10 +80,28 @@ def worker_env(config: str, venv: Path = DEFAULT_VENV, kv_cache_gib: int = 2) ->
     env["PATH"] = f"{venv / 'bin'}:{env.get('PATH', '')}"
     if config == "best":
         env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{(os.cpu_count() or 1) - 1}"
-        libs = [find_tcmalloc(), str(venv / "lib" / "libiomp5.so")]
-        if all(lib and os.path.isfile(lib) for lib in libs):
-            env["LD_PRELOAD"] = ":".join(str(lib) for lib in libs)
+        env["LD_PRELOAD"] = ":".join(preload_libs(venv))
     return env
+
+
+def preload_libs(venv: Path = DEFAULT_VENV) -> list[str]:
+    """tcmalloc and the venv's libiomp5 for "best"; FileNotFoundError naming what is missing."""
+    tcmalloc, iomp = find_tcmalloc(), venv / "lib" / "libiomp5.so"
+    missing = ([] if tcmalloc else ["libtcmalloc_minimal.so.4 (apt-get install "
+                                     "libtcmalloc-minimal4)"]) + \
+        ([] if iomp.is_file() else [f"{iomp} (pip install intel-openmp in {venv})"])
+    if missing:
+        raise FileNotFoundError("vllm-best needs tcmalloc and libiomp5 preloaded (vLLM's CPU "
+                                f"guide); missing: {'; '.join(missing)}. Run `make peer-vllm`")
+    return [str(tcmalloc), str(iomp)]
+
+
+def mapped_preload(maps: str) -> str:
+    """Which of tcmalloc / libiomp5 a process has mapped (its /proc/self/maps text):
+    "tcmalloc+iomp5", "tcmalloc", "iomp5" or "none"."""
+    found = [name for name, lib in (("tcmalloc", "libtcmalloc"), ("iomp5", "libiomp5"))
+             if lib in maps]
+    return "+".join(found) or "none"
 
 
 def run_vllm(
@@ -125,4 +147,5 @@ def run_vllm(
         single_run_s=data["single_run_s"], token_ids=data["token_ids"],
         single_token_ids=data["single_token_ids"], version=data["vllm_version"],
         env=data["env"], others_cpu=data.get("others_cpu", float("nan")),
+        preload=mapped_preload(data.get("maps", "")),
     )

@@ -9,7 +9,7 @@ single-request probe the same way, and writes timings and token ids as JSON.
 Input JSON:  {"requests": [{"prompt_token_ids": [...], "max_tokens": n}, ...],
               "single": {"prompt_token_ids": [...], "max_tokens": n}}
 Output JSON: {"load_s", "run_s": [...], "single_run_s": [...], "token_ids": [[...], ...],
-              "vllm_version", "env": {...}, "others_cpu", "redone"}
+              "vllm_version", "env": {...}, "others_cpu", "redone", "maps"}
 
 A timed run during which other processes (not this one nor its children, e.g. vLLM's engine
 core) used more than `--max-others` of the CPUs is redone, `--retries` times at most.
@@ -50,6 +50,14 @@ def _tree_cpu_s(root: int) -> float:
         total += cpu.get(pid, 0.0)
         stack.extend(p for p, pp in parent.items() if pp == pid)
     return total
+
+
+def _maps() -> list[str]:
+    try:
+        with open("/proc/self/maps") as f:
+            return f.read().splitlines()
+    except OSError:
+        return []
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -131,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
         "vllm_version": vllm.__version__,
         "others_cpu": others_cpu, "redone": budget["redone"],
         "env": env,
+        # the libraries really mapped (LD_PRELOAD can name a file the loader skipped)
+        "maps": "\n".join(sorted({line.split()[-1] for line in _maps()
+                                  if "libtcmalloc" in line or "libiomp5" in line})),
     }
     with open(args.out, "w") as f:
         json.dump(result, f)
