@@ -2,6 +2,7 @@
 parses its flags (`workbench <verb> --help`). `workbench --help` lists the verbs.
 
     workbench run experiments/X.yaml [--tracking-uri URI] [--profile torch] [--promote OUT]
+                                     [--resume]
                                      [--results-dir ROOT] [--executor local|ray]
                                      [--address HOST:PORT] [--allow-mixed-hardware]
                                      run an experiment template, print the verdict table;
@@ -36,6 +37,8 @@ parses its flags (`workbench <verb> --help`). `workbench --help` lists the verbs
                     --num-workers W   prefill / decode tok/s per instance -> calc.pd_ratio
     workbench bench pd-push --model DIR --input-len N
                                      disaggregated KV hand-over: pull vs push, side by side
+    workbench bench client-capacity [--rates R1,R2,...] [--no-vllm]
+                                     the load generator's ceiling against a mock server
     workbench calc {kv,budget,blocks,prefix,passes,decode,spec,spec-counters,tp,transfer,
                     pd} [...]
     workbench preflight [--json] [--out F] [--compare OLD.json]
@@ -74,6 +77,10 @@ def _run(argv: list[str]) -> None:
                     help="a run is invalid (never compared) when other processes used more "
                          "than this share of the CPUs meanwhile (default: the template's "
                          "max_other_cpu_share, else 0.25)")
+    ap.add_argument("--resume", action="store_true",
+                    help="finish the newest run of this template and workload: its FINISHED "
+                         "runs are kept, runs left RUNNING by a dead driver or node are "
+                         "marked KILLED, and every missing (value, repeat) is measured")
     _add_results_dir(ap)
     _add_next_variable(ap)
     from workbench.experiments.executors.config import add_executor_args, executor_config
@@ -91,7 +98,8 @@ def _run(argv: list[str]) -> None:
     executor = executor_config(args, template.raw.get("cluster"))  # flags over the template
     result = run_experiment(template, uri=args.tracking_uri, profile=args.profile,
                             max_other_cpu_share=args.max_other_cpu_share,
-                            results_dir=_results_root(args), executor=executor)
+                            results_dir=_results_root(args), executor=executor,
+                            resume=args.resume)
     print(f"\n# {template.name}\n{template.question}\n")
     print(result.table)
     adopted = ("nothing" if result.adopted is None else
@@ -258,6 +266,8 @@ BENCH: dict[str, tuple[str, Callable[[list[str]], None]]] = {
                     _lazy("workbench.bench.pd_capacity")),
     "pd-push": ("the disaggregated KV hand-over, pull vs push (prefill leg, decode first token)",
                 _lazy("workbench.bench.pd_push")),
+    "client-capacity": ("the load generator's own ceiling against a mock server (vs vLLM's client)",
+                        _lazy("workbench.bench.client_capacity")),
 }
 
 EPILOG = """global flag: --debug (anywhere) shows the Python traceback of an error.

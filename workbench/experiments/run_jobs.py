@@ -73,12 +73,16 @@ def run_plan(executor: Executor, template: Template, store: Any, parent: str, mo
              preflight: dict[str, Any], checksum: str, bar: RunProgress, *,
              profile: str | None, threshold: float, cpu_watch: Any, progress: bool,
              out: Path | None, run_point: Callable[..., RunRecord],
-             setup: Callable[..., tuple[str, Any, Any, Any]]) -> list[RunRecord]:
+             setup: Callable[..., tuple[str, Any, Any, Any]],
+             kept: dict[tuple[str, int], RunRecord] | None = None) -> list[RunRecord]:
     """Every (value, repeat) of `plan` on `executor`; the records in the interleaved order.
     Local runs print as they always did; a cluster's lines name the node of each run.
-    `run_point`, `setup`: the runner's `run_one` and `replay_setup`."""
-    jobs = [(label, value, repeat) for repeat in range(template.repeats)
-            for label, value in plan]
+    `run_point`, `setup`: the runner's `run_one` and `replay_setup`. `kept`: records of
+    (label, repeat) pairs an earlier run finished (`--resume`): not measured again."""
+    kept = kept or {}
+    order = [(label, value, repeat) for repeat in range(template.repeats)
+             for label, value in plan]
+    jobs = [job for job in order if (job[0], job[2]) not in kept]
     names = [f"{run_label(template, v)} repeat {r + 1}/{template.repeats}" for _, v, r in jobs]
     local = executor.kind == "local"
 
@@ -115,4 +119,5 @@ def run_plan(executor: Executor, template: Template, store: Any, parent: str, mo
                 if rec.disturbed and rec.other_cpu_share is not None else ""),
                 what=names[done.index], seconds=done.wall_s)
     assert all(r is not None for r in records), "a job never came back"
-    return [r for r in records if r is not None]
+    new = {(r.label, r.repeat): r for r in records if r is not None}
+    return [kept.get((label, repeat)) or new[(label, repeat)] for label, _, repeat in order]

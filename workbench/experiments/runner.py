@@ -102,6 +102,7 @@ def run_experiment(
     check: bool = True,
     results_dir: str | Path | None = None,
     executor: ExecutorConfig | None = None,
+    resume: bool = False,
 ) -> ExperimentResult:
     """Run every (value, repeat); `profile="torch"` stores a Chrome trace per run.
     `executor`: where the runs execute (default: here, one after the other;
@@ -115,7 +116,9 @@ def run_experiment(
     `max_other_cpu_share`, else validity.DEFAULT_MAX_OTHER_CPU_SHARE); `cpu_watch`: the
     `validity.CpuWatch` to measure with (default: `validity.default_cpu_watch()`).
     `check=False` skips the up-front template check (`validate.check_template`; tests of the
-    run-by-run failure path use it)."""
+    run-by-run failure path use it).
+    `resume`: finish the newest parent run of this template and workload instead of starting
+    one: its FINISHED runs are kept, the rest measured (`experiments.resume`)."""
     if profile not in (None, "torch"):
         raise ValueError(f"profile ({profile!r}) must be None or 'torch'")
     from workbench.experiments.executors.config import check_tracking_uri
@@ -128,22 +131,29 @@ def run_experiment(
         raise UserError(f"template {template.name!r} is a rate sweep (rate_sweep): "
                         f"--executor {config.kind} runs plain experiments and notebook sweeps; "
                         "run it with --executor local")
+    if resume and template.rate_sweep is not None:
+        from workbench.errors import UserError
+
+        raise UserError(f"template {template.name!r} is a rate sweep (rate_sweep): --resume "
+                        "finishes plain experiments; run the sweep again without it")
     check_tracking_uri(config, uri)  # a cluster writes to a server every node reaches
     threshold = disturbance_threshold(template, max_other_cpu_share)
     setup = replay_setup(template, check, sweep=True)  # every template problem, up front
     ex = make_executor(config)  # a cluster: connected, its node resource checked
     try:
         return _run_experiment(template, ex, setup, uri, progress, profile, threshold,
-                               cpu_watch, results_dir)
+                               cpu_watch, results_dir, resume)
     finally:
         ex.close()
 
 
 def _run_experiment(template: Template, ex: Executor, setup: tuple[str, Any, Any, Any],
                     uri: str | None, progress: bool, profile: str | None, threshold: float,
-                    cpu_watch: Any, results_dir: str | Path | None) -> ExperimentResult:
+                    cpu_watch: Any, results_dir: str | Path | None,
+                    resume: bool = False) -> ExperimentResult:
     """`run_experiment` once the template is checked and the executor `ex` is ready."""
     from workbench.experiments import rate_sweep_run  # the sweep mode (`rate_sweep`)
+    from workbench.experiments import resume as resuming
     from workbench.experiments.fingerprints import common_fingerprint, mixed_nodes, mixed_runs
     from workbench.experiments.run_jobs import run_plan
     from workbench.harness.validity import default_cpu_watch
@@ -164,32 +174,49 @@ def _run_experiment(template: Template, ex: Executor, setup: tuple[str, Any, Any
     fingerprint = common_fingerprint(probes) if probes else preflight["fingerprint"]
     store = Store(template.name, uri)
     mismatch = _fingerprint_warning(store, fingerprint)
-    parent = store.create_run(template.name, tags={
-        "question": template.question, "variable": template.variable_name,
-        "workload_checksum": checksum, "hardware_fingerprint": fingerprint,
-        "executor": ex.kind,
-        "git_sha": str(preflight.get("git_sha")), "kind": "experiment",
-        "baseline": value_label(template.variable_name,
-                                template.baseline.get(template.variable_name),
-                                [*template.variable_values, None]),
-    })
-    store.set_description(parent, template.question)  # the UI's Description box
-    store.log_params(parent, {"template": template.raw})
-    if mismatch:
-        store.set_tags(parent, {"fingerprint_warning": mismatch})
-    store.log_files(parent, {
-        "template.yaml": yaml.safe_dump(template.raw, sort_keys=False),
-        "preflight.json": json.dumps(preflight, indent=2, default=str),
-        "workload.json": json.dumps(workload.summary(), indent=2, default=str),
-        **({"nodes.json": json.dumps(probes, indent=2, default=str)} if probes else {}),
-    })
     plan: list[tuple[str, Any]] = [(BASELINE, None)] + [
         (str(v), v) for v in template.variable_values
     ]
+    earlier = resuming.find_parent(store, template, checksum) if resume else None
+    kept: dict[tuple[str, int], RunRecord] = {}
+    if earlier is not None:  # --resume: its FINISHED runs kept, the rest measured below
+        parent = earlier.info.run_id
+        store.client.update_run(parent, status="RUNNING")
+        store.set_tags(parent, {**resuming.driver_tags(), "resumed": "true"})
+        kept, lines = resuming.kept_runs(store, parent, plan, template.repeats)
+        if progress:
+            print(f"resuming experiment run {parent}: {len(kept)} of "
+                  f"{template.repeats * len(plan)} runs kept", flush=True)
+            for line in lines:
+                print(f"  {line}", flush=True)
+    else:
+        if resume and progress:
+            print(f"nothing to resume for {template.name!r} (no earlier run of this template "
+                  "and workload): a new experiment", flush=True)
+        parent = store.create_run(template.name, tags={
+            "question": template.question, "variable": template.variable_name,
+            "workload_checksum": checksum, "hardware_fingerprint": fingerprint,
+            "executor": ex.kind, "template_sha": resuming.template_sha(template),
+            "git_sha": str(preflight.get("git_sha")), "kind": "experiment",
+            "baseline": value_label(template.variable_name,
+                                    template.baseline.get(template.variable_name),
+                                    [*template.variable_values, None]),
+            **resuming.driver_tags(),
+        })
+        store.set_description(parent, template.question)  # the UI's Description box
+        store.log_params(parent, {"template": template.raw})
+        store.log_files(parent, {
+            "template.yaml": yaml.safe_dump(template.raw, sort_keys=False),
+            "preflight.json": json.dumps(preflight, indent=2, default=str),
+            "workload.json": json.dumps(workload.summary(), indent=2, default=str),
+            **({"nodes.json": json.dumps(probes, indent=2, default=str)} if probes else {}),
+        })
+    if mismatch:
+        store.set_tags(parent, {"fingerprint_warning": mismatch})
     runs: list[RunRecord] = []
     sweep = None  # a rate sweep (`rate_sweep_run`): one point per (repeat, value, rate)
     points = len(template.rate_sweep.rates) if template.rate_sweep is not None else 1
-    total = template.repeats * len(plan) * points
+    total = template.repeats * len(plan) * points - len(kept)
     out = new_results_dir(template.name, results_dir) if results_dir is not None else None
     bar = RunProgress(total, enabled=progress, desc=template.name)
     try:
@@ -203,7 +230,7 @@ def _run_experiment(template: Template, ex: Executor, setup: tuple[str, Any, Any
             runs = run_plan(ex, template, store, parent, model, workload, arrival, slo, plan,
                             preflight, checksum, bar, profile=profile, threshold=threshold,
                             cpu_watch=watch, progress=progress, out=out, run_point=run_one,
-                            setup=replay_setup)
+                            setup=replay_setup, kept=kept)
     finally:
         bar.close()
     # The quality gate replays golden prompts through the in-process engine on the same
