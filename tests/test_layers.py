@@ -118,6 +118,7 @@ LEAVES: tuple[str, ...] = (
     "workbench.ray_utils",  # the optional Ray import (config refuses the "ray" backend without it)
     "workbench.profiling",  # NVTX ranges, used from the engine down to the runner
     "workbench.calc",  # shape and memory arithmetic
+    "workbench.roofline_schedule",  # the schedule-aware roofline: calc re-exports it
     "workbench.kv_transfer_config",  # KVTransferConfig: config and sampling params read it
     "workbench.kv_cache.hashing",  # the block hash chain: prefix cache and KV connector keys
     "workbench.distributed.kv_transfer.metadata",  # KV connector metadata/output: both sides

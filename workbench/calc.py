@@ -12,6 +12,8 @@ lecture notes):
     device memory      = weights + KV + activations + graph reserve + headroom
     KV transfer        = KV bytes / link bandwidth + latency, against
     prefill recompute  = (2 x params x n + 2 x layers x heads x head_dim x n(n+1)) / (peak x MFU)
+    workload roofline  = sum over the engine's steps of max(FLOPs / peak, bytes / bandwidth)
+                         (`schedule_roofline`, from workbench.roofline_schedule)
 
 Bad arguments raise ValueError naming the argument and its value.
 """
@@ -22,6 +24,13 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+# re-exported: the schedule-aware roofline of a whole workload (per step max(FLOPs / peak,
+# bytes / bandwidth) over the engine's continuous-batching schedule), a leaf of its own
+from workbench.roofline_schedule import DecoderShape as DecoderShape
+from workbench.roofline_schedule import ScheduleRoofline as ScheduleRoofline
+from workbench.roofline_schedule import StepCost as StepCost
+from workbench.roofline_schedule import schedule_roofline as schedule_roofline
 
 GiB = 1 << 30
 

@@ -20,6 +20,11 @@
                       --decode-tok-s 1024 | --decode-tok-s 1:120 8:700 32:1024 (BATCH:TOK_S)
                       [--rate 3] [--kv-bytes-per-token 320KB (--link 400gbe | --bandwidth
                       50GB) [--latency-ms 0]]
+    workbench calc roofline (--config DIR|config.json|NAME | --hidden 512 --layers 8 --heads 8
+                      --kv-heads 4 --head-dim 64 --intermediate 1408 --vocab 8192)
+                      (--requests 128:64 256:32x8 (PROMPT:OUTPUT[xCOUNT]) | --offline-workload
+                      SEED) --gflops 350 --bandwidth 25GB [--max-num-batched-tokens 8192]
+                      [--max-num-seqs 256] [--dtype-bytes 2] [--kv-dtype-bytes 2] [--steps]
 
 Also `python -m workbench.calc_cli ...`. Sizes take B, KB/MB/GB/TB (10^3) or KiB/MiB/GiB/TiB.
 """
@@ -254,6 +259,85 @@ def _pd(a: argparse.Namespace) -> None:
     print(r.table())
 
 
+def parse_requests(items: list[str]) -> list[tuple[int, int]]:
+    """["128:64", "32:16x3"] -> [(128, 64), (32, 16), (32, 16), (32, 16)]
+    (PROMPT:OUTPUT, optionally xCOUNT copies)."""
+    out: list[tuple[int, int]] = []
+    for item in items:
+        m = re.fullmatch(r"\s*(\d+):(\d+)(?:x(\d+))?\s*", item)
+        if not m or int(m.group(1)) < 1 or int(m.group(2)) < 1 or m.group(3) == "0":
+            raise ValueError(f"--requests {item!r} must be PROMPT:OUTPUT or PROMPT:OUTPUTxCOUNT "
+                             "with positive integers, e.g. 128:64 or 128:64x16")
+        out += [(int(m.group(1)), int(m.group(2)))] * int(m.group(3) or 1)
+    return out
+
+
+_SHAPE_FLAGS = {"hidden_size": "hidden", "num_layers": "layers", "num_heads": "heads",
+                "num_kv_heads": "kv_heads", "head_dim": "head_dim",
+                "intermediate_size": "intermediate", "vocab_size": "vocab"}
+
+
+def _roofline_shape(a: argparse.Namespace) -> calc.DecoderShape:
+    given = {k: getattr(a, v) for k, v in _SHAPE_FLAGS.items() if getattr(a, v) is not None}
+    if (a.config is None) == (not given):
+        raise ValueError("give --config (a checkpoint folder, its config.json or a shipped "
+                         "model name) or the shape flags (--hidden --layers --heads "
+                         "--kv-heads --head-dim --intermediate --vocab), not both or neither")
+    if a.config is not None:
+        from workbench.named_models import resolve_model
+
+        try:
+            return calc.DecoderShape.from_checkpoint(resolve_model(a.config))
+        except (OSError, ValueError, KeyError) as exc:  # JSONDecodeError is a ValueError
+            raise ValueError(f"--config {a.config!r}: no readable Llama-style config.json "
+                             f"({type(exc).__name__}: {exc})") from None
+    missing = [f"--{v.replace('_', '-')}" for k, v in _SHAPE_FLAGS.items() if k not in given
+               and not (k == "num_kv_heads" or k == "head_dim")]
+    if missing:
+        raise ValueError(f"the shape needs {', '.join(missing)} too")
+    heads = given["num_heads"]
+    given.setdefault("num_kv_heads", heads)
+    given.setdefault("head_dim", given["hidden_size"] // heads)
+    return calc.DecoderShape(**given)
+
+
+def _roofline(a: argparse.Namespace) -> None:
+    if (a.requests is None) == (a.offline_workload is None):
+        raise ValueError("give --requests PROMPT:OUTPUT[xCOUNT] ... or --offline-workload "
+                         "SEED, not both or neither")
+    if a.requests is not None:
+        requests = parse_requests(a.requests)
+    else:
+        from workbench.bench.offline_workload import make_offline_workload
+
+        requests = [(len(r.prompt_token_ids), r.max_tokens)
+                    for r in make_offline_workload(a.offline_workload)]
+    r = calc.schedule_roofline(
+        _roofline_shape(a), requests, a.max_num_batched_tokens, a.max_num_seqs, a.gflops,
+        a.bandwidth / 1e9, a.dtype_bytes, kv_dtype_bytes=a.kv_dtype_bytes)
+    if a.steps:
+        print("| step | decodes | prefill tokens | sampled | MFLOP | MB moved | compute ms "
+              "| memory ms | bound |")
+        print("|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+        for i, s in enumerate(r.steps):
+            print(f"| {i} | {s.num_decodes} | {s.num_prefill_tokens} | {s.num_samples} | "
+                  f"{s.flops / 1e6:,.1f} | {s.bytes / 1e6:,.2f} | {s.compute_s * 1e3:.4f} | "
+                  f"{s.memory_s * 1e3:.4f} | {s.bound} |")
+        print()
+    _rows([
+        ("requests", len(requests)),
+        ("prompt + output tokens", f"{r.prompt_tokens:,} + {r.output_tokens:,}"),
+        ("engine steps", len(r.steps)),
+        ("compute-bound steps", r.compute_bound_steps),
+        ("bandwidth-bound steps", r.bandwidth_bound_steps),
+        ("GFLOP", r.total_flops / 1e9),
+        ("GB moved", r.total_bytes / 1e9),
+        ("lower bound s", r.seconds),
+        ("output tok/s bound", r.output_tok_s),
+        ("output tok/s, FLOPs alone", r.compute_only_output_tok_s),
+    ])
+
+
 _PD_FLAGS = {"num_workers": "--workers", "input_tokens": "--input-len",
              "output_tokens": "--output-len", "prefill_tok_s": "--prefill-tok-s",
              "decode_tok_s": "--decode-tok-s", "request_rate": "--rate",
@@ -352,6 +436,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bandwidth", type=parse_bytes, default=None, help="bytes per second")
     p.add_argument("--latency-ms", type=float, default=0.0, help="fixed cost per transfer")
     p.set_defaults(run=_pd)
+    p = sub.add_parser("roofline", help="schedule-aware roofline of a workload: per engine step "
+                       "max(FLOPs / peak, bytes / bandwidth) over continuous batching")
+    p.add_argument("--config", default=None,
+                   help="checkpoint folder, its config.json, or a shipped model name")
+    for flag, what in (("hidden", "hidden size"), ("layers", "decoder layers"),
+                       ("heads", "query heads"), ("kv-heads", "KV heads (default: --heads)"),
+                       ("head-dim", "head dim (default: hidden / heads)"),
+                       ("intermediate", "MLP intermediate size"), ("vocab", "vocabulary")):
+        p.add_argument(f"--{flag}", type=int, default=None, help=what)
+    p.add_argument("--requests", nargs="+", default=None, metavar="PROMPT:OUTPUT[xCOUNT]",
+                   help="the workload: prompt and output tokens per request (greedy, ignore_eos)")
+    p.add_argument("--offline-workload", type=int, default=None, metavar="SEED",
+                   help="the offline benchmark's 64 requests drawn with this seed")
+    p.add_argument("--gflops", type=float, required=True, help="peak GFLOP/s of the dtype")
+    p.add_argument("--bandwidth", type=parse_bytes, required=True,
+                   help="memory bandwidth, bytes per second (e.g. 25GB)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=8192,
+                   help="the per-step token budget")
+    p.add_argument("--max-num-seqs", type=int, default=256, help="most requests running at once")
+    p.add_argument("--dtype-bytes", type=float, default=2,
+                   help="bytes per weight: 4 fp32, 2 bf16/fp16")
+    p.add_argument("--kv-dtype-bytes", type=float, default=None,
+                   help="bytes per KV element (default: --dtype-bytes)")
+    p.add_argument("--steps", action="store_true", help="print every step's cost first")
+    p.set_defaults(run=_roofline)
     return ap
 
 

@@ -40,7 +40,7 @@ parses its flags (`workbench <verb> --help`). `workbench --help` lists the verbs
     workbench bench client-capacity [--rates R1,R2,...] [--no-vllm]
                                      the load generator's ceiling against a mock server
     workbench calc {kv,budget,blocks,prefix,passes,decode,spec,spec-counters,tp,transfer,
-                    pd} [...]
+                    pd,roofline} [...]
     workbench preflight [--json] [--out F] [--compare OLD.json]
     workbench demo-engine [...]      generate from the bundled checkpoint, print a report
     workbench ui [--port 5000] [--tracking-uri URI]

@@ -76,8 +76,9 @@ def test_mismatch_details_and_unstable_calls_are_reported() -> None:
     assert mismatch_details(ref, ref) == []
     outputs = iter([[[1]], [[1]], [[2]], [[1]]])  # warm-up, then 3 timed calls: one differs
     quiet = RunPolicy(runs=3, max_others=0.15, watch=FixedCpuWatch(0.0))  # never redone
-    times, out, others, unstable = timed(lambda: next(outputs), quiet)
-    assert len(times) == 3 and out == [[1]] and unstable == 1 and others == 0.0
+    runs = timed(lambda: next(outputs), quiet)
+    assert len(runs.run_s) == 3 and runs.out == [[1]] and runs.unstable == 1
+    assert runs.others == [0.0, 0.0, 0.0] and runs.worst == 0.0
 
 
 def test_disturbed_runs_are_redone_then_the_system_is_invalid() -> None:
@@ -88,8 +89,9 @@ def test_disturbed_runs_are_redone_then_the_system_is_invalid() -> None:
     # no retries left). The worst kept share is 30%.
     watch = FixedCpuWatch(0.5, 0.4, 0.2, 0.1, 0.3)
     policy = RunPolicy(runs=3, max_others=0.15, retries=2, watch=watch)
-    times, _, others, _ = timed(lambda: [[1]], policy)
-    assert len(times) == 3 and watch.calls == 5 and others == 0.3
+    runs = timed(lambda: [[1]], policy)
+    assert len(runs.run_s) == 3 and watch.calls == 5 and runs.worst == 0.3
+    assert runs.others == [0.2, 0.1, 0.3] and runs.redone == 2
 
     def result(name: str, others_cpu: float) -> SystemResult:
         return SystemResult(name=name, run_s=[1.0], single_run_s=[1.0], output_tokens=100,
@@ -97,8 +99,10 @@ def test_disturbed_runs_are_redone_then_the_system_is_invalid() -> None:
                             mismatches=0, token_ids=[[1]])
 
     rs = [result("engine", 0.05), result("hf-generate", 0.3), result("vllm-best", float("nan"))]
+    # no per-run shares (a peer that reports only its worst): its runs count as undisturbed
     assert judge(rs, 0.15) == ["INVALID system hf-generate: other processes used 30% of the "
-                               "CPUs (threshold 15%); not used for any result"]
+                               "CPUs (threshold 15%); not used for any result (the table "
+                               "shows the median of its 1 undisturbed run)"]
     assert [r.valid for r in rs] == [True, False, True]
     assert rs[1].invalid_reason.startswith("other processes used 30% of the CPUs")
     rows = table(rs, roofline_tok_s=1000.0).splitlines()

@@ -1,11 +1,12 @@
 """`workbench bench offline`: our engine against transformers and vLLM, offline throughput.
 
-Flow: measure fp32 GFLOP/s -> build (or reuse) the bench checkpoint -> the fixed 64-request
-workload -> each system: load, one warm-up, `--runs` timed runs of the whole workload (median
-reported) and the same for a single request (prompt 128, 64 output tokens) -> check every
-system's greedy token ids against the engine's (or, without the engine, the first system's)
--> a Markdown table, and JSON with `--json PATH` (every system's token ids, where they differ
-from the engine's, and how many of its calls returned other tokens than its warm-up).
+Flow: measure the machine (fp32 GFLOP/s, memory GB/s) -> build (or reuse) the bench
+checkpoint -> the fixed 64-request workload -> each system: load, one warm-up, `--runs` timed
+runs of the whole workload (median reported) and the same for a single request (prompt 128,
+64 output tokens) -> check every system's greedy token ids against the engine's (or, without
+the engine, the first system's) -> measure the machine again -> a Markdown table, and JSON
+with `--json PATH` (every system's token ids, where they differ from the engine's, and how
+many of its calls returned other tokens than its warm-up).
 
 Systems: `engine` (workbench.LLM), `hf-generate` (static left-padded batches of 16),
 `hf-generate_batch` (transformers continuous batching), `vllm-best` / `vllm-default`
@@ -13,10 +14,15 @@ Systems: `engine` (workbench.LLM), `hf-generate` (static left-padded batches of 
 Output tok/s counts each request's own `max_tokens` only; total tok/s adds the prompt tokens.
 The 2 cores are shared: a timed run during which other processes used more than
 `--max-others` of the CPUs is redone (`--retries` in all), and the table's "others' CPU"
-column shows the worst share left in a kept run; a system whose kept runs are still above it
-is INVALID (the table, a console line, `valid`/`invalid_reason` in the JSON, exit 2 with
-`--strict`), and no speed-up is computed against it. fp32 GFLOP/s is the best `torch.mm` rate
-measured at start and end (or `--gflops`); the roofline is in `roofline.py`.
+column shows the worst share left in a kept run; a system with a kept run still above it is
+INVALID (the table, a console line, `valid`/`invalid_reason` in the JSON, exit 2 with
+`--strict`, as for a refused roofline), no speed-up is computed against it, and its medians
+are taken over its undisturbed runs only ("—" when there is none): a disturbed run is
+never a figure.
+The roofline is schedule-aware (`workbench.roofline_schedule`: per engine step, max(FLOPs /
+peak, bytes / bandwidth) over the engine's schedule of this workload) at the machine's fp32
+GFLOP/s and memory bandwidth, measured at start and end (`roofline.py`; or `--gflops`,
+`--bandwidth-gbs`); when they moved by more than 10% no roofline fraction is reported.
 """
 
 from __future__ import annotations
@@ -28,11 +34,20 @@ import math
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from statistics import median
 from typing import Any
 
+from workbench.bench.offline_results import (
+    RunPolicy,
+    SystemResult,
+    TimedRuns,
+    judge,
+    mark_mismatches,
+    table,
+    timed,
+    worse,
+)
+from workbench.bench.offline_results import mismatch_details as mismatch_details  # re-export
 from workbench.bench.offline_workload import (
     OfflineRequest,
     build_bench_checkpoint,
@@ -44,117 +59,29 @@ from workbench.bench.offline_workload import (
 )
 from workbench.bench.roofline import (
     DecoderShape,
+    MachineRates,
+    RooflineCheck,
+    check_machine,
     cpu_summary,
-    measure_fp32_gflops,
-    workload_roofline,
+    measure_machine,
 )
+from workbench.config import SchedulerConfig
 from workbench.engine_args import add_engine_args, engine_kwargs
-from workbench.harness.validity import CpuWatch, cpu_reason, default_cpu_watch, disturbed_line
+from workbench.roofline_schedule import ScheduleRoofline, schedule_roofline
 
 DEFAULT_CKPT_DIR = Path(__file__).resolve().parents[2] / ".bench" / "offline" / "llama-30m"
 
 
-@dataclass
-class SystemResult:
-    """One system's medians; `run_s` / `single_run_s` are the timed runs in seconds."""
-
-    name: str
-    run_s: list[float]
-    single_run_s: list[float]
-    output_tokens: int
-    total_tokens: int
-    single_tokens: int
-    load_s: float = 0.0
-    others_cpu: float = float("nan")  # share of all CPUs other processes used in the runs
-    mismatches: int | None = None  # requests whose tokens differ from the reference
-    # where they differ: {request, position (first differing token), got, want}
-    mismatch_details: list[dict[str, int | None]] = field(default_factory=list)
-    unstable_runs: int = 0  # calls (warm-up included) whose tokens differ from the warm-up's
-    valid: bool = True  # False: other processes took more than --max-others in a kept run
-    invalid_reason: str = ""
-    notes: str = ""
-    token_ids: list[list[int]] = field(default_factory=list, repr=False)
-
-    @property
-    def output_tok_s(self) -> float:
-        return self.output_tokens / median(self.run_s)
-
-    @property
-    def total_tok_s(self) -> float:
-        return self.total_tokens / median(self.run_s)
-
-    @property
-    def single_ms_per_token(self) -> float:
-        if not self.single_run_s:
-            return float("nan")
-        return 1000.0 * median(self.single_run_s) / self.single_tokens
-
-
-@dataclass(frozen=True)
-class RunPolicy:
-    """How each system is timed: `runs` timed runs after one warm-up; a run during which
-    other processes used more than `max_others` of the CPUs is redone, `retries` times at
-    most in all (the 2 cores are shared, and a busy core slows torch several-fold); a
-    system whose kept runs are still above it is invalid. `watch` measures the share
-    (default: `validity.default_cpu_watch()`; tests inject a fake)."""
-
-    runs: int = 3
-    max_others: float = 0.15
-    retries: int = 3
-    watch: CpuWatch | None = field(default=None, compare=False)
-
-
-def timed(
-    fn: Callable[[], list[list[int]]], policy: RunPolicy
-) -> tuple[list[float], list[list[int]], float, int]:
-    """One warm-up call, then the timed calls: the times, the last output, the largest
-    share of the CPUs that other processes used during a kept run, and how many calls
-    (redone ones included) returned other tokens than the warm-up (greedy decoding must be
-    deterministic: anything but 0 is a bug to chase)."""
-    watch = policy.watch if policy.watch is not None else default_cpu_watch()
-    out = first = fn()
-    unstable = 0
-    times: list[float] = []
-    worst, retries = float("nan"), policy.retries
-    while len(times) < policy.runs:
-        with watch.measure() as share:
-            t0 = time.perf_counter()
-            out = fn()
-            elapsed = time.perf_counter() - t0
-        unstable += out != first
-        if share.others > policy.max_others and retries > 0:  # NaN (too short): kept
-            retries -= 1
-            print(f"  (run redone: other processes used {100 * share.others:.0f}% of the CPUs)")
-            continue
-        times.append(elapsed)
-        worst = worse(worst, share.others)
-    return times, out, worst, unstable
-
-
-def worse(a: float, b: float) -> float:
-    """The larger share, a NaN (not measured) counting only when both are."""
-    return a if math.isnan(b) else b if math.isnan(a) else max(a, b)
-
-
-def judge(results: list[SystemResult], max_others: float) -> list[str]:
-    """Mark every system whose kept runs saw other processes above `max_others` invalid;
-    the console lines that say so."""
-    lines = []
-    for r in results:
-        if r.others_cpu > max_others:  # NaN (not measured) is never above
-            r.valid, r.invalid_reason = False, cpu_reason(r.others_cpu, max_others)
-            lines.append(disturbed_line(f"system {r.name}", r.others_cpu, max_others))
-    return lines
-
-
 def _result(name: str, reqs: Sequence[OfflineRequest], single: OfflineRequest,
-            run_s: list[float], single_s: list[float], ids: list[list[int]], load_s: float,
-            notes: str = "", others: float = float("nan"), unstable: int = 0) -> SystemResult:
+            runs: TimedRuns, single_runs: TimedRuns, load_s: float,
+            notes: str = "") -> SystemResult:
     prompt, output = workload_tokens(list(reqs))
-    return SystemResult(name=name, run_s=run_s, single_run_s=single_s, output_tokens=output,
-                        total_tokens=prompt + output, single_tokens=single.max_tokens,
-                        load_s=load_s, others_cpu=others, notes=notes, token_ids=ids,
-                        unstable_runs=unstable)
+    return SystemResult(name=name, run_s=runs.run_s, single_run_s=single_runs.run_s,
+                        output_tokens=output, total_tokens=prompt + output,
+                        single_tokens=single.max_tokens, load_s=load_s,
+                        others_cpu=worse(runs.worst, single_runs.worst),
+                        run_others=runs.others, single_run_others=single_runs.others,
+                        notes=notes, token_ids=runs.out, unstable_runs=runs.unstable)
 
 
 def run_engine(ckpt: Path, reqs: list[OfflineRequest], single: OfflineRequest,
@@ -176,13 +103,11 @@ def run_engine(ckpt: Path, reqs: list[OfflineRequest], single: OfflineRequest,
             return [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
         return call
 
-    run_s, ids, others, unstable = timed(gen(reqs), policy)
-    single_s, _, single_others, _ = timed(gen([single]), policy)
-    others = worse(others, single_others)
+    runs = timed(gen(reqs), policy)
+    single_runs = timed(gen([single]), policy)
     notes = f"stats: {llm.stats()}" if hasattr(llm, "stats") else ""
     notes += f"; CPU paths: {cpu_paths()}"
-    return _result("engine", reqs, single, run_s, single_s, ids, load_s, notes, others,
-                   unstable)
+    return _result("engine", reqs, single, runs, single_runs, load_s, notes)
 
 
 def cpu_paths() -> str:
@@ -206,15 +131,11 @@ def run_hf(ckpt: Path, reqs: list[OfflineRequest], single: OfflineRequest,
     t0 = time.perf_counter()
     model = hf.load_hf_model(ckpt)
     load_s = time.perf_counter() - t0
-    run_s, ids, others, unstable = timed(lambda: hf.generate_static(model, reqs, batch_size),
-                                         policy)
-    single_s, _, single_others, _ = timed(lambda: hf.generate_static(model, [single], 1),
-                                          policy)
-    others = worse(others, single_others)
+    runs = timed(lambda: hf.generate_static(model, reqs, batch_size), policy)
+    single_runs = timed(lambda: hf.generate_static(model, [single], 1), policy)
     results.append(_result(
-        "hf-generate", reqs, single, run_s, single_s, ids, load_s,
-        f"static batches of {batch_size}, left-padded; each batch runs to its longest request",
-        others, unstable))
+        "hf-generate", reqs, single, runs, single_runs, load_s,
+        f"static batches of {batch_size}, left-padded; each batch runs to its longest request"))
     del model
     gc.collect()
 
@@ -227,16 +148,14 @@ def run_hf(ckpt: Path, reqs: list[OfflineRequest], single: OfflineRequest,
     runner.start()
     load_s = time.perf_counter() - t0
     try:
-        run_s, ids, others, unstable = timed(lambda: runner.run(reqs), policy)
-        single_s, _, single_others, _ = timed(lambda: runner.run([single]), policy)
-        others = worse(others, single_others)
+        runs = timed(lambda: runner.run(reqs), policy)
+        single_runs = timed(lambda: runner.run([single]), policy)
     finally:
         runner.stop()
     results.append(_result(
-        "hf-generate_batch", reqs, single, run_s, single_s, ids, load_s,
+        "hf-generate_batch", reqs, single, runs, single_runs, load_s,
         "manager API, per-request max_new_tokens, " + ", ".join(f"{k}={v}" for k, v in
-                                                                best.items()), others,
-        unstable))
+                                                                best.items())))
     return results
 
 
@@ -254,57 +173,25 @@ def run_vllm_peers(
         r = run_vllm(ckpt, reqs, single, config=config, runs=policy.runs,
                      max_num_seqs=max_num_seqs, max_others=policy.max_others,
                      retries=policy.retries)
-        env = ", ".join(f"{k}={v}" for k, v in r.env.items() if v and k != "LD_PRELOAD")
-        preload = "tcmalloc+libiomp5 preloaded" if r.env.get("LD_PRELOAD") else "no preload"
-        results.append(_result(f"vllm-{config}", reqs, single, r.run_s, r.single_run_s,
-                               r.token_ids, r.load_s, f"vLLM {r.version}; {env}; {preload}",
-                               r.others_cpu))
+        results.append(vllm_system(r, config, reqs, single))
     return results
 
 
-def mark_mismatches(results: list[SystemResult]) -> None:
-    """Count, per system, the requests whose greedy tokens differ from the reference's."""
-    if not results:
-        return
-    ref = results[0].token_ids
-    for r in results:
-        r.mismatch_details = mismatch_details(r.token_ids, ref)
-        r.mismatches = len(r.mismatch_details)
-
-
-def mismatch_details(ids: list[list[int]], ref: list[list[int]]) -> list[dict[str, int | None]]:
-    """One row per request whose tokens differ from `ref`'s: its index, the first differing
-    position, and the two tokens there (None past the end of the shorter output)."""
-    rows: list[dict[str, int | None]] = []
-    for i, (a, b) in enumerate(zip(ids, ref, strict=True)):
-        if a == b:
-            continue
-        pairs = enumerate(zip(a, b, strict=False))  # outputs may differ in length
-        pos = next((j for j, (x, y) in pairs if x != y), min(len(a), len(b)))
-        rows.append({"request": i, "position": pos,
-                     "got": a[pos] if pos < len(a) else None,
-                     "want": b[pos] if pos < len(b) else None})
-    return rows
-
-
-def table(results: list[SystemResult], roofline_tok_s: float) -> str:
-    """One row per system; an invalid system's row says INVALID and no speed-up involving
-    it is computed."""
-    ref = results[0]
-    head = ("| system | output tok/s | total tok/s | single ms/token | "
-            f"{ref.name} speed-up | % roofline | mismatches | others' CPU |")
-    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in results:
-        speedup = (f"{ref.output_tok_s / r.output_tok_s:.2f}x" if r.valid and ref.valid
-                   else "n/a (invalid)")
-        others = ("-" if math.isnan(r.others_cpu) else f"{100 * r.others_cpu:.0f}%") + (
-            "" if r.valid else " INVALID")
-        lines.append(
-            f"| {r.name} | {r.output_tok_s:.1f} | {r.total_tok_s:.1f} | "
-            f"{r.single_ms_per_token:.2f} | {speedup} | "
-            f"{100 * r.output_tok_s / roofline_tok_s:.1f}% | {r.mismatches}/{len(ref.token_ids)} | "
-            f"{others} |")
-    return "\n".join(lines)
+def vllm_system(r: Any, config: str, reqs: Sequence[OfflineRequest],
+                single: OfflineRequest) -> SystemResult:
+    """A `VllmResult` as a row. The worker keeps only undisturbed runs in `run_s` /
+    `single_run_s` and reports the worst share of all kept runs in `others_cpu` (a row above
+    the threshold is INVALID, its medians still clean). `preload` (which LD_PRELOAD libraries
+    actually ran) is read with a default: older results have no such field."""
+    env = ", ".join(f"{k}={v}" for k, v in r.env.items() if v and k != "LD_PRELOAD")
+    preload = str(getattr(r, "preload", "unknown") or "unknown")
+    runs = TimedRuns(list(r.run_s), [], r.token_ids)
+    single_runs = TimedRuns(list(r.single_run_s), [], [])
+    res = _result(f"vllm-{config}", reqs, single, runs, single_runs, r.load_s,
+                  f"vLLM {r.version}; {env}; LD_PRELOAD requested: "
+                  f"{r.env.get('LD_PRELOAD') or 'none'}")
+    res.others_cpu, res.preload = r.others_cpu, preload
+    return res
 
 
 ENGINE_FIXED = ("seed",)  # greedy runs; `--seed` is the workload's
@@ -325,18 +212,66 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--skip-vllm", action="store_true")
     p.add_argument("--vllm-configs", default="best,default", help="comma list of best,default")
     p.add_argument("--hf-batch-size", type=int, default=16)
-    p.add_argument("--gflops", type=float, default=None, help="state fp32 GFLOP/s (else measured)")
+    p.add_argument("--gflops", type=float, default=None,
+                   help="state fp32 GFLOP/s (else measured at start and end)")
+    p.add_argument("--bandwidth-gbs", type=float, default=None,
+                   help="state memory bandwidth in GB/s (else measured at start and end: "
+                   "STREAM-like copy/triad past the last-level cache)")
     p.add_argument("--json", type=Path, default=None, help="write the results here")
-    p.add_argument("--strict", action="store_true", help="exit 2 when any tokens mismatch")
+    p.add_argument("--strict", action="store_true",
+                   help="exit 2 on any token mismatch, unstable call, INVALID system or "
+                   "refused roofline")
     # the engine's knobs, as `workbench serve` spells them; vLLM peers get --max-num-seqs too
     add_engine_args(p, defaults={"max_num_seqs": 64, "dtype": "float32"}, exclude=ENGINE_FIXED,
                     title="engine knobs (the workbench engine's run)")
     return p.parse_args(argv)
 
 
+def engine_schedule(args: argparse.Namespace) -> SchedulerConfig:
+    """The engine's scheduler knobs as this run sets them (its defaults filled in)."""
+    kw = engine_kwargs(args, ENGINE_FIXED)
+    names = ("max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill",
+             "long_prefill_token_threshold")
+    return SchedulerConfig(**{k: kw[k] for k in names if k in kw})
+
+
+def workload_roofline(shape: DecoderShape, lengths: list[tuple[int, int]],
+                      sched: SchedulerConfig, check: RooflineCheck) -> ScheduleRoofline:
+    """The workload's fp32 roofline on the engine's schedule at the best measured rates."""
+    assert sched.max_num_batched_tokens is not None  # filled by SchedulerConfig
+    return schedule_roofline(
+        shape, lengths, sched.max_num_batched_tokens, sched.max_num_seqs, check.gflops,
+        check.bandwidth_gbs, dtype_bytes=4, enable_chunked_prefill=sched.enable_chunked_prefill,
+        long_prefill_token_threshold=sched.long_prefill_token_threshold)
+
+
+def roofline_lines(roof: ScheduleRoofline, check: RooflineCheck) -> list[str]:
+    """The console lines under the table: what the roofline counts, the machine at start
+    and end, and, when refused, why no fraction is reported."""
+    def rates(r: MachineRates) -> str:
+        others = "" if math.isnan(r.others_cpu) else f", others' CPU {100 * r.others_cpu:.0f}%"
+        return (f"{r.gflops:.0f} GFLOP/s{' (stated)' if r.gflops_stated else ''}, "
+                f"{r.bandwidth_gbs:.1f} GB/s{' (stated)' if r.bandwidth_stated else ''}{others}")
+
+    lines = [
+        f"roofline (schedule-aware): {len(roof.steps)} engine steps, "
+        f"{roof.compute_bound_steps} compute-bound, {roof.bandwidth_bound_steps} "
+        f"bandwidth-bound; {roof.total_flops / 1e9:.0f} GFLOP, {roof.total_bytes / 1e9:.1f} GB "
+        f"moved, at {check.gflops:.0f} GFLOP/s and {check.bandwidth_gbs:.1f} GB/s = "
+        f"{roof.seconds:.2f} s, {roof.output_tok_s:.0f} output tok/s (FLOPs alone: "
+        f"{roof.compute_only_output_tok_s:.0f})",
+        f"machine at start: {rates(check.start)}; at end: {rates(check.end)}",
+    ]
+    if not check.valid:
+        lines.append(f"ROOFLINE INVALID, no fraction reported: {check.reason}")
+    return lines
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    gflops = args.gflops or measure_fp32_gflops()
+    measure = {"gflops": args.gflops, "bandwidth_gbs": args.bandwidth_gbs,
+               "max_others": args.max_others, "retries": args.retries}
+    start = measure_machine(**measure)
     ckpt = build_bench_checkpoint(args.ckpt_dir)
     token_range = non_special_token_range(ckpt)
     reqs = make_offline_workload(args.seed, num_requests=args.num_requests,
@@ -345,8 +280,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     prompt_toks, out_toks = workload_tokens(reqs)
     shape = DecoderShape.from_checkpoint(ckpt)
     lengths = [(len(r.prompt_token_ids), r.max_tokens) for r in reqs]
+    sched = engine_schedule(args)
     load1 = os.getloadavg()[0]
     print(f"{cpu_summary()}; load average {load1:.2f} (other processes skew every figure)")
+    print(f"machine at start: {start.gflops:.0f} GFLOP/s fp32, {start.bandwidth_gbs:.1f} GB/s"
+          + ("" if math.isnan(start.others_cpu) else
+             f" (others' CPU {100 * start.others_cpu:.0f}%)"))
     print(f"checkpoint {ckpt}")
     print(f"workload seed {args.seed}: {len(reqs)} requests, {prompt_toks} prompt + "
           f"{out_toks} output tokens, sha256 {checksum(reqs)[:16]}")
@@ -365,30 +304,34 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     mark_mismatches(results)
     invalid_lines = judge(results, args.max_others)
-    if not args.gflops:  # measured again at the end: the best of both, others' load aside
-        gflops = max(gflops, measure_fp32_gflops())
-    roof = workload_roofline(shape, lengths, gflops)
+    check = check_machine(start, measure_machine(**measure), max_others=args.max_others)
+    roof = workload_roofline(shape, lengths, sched, check)
 
-    print(f"\nmedians of {args.runs} runs after a warm-up; fp32; greedy, ignore_eos; "
-          f"single request: prompt {len(single.prompt_token_ids)}, {single.max_tokens} tokens\n")
-    print(table(results, roof.output_tok_s))
-    print(f"\nroofline: {roof.total_flops / 1e9:.0f} GFLOP at {gflops:.0f} GFLOP/s fp32 "
-          f"({'stated' if args.gflops else 'measured: best torch.mm 2048^3, at start and end'}) = "
-          f"{roof.output_tok_s:.0f} output tok/s")
+    print(f"\nmedians of the undisturbed runs among {args.runs} after a warm-up; fp32; greedy, "
+          f"ignore_eos; single request: prompt {len(single.prompt_token_ids)}, "
+          f"{single.max_tokens} tokens\n")
+    print(table(results, roof.output_tok_s if check.valid else None))
+    print()
+    for line in roofline_lines(roof, check):
+        print(line)
     eng = next((r for r in results if r.name == "engine"), None)
-    if eng is not None:
+    if eng is not None and check.valid and math.isfinite(eng.output_tok_s):
         print(f"engine: {100 * roof.fraction(eng.output_tok_s):.1f}% of the roofline")
     for r in results:
-        print(f"- {r.name}: load {r.load_s:.1f}s; runs {[round(t, 2) for t in r.run_s]}s; "
-              f"{r.notes}")
+        print(f"- {r.display_name}: load {r.load_s:.1f}s; runs {[round(t, 2) for t in r.run_s]}s;"
+              f" {r.notes}")
     if args.json:
         doc = {"cpu": cpu_summary(), "checkpoint": str(ckpt), "seed": args.seed,
-               "workload_sha256": checksum(reqs), "runs": args.runs, "gflops": gflops,
-               "roofline_output_tok_s": roof.output_tok_s,
+               "workload_sha256": checksum(reqs), "runs": args.runs,
+               "gflops": check.gflops, "bandwidth_gbs": check.bandwidth_gbs,
+               "roofline_valid": check.valid, "roofline_invalid_reason": check.reason,
+               "roofline_output_tok_s": roof.output_tok_s if check.valid else None,
                "roofline_gflop": roof.total_flops / 1e9,
-               "results": [{**asdict(r), "output_tok_s": r.output_tok_s,
-                            "total_tok_s": r.total_tok_s,
-                            "single_ms_per_token": r.single_ms_per_token} for r in results]}
+               "roofline": {**roof.to_dict(with_steps=True),
+                            "max_num_batched_tokens": sched.max_num_batched_tokens,
+                            "max_num_seqs": sched.max_num_seqs},
+               "machine": check.to_dict(),
+               "results": [r.to_json() for r in results]}
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(doc, indent=1))
     bad = [r.name for r in results if r.mismatches]
@@ -405,7 +348,8 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"differ from the warm-up): {', '.join(unstable)}")
     for line in invalid_lines:
         print(line)
-    return 2 if (bad or unstable or invalid_lines) and args.strict else 0
+    refused = not check.valid
+    return 2 if (bad or unstable or invalid_lines or refused) and args.strict else 0
 
 
 if __name__ == "__main__":

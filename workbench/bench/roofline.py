@@ -1,114 +1,40 @@
-"""Compute roofline: the best output tok/s a workload could reach at the machine's matmul rate.
+"""The machine's side of the roofline: its peak fp32 FLOP rate and memory bandwidth, measured
+at the start and at the end of a benchmark, and whether the two agree well enough to divide by.
 
-Owned here: the FLOP count of a workload on a Llama-shaped decoder (from its HF `config.json`)
-and a quick fp32 GFLOP/s measurement with one large `torch.mm`.
+Owned here: `measure_fp32_gflops` (the best of a few n x n x n `torch.mm`), `measure_stream`
+(STREAM-like copy `a = b` and triad `a = b + s c` on fp32 tensors well past the last-level
+cache, best of N; bytes counted as STREAM does: 2 and 3 arrays, no write-allocate),
+`measure_machine` (both under a `CpuWatch`, redone while others are busy) and
+`check_machine` (start vs end). The workload's side, the engine's schedule and what each
+step costs, is `workbench.roofline_schedule` (also `workbench.calc.schedule_roofline`).
 
-FLOPs counted (multiply-add = 2 FLOPs), per request with prompt length P and T output tokens:
-  * layers: every token that goes through the model, P + T - 1 of them (the last output token
-    is sampled, never fed back), costs 2 x (matmul parameters of all layers);
-  * lm_head: only positions whose logits are sampled, T of them, cost 2 x hidden x vocab;
-  * attention: the token at position p attends to p + 1 keys: QK^T and AV cost
-    2 x 2 x heads x head_dim x (p + 1) per layer (causal; GQA does not change the FLOPs).
-Embedding lookups, norms, activations and sampling are left out (memory-bound, small).
-
-The share of the CPUs other processes took during a measurement is `validity.CpuWatch`'s.
+A roofline fraction is refused (`RooflineCheck.valid` False, with the reasons) when start and
+end differ by more than `MAX_DRIFT` (10%) in either figure (max / min - 1), or when other
+processes took more than `max_others` of the CPUs during a measurement: the bound would then
+be a property of the neighbours as much as of the machine. The figure used is the best of
+start and end (a roofline is the best case). A figure stated on the command line
+(`--gflops`, `--bandwidth-gbs`) is used as is and not checked.
 """
 
 from __future__ import annotations
 
-import json
+import math
 import os
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from workbench.harness.validity import CpuWatch, default_cpu_watch
+from workbench.roofline_schedule import DecoderShape, request_flops
 
-@dataclass(frozen=True)
-class DecoderShape:
-    """The matmul-relevant shape of a Llama-style decoder."""
+__all__ = ["DecoderShape", "request_flops", "MAX_DRIFT", "MachineRates", "RooflineCheck",
+           "StreamFigures", "check_machine", "cpu_summary", "last_level_cache_bytes",
+           "measure_fp32_gflops", "measure_machine", "measure_stream"]
 
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    intermediate_size: int
-    vocab_size: int
-
-    @classmethod
-    def from_hf_config(cls, cfg: dict[str, Any]) -> DecoderShape:
-        heads = int(cfg["num_attention_heads"])
-        hidden = int(cfg["hidden_size"])
-        return cls(
-            hidden_size=hidden,
-            num_layers=int(cfg["num_hidden_layers"]),
-            num_heads=heads,
-            num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
-            head_dim=int(cfg.get("head_dim") or hidden // heads),
-            intermediate_size=int(cfg["intermediate_size"]),
-            vocab_size=int(cfg["vocab_size"]),
-        )
-
-    @classmethod
-    def from_checkpoint(cls, ckpt_dir: str | Path) -> DecoderShape:
-        return cls.from_hf_config(json.loads((Path(ckpt_dir) / "config.json").read_text()))
-
-    @property
-    def layer_matmul_params(self) -> int:
-        """q, k, v, o projections and the gated MLP (gate, up, down) of one layer."""
-        h, hd = self.hidden_size, self.head_dim
-        attn = h * self.num_heads * hd * 2 + h * self.num_kv_heads * hd * 2
-        return attn + 3 * h * self.intermediate_size
-
-    @property
-    def lm_head_params(self) -> int:
-        return self.hidden_size * self.vocab_size
-
-    @property
-    def matmul_params(self) -> int:
-        return self.num_layers * self.layer_matmul_params + self.lm_head_params
-
-
-def request_flops(shape: DecoderShape, prompt_len: int, max_tokens: int) -> float:
-    """FLOPs of one greedy request (prefill + decode) as described in the module docstring."""
-    fed = prompt_len + max_tokens - 1
-    layers = 2.0 * shape.num_layers * shape.layer_matmul_params * fed
-    lm_head = 2.0 * shape.lm_head_params * max_tokens
-    # sum_{p=0}^{fed-1} (p + 1) keys attended
-    keys = fed * (fed + 1) / 2
-    attention = 4.0 * shape.num_heads * shape.head_dim * keys * shape.num_layers
-    return layers + lm_head + attention
-
-
-@dataclass(frozen=True)
-class Roofline:
-    """A workload's FLOPs and the output tok/s they allow at `gflops` GFLOP/s."""
-
-    total_flops: float
-    output_tokens: int
-    gflops: float
-
-    @property
-    def seconds(self) -> float:
-        return self.total_flops / (self.gflops * 1e9)
-
-    @property
-    def output_tok_s(self) -> float:
-        return self.output_tokens / self.seconds
-
-    def fraction(self, measured_output_tok_s: float) -> float:
-        return measured_output_tok_s / self.output_tok_s
-
-
-def workload_roofline(
-    shape: DecoderShape, requests: list[tuple[int, int]], gflops: float
-) -> Roofline:
-    """`requests` as (prompt_len, max_tokens) pairs."""
-    if gflops <= 0:
-        raise ValueError(f"gflops ({gflops}) must be > 0")
-    total = sum(request_flops(shape, p, t) for p, t in requests)
-    return Roofline(total_flops=total, output_tokens=sum(t for _, t in requests), gflops=gflops)
+MAX_DRIFT = 0.10  # start and end may differ by this much (max / min - 1), each figure
+MIN_STREAM_BYTES = 64 << 20  # per array, whatever the cache says
 
 
 def measure_fp32_gflops(n: int = 2048, reps: int = 5) -> float:
@@ -125,6 +51,177 @@ def measure_fp32_gflops(n: int = 2048, reps: int = 5) -> float:
         torch.mm(a, b)
         best = min(best, time.perf_counter() - t0)
     return 2.0 * n**3 / best / 1e9
+
+
+def last_level_cache_bytes(root: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int:
+    """The largest cache cpu0 sees (its last level), from sysfs; 0 when unreadable."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    best = 0
+    for index in sorted(root.glob("index*")):
+        try:
+            text = (index / "size").read_text().strip()
+        except OSError:
+            continue
+        scale = units.get(text[-1:].upper(), 1)
+        digits = text[:-1] if text[-1:].upper() in units else text
+        if digits.isdigit():
+            best = max(best, int(digits) * scale)
+    return best
+
+
+@dataclass(frozen=True)
+class StreamFigures:
+    """Best copy and triad rates (GB/s, 10^9 bytes/s) on arrays of `array_bytes` each."""
+
+    copy_gbs: float
+    triad_gbs: float
+    array_bytes: int
+
+    @property
+    def gbs(self) -> float:
+        """The bandwidth the roofline uses: the better of the two."""
+        return max(self.copy_gbs, self.triad_gbs)
+
+
+def measure_stream(array_bytes: int | None = None, reps: int = 5) -> StreamFigures:
+    """STREAM-like copy and triad with torch's current threads, best of `reps` each after a
+    warm-up; arrays of `array_bytes` (default: 4 x the last-level cache, at least 64 MiB)."""
+    import torch
+
+    if array_bytes is None:
+        array_bytes = max(4 * last_level_cache_bytes(), MIN_STREAM_BYTES)
+    n = array_bytes // 4
+    a = torch.zeros(n, dtype=torch.float32)
+    b = torch.ones(n, dtype=torch.float32)
+    c = torch.full((n,), 2.0, dtype=torch.float32)
+
+    def best_s(fn: Callable[[], object]) -> float:
+        fn()
+        best = float("inf")
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn()
+            best = min(best, time.perf_counter() - t0)
+        return best
+
+    copy_s = best_s(lambda: a.copy_(b))
+    triad_s = best_s(lambda: torch.add(b, c, alpha=3.0, out=a))
+    nbytes = 4 * n
+    return StreamFigures(copy_gbs=2 * nbytes / copy_s / 1e9,
+                         triad_gbs=3 * nbytes / triad_s / 1e9, array_bytes=nbytes)
+
+
+def measure_bandwidth_gbs() -> float:
+    return measure_stream().gbs
+
+
+@dataclass(frozen=True)
+class MachineRates:
+    """One measurement of the machine: fp32 GFLOP/s and memory GB/s; `*_stated` when given
+    on the command line instead; `others_cpu` the share of the CPUs other processes used
+    meanwhile (NaN: not measured); `redone` measurements repeated because of them."""
+
+    gflops: float
+    bandwidth_gbs: float
+    gflops_stated: bool = False
+    bandwidth_stated: bool = False
+    others_cpu: float = float("nan")
+    redone: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("gflops", "bandwidth_gbs"):
+            value = getattr(self, name)
+            if not (0 < value < math.inf):
+                raise ValueError(f"{name} ({value}) must be a finite number > 0")
+
+
+def measure_machine(
+    gflops: float | None = None,
+    bandwidth_gbs: float | None = None,
+    *,
+    max_others: float = 0.15,
+    retries: int = 2,
+    watch: CpuWatch | None = None,
+    measure_gflops: Callable[[], float] = measure_fp32_gflops,
+    measure_bandwidth: Callable[[], float] = measure_bandwidth_gbs,
+) -> MachineRates:
+    """Measure what is not stated, inside `watch` (default `validity.default_cpu_watch()`),
+    redone up to `retries` times while other processes use more than `max_others` of the
+    CPUs. The measuring functions are injectable (tests)."""
+    watch = watch if watch is not None else default_cpu_watch()
+    redone = 0
+    while True:
+        with watch.measure() as share:
+            g = gflops if gflops is not None else measure_gflops()
+            b = bandwidth_gbs if bandwidth_gbs is not None else measure_bandwidth()
+        if not share.others > max_others or redone >= retries:  # NaN: kept
+            return MachineRates(g, b, gflops is not None, bandwidth_gbs is not None,
+                                share.others, redone)
+        redone += 1
+
+
+@dataclass(frozen=True)
+class RooflineCheck:
+    """Start vs end: the figures the roofline uses (the best of both) and whether a fraction
+    of it may be reported (`valid`; otherwise `reasons`, one sentence each)."""
+
+    start: MachineRates
+    end: MachineRates
+    gflops: float
+    bandwidth_gbs: float
+    max_drift: float
+    max_others: float
+    reasons: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def valid(self) -> bool:
+        return not self.reasons
+
+    @property
+    def reason(self) -> str:
+        return "; ".join(self.reasons)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"valid": self.valid, "reason": self.reason, "gflops": self.gflops,
+                "bandwidth_gbs": self.bandwidth_gbs, "max_drift": self.max_drift,
+                "max_others": self.max_others, "start": _rates_json(self.start),
+                "end": _rates_json(self.end)}
+
+
+def _rates_json(r: MachineRates) -> dict[str, Any]:
+    d = asdict(r)
+    d["others_cpu"] = None if math.isnan(r.others_cpu) else r.others_cpu
+    return d
+
+
+def drift(a: float, b: float) -> float:
+    """max / min - 1: how far apart two positive figures are (0.1 = 10%)."""
+    return max(a, b) / min(a, b) - 1
+
+
+def check_machine(start: MachineRates, end: MachineRates, max_drift: float = MAX_DRIFT,
+                  max_others: float = 0.15) -> RooflineCheck:
+    """Judge a start/end pair (module docstring): refused on a drift above `max_drift` in a
+    measured figure or a measurement taken while others used more than `max_others`."""
+    if not max_drift >= 0:  # NaN too
+        raise ValueError(f"max_drift ({max_drift}) must be >= 0")
+    reasons = []
+    for label, unit, stated, a, b in (
+            ("fp32 GFLOP/s", "", start.gflops_stated, start.gflops, end.gflops),
+            ("memory bandwidth", " GB/s", start.bandwidth_stated, start.bandwidth_gbs,
+             end.bandwidth_gbs)):
+        if not stated and drift(a, b) > max_drift:
+            reasons.append(f"{label} moved {100 * drift(a, b):.0f}% between start ({a:.1f}"
+                           f"{unit}) and end ({b:.1f}{unit}), more than {100 * max_drift:.0f}%:"
+                           " the machine changed under the benchmark")
+    for when, r in (("start", start), ("end", end)):
+        if r.others_cpu > max_others:  # NaN (not measured) is never above
+            reasons.append(f"other processes used {100 * r.others_cpu:.0f}% of the CPUs while "
+                           f"the machine was measured at the {when} (threshold "
+                           f"{100 * max_others:.0f}%)")
+    return RooflineCheck(start=start, end=end, gflops=max(start.gflops, end.gflops),
+                         bandwidth_gbs=max(start.bandwidth_gbs, end.bandwidth_gbs),
+                         max_drift=max_drift, max_others=max_others, reasons=tuple(reasons))
 
 
 def cpu_summary() -> str:

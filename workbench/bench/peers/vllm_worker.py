@@ -9,10 +9,17 @@ single-request probe the same way, and writes timings and token ids as JSON.
 Input JSON:  {"requests": [{"prompt_token_ids": [...], "max_tokens": n}, ...],
               "single": {"prompt_token_ids": [...], "max_tokens": n}}
 Output JSON: {"load_s", "run_s": [...], "single_run_s": [...], "token_ids": [[...], ...],
-              "vllm_version", "env": {...}, "others_cpu", "redone", "maps"}
+              "vllm_version", "env": {...}, "others_cpu", "redone", "maps",
+              "disturbed_run_s": [...], "disturbed_single_run_s": [...],
+              "run_others": [...], "single_run_others": [...]}
 
 A timed run during which other processes (not this one nor its children, e.g. vLLM's engine
-core) used more than `--max-others` of the CPUs is redone, `--retries` times at most.
+core) used more than `--max-others` of the CPUs is redone, `--retries` times at most (shared
+by the workload and the single request). A run still disturbed when the retries are spent is
+kept out of `run_s` / `single_run_s` (so no median the driver takes includes it) and listed
+in `disturbed_run_s` / `disturbed_single_run_s`; `others_cpu` is the worst share of every
+kept run, disturbed ones included, so the driver marks the configuration INVALID.
+`run_others` / `single_run_others` give each kept run's share, in the order the runs ran.
 """
 
 from __future__ import annotations
@@ -105,31 +112,38 @@ def main(argv: list[str] | None = None) -> int:
         others = max(0.0, (_busy_s() - busy0) - (_tree_cpu_s(me) - own0)) / (elapsed * ncpu)
         return elapsed, [list(o.outputs[0].token_ids) for o in outs], others
 
-    def timed_runs(ps: list, sps: list) -> tuple[list[float], list[list[int]], float]:
+    def timed_runs(ps: list, sps: list) -> tuple[list[float], list[float], list[float],
+                                                 list[list[int]]]:
+        """(undisturbed runs' seconds, disturbed kept runs' seconds, each kept run's
+        others' share, the last output)."""
         timed(ps, sps)  # warm-up
-        times: list[float] = []
+        clean: list[float] = []
+        disturbed: list[float] = []
+        shares: list[float] = []
         ids: list[list[int]] = []
-        worst = 0.0
-        while len(times) < args.runs:
+        while len(clean) + len(disturbed) < args.runs:
             elapsed, ids, others = timed(ps, sps)
             if others > args.max_others and budget["retries"] > 0:
                 budget["retries"] -= 1
                 budget["redone"] += 1
                 continue
-            times.append(elapsed)
-            worst = max(worst, others)
-        return times, ids, worst
+            (disturbed if others > args.max_others else clean).append(elapsed)
+            shares.append(others)
+        return clean, disturbed, shares, ids
 
-    run_s, token_ids, others_cpu = timed_runs(prompts, params)
+    run_s, disturbed_run_s, run_others, token_ids = timed_runs(prompts, params)
 
     single_run_s: list[float] = []
+    disturbed_single_run_s: list[float] = []
+    single_run_others: list[float] = []
     single_ids: list[int] = []
     if workload.get("single"):
         s = workload["single"]
         sp = [{"prompt_token_ids": s["prompt_token_ids"]}]
         ssp = [SamplingParams(temperature=0.0, max_tokens=s["max_tokens"], ignore_eos=True)]
-        single_run_s, ids, _ = timed_runs(sp, ssp)
+        single_run_s, disturbed_single_run_s, single_run_others, ids = timed_runs(sp, ssp)
         single_ids = ids[0]
+    others_cpu = max(run_others + single_run_others, default=0.0)
 
     import vllm
 
@@ -138,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
         "token_ids": token_ids, "single_token_ids": single_ids,
         "vllm_version": vllm.__version__,
         "others_cpu": others_cpu, "redone": budget["redone"],
+        "disturbed_run_s": disturbed_run_s, "disturbed_single_run_s": disturbed_single_run_s,
+        "run_others": run_others, "single_run_others": single_run_others,
         "env": env,
         # the libraries really mapped (LD_PRELOAD can name a file the loader skipped)
         "maps": "\n".join(sorted({line.split()[-1] for line in _maps()
