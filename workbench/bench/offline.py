@@ -170,9 +170,13 @@ def run_vllm_peers(
         return []
     results = []
     for config in configs:
-        r = run_vllm(ckpt, reqs, single, config=config, runs=policy.runs,
-                     max_num_seqs=max_num_seqs, max_others=policy.max_others,
-                     retries=policy.retries)
+        try:
+            r = run_vllm(ckpt, reqs, single, config=config, runs=policy.runs,
+                         max_num_seqs=max_num_seqs, max_others=policy.max_others,
+                         retries=policy.retries)
+        except FileNotFoundError as e:  # "best" without its preload: never run below it
+            print(f"vLLM {config}: skipped: {e}")
+            continue
         results.append(vllm_system(r, config, reqs, single))
     return results
 
@@ -188,7 +192,8 @@ def vllm_system(r: Any, config: str, reqs: Sequence[OfflineRequest],
     runs = TimedRuns(list(r.run_s), [], r.token_ids)
     single_runs = TimedRuns(list(r.single_run_s), [], [])
     res = _result(f"vllm-{config}", reqs, single, runs, single_runs, r.load_s,
-                  f"vLLM {r.version}; {env}; LD_PRELOAD requested: "
+                  f"vLLM {r.version}; compilation {getattr(r, 'compilation', 'unknown')} "
+                  f"(its default); {env}; LD_PRELOAD requested: "
                   f"{r.env.get('LD_PRELOAD') or 'none'}")
     res.others_cpu, res.preload = r.others_cpu, preload
     return res

@@ -52,6 +52,7 @@ class VllmResult:
     env: dict[str, str]
     others_cpu: float = float("nan")  # largest share of the CPUs others used in a kept run
     preload: str = "none"  # libraries mapped in the worker: "tcmalloc+iomp5", "tcmalloc", ...
+    compilation: str = "unknown"  # the mode vLLM ran: "DYNAMO_TRACE_ONCE (inductor)"
 
 
 def venv_python(venv: Path = DEFAULT_VENV) -> Path | None:
@@ -148,4 +149,5 @@ def run_vllm(
         single_token_ids=data["single_token_ids"], version=data["vllm_version"],
         env=data["env"], others_cpu=data.get("others_cpu", float("nan")),
         preload=mapped_preload(data.get("maps", "")),
+        compilation=str(data.get("compilation", "unknown")),
     )

@@ -9,7 +9,7 @@ single-request probe the same way, and writes timings and token ids as JSON.
 Input JSON:  {"requests": [{"prompt_token_ids": [...], "max_tokens": n}, ...],
               "single": {"prompt_token_ids": [...], "max_tokens": n}}
 Output JSON: {"load_s", "run_s": [...], "single_run_s": [...], "token_ids": [[...], ...],
-              "vllm_version", "env": {...}, "others_cpu", "redone", "maps",
+              "vllm_version", "env": {...}, "others_cpu", "redone", "maps", "compilation",
               "disturbed_run_s": [...], "disturbed_single_run_s": [...],
               "run_others": [...], "single_run_others": [...]}
 
@@ -59,6 +59,17 @@ def _tree_cpu_s(root: int) -> float:
     return total
 
 
+def _compilation(llm: object) -> str:
+    """vLLM's compilation mode as it ran, after its platform adjusted it (on CPU, vLLM
+    0.32 turns the default VLLM_COMPILE into DYNAMO_TRACE_ONCE with inductor)."""
+    try:
+        cc = llm.llm_engine.vllm_config.compilation_config  # type: ignore[attr-defined]
+        mode = getattr(cc.mode, "name", str(cc.mode))
+        return f"{mode} ({cc.backend or 'default backend'})"
+    except Exception as e:  # noqa: BLE001 - another vLLM version: say so, never fail the run
+        return f"unknown ({type(e).__name__})"
+
+
 def _maps() -> list[str]:
     try:
         with open("/proc/self/maps") as f:
@@ -98,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         kwargs["max_num_batched_tokens"] = args.max_num_batched_tokens
     llm = LLM(**kwargs)
     load_s = time.perf_counter() - t0
+    compilation = _compilation(llm)
 
     ncpu = os.cpu_count() or 1
     me = os.getpid()
@@ -155,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         "disturbed_run_s": disturbed_run_s, "disturbed_single_run_s": disturbed_single_run_s,
         "run_others": run_others, "single_run_others": single_run_others,
         "env": env,
+        "compilation": compilation,
         # the libraries really mapped (LD_PRELOAD can name a file the loader skipped)
         "maps": "\n".join(sorted({line.split()[-1] for line in _maps()
                                   if "libtcmalloc" in line or "libiomp5" in line})),
