@@ -132,7 +132,7 @@ def test_help_lists_every_verb_with_one_line(capsys: pytest.CaptureFixture[str])
         words = " ".join(verbs.split()).split(f" {name} ", 1)[1]
         assert words.startswith(line), name
     assert list(cli.BENCH) == ["offline", "sched", "spec", "kv-cache", "gpu-check", "pd-capacity",
-                                "pd-push"]
+                                "pd-push", "client-capacity"]
 
 
 def test_bench_verb_dispatches_to_its_benchmark(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -12,9 +12,10 @@
 Place in the flow: argument parsing only; the work is `runner.run` on an `InProcessTarget` or
 an `OpenAITarget` (built by `server_process.make_target`, which also starts `--server-cmd`
 with the `--engine` keys as server flags and stops it afterwards). Prints the summary table
-(metrics.summary_table), then the server side of an HTTP run (/metrics deltas: histogram
-means, token counters, the Δcount check; the Poller's peak running / waiting / KV usage), and
-logs everything to MLflow (the local store unless --tracking-uri; --no-mlflow skips it).
+(metrics.summary_table), an open loop's client lateness (validity.lateness_table), then the
+server side of an HTTP run (/metrics deltas: histogram means, token counters, the Δcount
+check; the Poller's peak running / waiting / KV usage), and logs everything to MLflow (the
+local store unless --tracking-uri; --no-mlflow skips it).
 A run during which other processes used more than --max-other-cpu-share of the machine's CPUs
 is marked INVALID (console, JSON, MLflow tag run_valid=false and metric other_cpu_share).
 The workload's prompts are built with the tokenizer of --tokenizer (default: --model when it
@@ -33,7 +34,7 @@ from typing import Any
 import yaml
 
 from workbench.harness.arrivals import ArrivalSpec
-from workbench.harness.validity import DEFAULT_MAX_OTHER_CPU_SHARE
+from workbench.harness.validity import DEFAULT_MAX_OTHER_CPU_SHARE, lateness_table
 
 
 def parse_arrivals(text: str, seed: int = 0, max_concurrency: int | None = None
@@ -195,6 +196,8 @@ def main(argv: list[str] | None = None, cpu_watch: Any = None) -> None:
     metrics = result.metrics() if result.duration_s > 0 else {}
     side = server_side(result, target) if result.target.get("kind") == "http" else None
     print(summary_table(metrics) if metrics else "no measured requests")
+    if (late := lateness_table(result.validity)) is not None:
+        print(late)
     if side is not None:
         print("\n" + server_report(side))
     if not result.validity.valid:
@@ -228,6 +231,8 @@ def _write_results(args: argparse.Namespace, result: Any, metrics: dict[str, flo
 
     folder = new_results_dir(args.experiment, args.results_dir or default_root())
     text = summary_table(metrics) if metrics else "no measured requests"
+    if (late := lateness_table(result.validity)) is not None:
+        text += "\n" + late
     if side is not None:
         text += "\n\n" + server_report(side)
     (folder / "summary.md").write_text(text + "\n")
