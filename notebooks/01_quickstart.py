@@ -59,6 +59,11 @@ from workbench import LLM, SamplingParams
 from workbench.analysis import latency_ecdf, step_series
 from workbench.analysis.measure import measure_in_process
 from workbench.analysis.notebook import publish
+from workbench.analysis.step_account import (
+    account_beside_latency,
+    step_account_bars,
+    step_account_table,
+)
 from workbench.analysis.tables import generation_frame
 from workbench.bench.peer_metrics import peer_definitions
 from workbench.demo import make_prompts
@@ -119,13 +124,32 @@ display(Markdown(summary_table(metrics)))
 # %%
 peer_definitions(result.records)
 
+# %% [markdown]
+# Where each engine step of that run spent its time (the step's overhead account,
+# `docs/step_account.md`): the model forward, and everything around it (scheduling, input
+# preparation, logits + sampling, the scheduler's update and bookkeeping, the rest), beside the
+# run's TTFT and TPOT; in the plot, each step's bar above the blue (the forward) is its overhead,
+# and the lower panel's bar height is that step's overhead share. **How to read it:** when the
+# overhead (everything but the forward) dominates, an experiment on this setup measures Python
+# and dispatch overhead rather than the technique it varies: a faster model would barely move
+# TTFT or TPOT.
+
+# %%
+display(account_beside_latency(result.step_trace, metrics))
+step_account_table(result.step_trace).round({"ms_per_step": 3, "share": 3})
+
+# %%
+fig_account = step_account_bars(result.step_trace)
+fig_account
+
 # %%
 fig_ttft = latency_ecdf({f"{workload}, concurrency {concurrency}": requests}, "ttft_ms")
 fig_ttft
 
 # %%
 publish("01_quickstart", metrics=metrics, params=engine_kwargs,
-        figures={"step_trace": fig_steps, "ttft_ecdf": fig_ttft}, tables={"requests": requests},
+        figures={"step_trace": fig_steps, "ttft_ecdf": fig_ttft, "step_account": fig_account},
+        tables={"requests": requests},
         figures_dir=figures_dir, mlflow_uri=mlflow_uri,
         mlflow_parent_run_id=mlflow_parent_run_id, mlflow_experiment=mlflow_experiment)
 
@@ -138,6 +162,8 @@ publish("01_quickstart", metrics=metrics, params=engine_kwargs,
 # - The **summary table** is vLLM's `vllm bench serve` result for this run; the **peer table**
 #   shows why an ITL quoted from GuideLLM or LLMPerf is not comparable with vLLM's without
 #   converting definitions (TTFT included or not, per-request vs pooled, token-weighted).
+# - The **step account** splits every step into the forward and its overheads; on this tiny
+#   model and CPU a large overhead share says the per-step Python, not the model, sets the pace.
 # - The **TTFT ECDF** is the distribution behind the percentiles; with a few requests its
 #   tail is a handful of points.
 #

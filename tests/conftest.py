@@ -8,6 +8,8 @@
   `CpuWatch` with scripted readings explicitly.
 - Results folders (`workbench.experiments.results`): WORKBENCH_RESULTS_DIR points at a
   temporary folder, so CLI runs in tests never write into the checkout's results/.
+- Caches (`WORKBENCH_CACHE_DIR`: the linear-backend autotune's timings, compiled graphs):
+  a temporary folder per session, so the suite never reads or writes ~/.cache/workbench.
 """
 
 from __future__ import annotations
@@ -31,13 +33,15 @@ def pytest_report_header(config: pytest.Config) -> str:
 def results_dir_in_tmp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     from workbench.experiments.results import RESULTS_ENV
 
-    old = os.environ.get(RESULTS_ENV)
+    saved = {name: os.environ.get(name) for name in (RESULTS_ENV, "WORKBENCH_CACHE_DIR")}
     os.environ[RESULTS_ENV] = str(tmp_path_factory.mktemp("results"))
+    os.environ["WORKBENCH_CACHE_DIR"] = str(tmp_path_factory.mktemp("cache"))
     yield
-    if old is None:
-        os.environ.pop(RESULTS_ENV, None)
-    else:
-        os.environ[RESULTS_ENV] = old
+    for name, old in saved.items():
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -85,6 +85,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("worker", (
         "workbench.worker",
         "workbench.spec_decode",
+        "workbench.compilation",  # torch.compile of the model forward (the runner wraps it)
     )),
     # Architectures and their building blocks: models/, layers/ (linear, norm, rotary,
     # quantization, sampler), attention/ backends, the rejection sampler the sampler calls,
@@ -95,6 +96,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "workbench.attention",
         "workbench.spec_decode.rejection_sampler",
         "workbench.distributed",  # parallel_state, communication_op
+        "workbench.forward_context",  # the attention metadata a compiled forward reads
     )),
     # Triton and C++ kernels with their torch twins and the quantized formats' references.
     # Imports nothing from workbench/.
@@ -111,6 +113,7 @@ LEAVES: tuple[str, ...] = (
     "workbench.distributed.step_input",  # the pickled step the executor sends to TP workers
     "workbench.sampling_params",
     "workbench.config",
+    "workbench.compilation_config",  # CompilationConfig: config validates with it
     "workbench.named_models",  # model names -> paths (config resolves them)
     "workbench.models.registry",  # architecture -> (module, class): config validates with it
     "workbench.testing",  # tiny checkpoints named_models builds on demand; the demo pair trainer

@@ -164,7 +164,9 @@ def test_01_quickstart_logs_when_given_a_store(tmp_path: Path) -> None:
                        num_requests=4, concurrency=2, mlflow_uri=uri, mlflow_experiment="qs")
     text = text_of(nb)
     assert "Serving Benchmark Result" in text and "GuideLLM" in text
-    assert pngs(figs) == {"step_trace.png", "ttft_ecdf.png"} and num_images(nb) == 2
+    assert "overhead (step - forward)" in text and "overhead_share" in text
+    assert pngs(figs) == {"step_trace.png", "ttft_ecdf.png", "step_account.png"}
+    assert num_images(nb) == 3
     from workbench.analysis import parent_runs
 
     runs = parent_runs("qs", uri)

@@ -8,11 +8,13 @@ sub-configs below; each sub-config checks its own fields in `__post_init__` and 
 from __future__ import annotations
 
 import json
+import logging
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from workbench.compilation_config import CompilationConfig, CompilationMode, default_mode
 from workbench.kv_transfer_config import PREEMPTION_MODES, KVTransferConfig
 from workbench.models.registry import SUPPORTED_ARCHITECTURES
 from workbench.named_models import resolve_model
@@ -24,6 +26,7 @@ _DTYPES = ("auto", "float32", "bfloat16", "float16")
 SCHEDULING_POLICIES = ("fcfs", "priority")
 QUANTIZATION_METHODS = ("int8", "int4", "fp8")
 INT4_GROUP_SIZES = (32, 64, 128)
+logger = logging.getLogger(__name__)
 DEFAULT_INT4_GROUP_SIZE = 128  # GPTQ's / AWQ's usual group_size
 
 
@@ -467,7 +470,7 @@ class SpeculativeConfig:
 # EngineConfig fields that are knobs themselves (the sub-configs' fields are the others):
 # what `from_kwargs`, the CLI flags and the template check accept at the top level.
 TOP_LEVEL_KNOBS = ("speculative_config", "enforce_eager", "device", "attention_backend",
-                   "kv_transfer_config")
+                   "kv_transfer_config", "compilation_config")
 
 
 @dataclass
@@ -478,13 +481,19 @@ class EngineConfig:
     parallel_config: ParallelConfig
     speculative_config: SpeculativeConfig | dict[str, Any] | None = knob(
         None, 'JSON: {"method": "ngram" | "draft_model", "num_speculative_tokens": k, ...}')
-    enforce_eager: bool = knob(False, "CUDA: no CUDA graphs for decode (eager every step)")
+    enforce_eager: bool = knob(False, "no CUDA graphs for decode and no torch.compile (eager "
+                                      "every step; overrides compilation_config)")
     device: str = knob("cpu", "cpu | cuda (default: cuda when available)")
     attention_backend: str | None = knob(None, "torch | triton (default: torch on CPU, triton "
                                                "on CUDA)")
     kv_transfer_config: KVTransferConfig | dict[str, Any] | None = knob(
         None, 'JSON: {"kv_connector": "OffloadingConnector", "kv_role": "kv_both", '
               '"kv_connector_extra_config": {"cpu_bytes_to_use": N, ...}}')
+    compilation_config: CompilationConfig | dict[str, Any] | int | None = knob(
+        None, 'torch.compile of the model forward (vLLM\'s): a mode 0 (NONE, eager) | 1 | 3 '
+              '(VLLM_COMPILE) or JSON {"mode": 3, "backend": "inductor", "compile_sizes": '
+              '[...], "cache_dir": DIR}; -O N is the mode alone (default: eager on CPU and '
+              'CUDA, docs/compile.md)')
 
     def __post_init__(self) -> None:
         if self.speculative_config is not None:
@@ -501,6 +510,7 @@ class EngineConfig:
             )
         if self.device not in ("cpu", "cuda"):
             raise ValueError(f"device ({self.device!r}) must be 'cpu' or 'cuda'")
+        self._resolve_compilation()
         if self.attention_backend is None:
             self.attention_backend = "triton" if self.device == "cuda" else "torch"
         if self.attention_backend not in ATTENTION_BACKENDS:
@@ -518,6 +528,28 @@ class EngineConfig:
             raise ValueError(
                 f"gpu_memory_utilization ({cc.gpu_memory_utilization}) is for device='cuda'; "
                 "on CPU pass cpu_memory_budget_bytes (a byte budget)"
+            )
+
+    def _resolve_compilation(self) -> None:
+        """compilation_config -> a CompilationConfig with its mode decided: enforce_eager -> 0
+        (overriding an explicit mode, as vLLM), else the device default; refuse what the
+        compiled forward cannot run."""
+        # a copy: a CompilationConfig passed to several engines is never changed under them
+        cc = replace(CompilationConfig.from_any(self.compilation_config))  # type: ignore[arg-type]
+        self.compilation_config = cc
+        if self.enforce_eager and cc.compiles:
+            logger.warning("enforce_eager=True overrides compilation_config mode %s: the model "
+                           "runs eager", cc.describe())
+            cc.mode = CompilationMode.NONE
+        tp = self.parallel_config.tensor_parallel_size
+        if cc.mode is None:  # a default never asks for what cannot run
+            eager = self.enforce_eager or tp > 1
+            cc.mode = CompilationMode.NONE if eager else default_mode(self.device)
+        if cc.compiles and tp > 1:
+            raise ValueError(
+                f"compilation_config mode {cc.describe()} with tensor_parallel_size ({tp}) is "
+                "not supported yet (the all-reduces would sit inside the compiled graph); "
+                "use compilation_config 0 or tensor_parallel_size=1"
             )
 
     def _check_kv_transfer(self) -> None:
@@ -546,6 +578,13 @@ class EngineConfig:
             raise ValueError(f"kv_transfer_config ({name}) with a draft model "
                              "(speculative_config method 'draft_model') is not supported: the "
                              "draft model's KV is not handed over; use method 'ngram'")
+
+    @property
+    def compilation(self) -> CompilationConfig:
+        """compilation_config, resolved (a CompilationConfig with its mode decided)."""
+        cc = self.compilation_config
+        assert isinstance(cc, CompilationConfig), "EngineConfig.__post_init__ resolves it"
+        return cc
 
     @property
     def quantization(self) -> str | None:
@@ -603,6 +642,7 @@ class EngineConfig:
             device=device,
             attention_backend=kwargs.get("attention_backend"),
             kv_transfer_config=kwargs.get("kv_transfer_config"),
+            compilation_config=kwargs.get("compilation_config"),
         )
 
 

@@ -86,6 +86,7 @@ def format_report(llm: LLM, outs: list, wall_s: float, load_s: float, model: Pat
     rows = [
         ("model", str(model)),
         ("load time", f"{load_s:.2f} s"),
+        ("compilation", str(mem.get("compilation", "-"))),
         ("requests", f"{len(outs)}"),
         ("prompt tokens / output tokens", f"{n_in} / {n_out}"),
         ("wall time", f"{wall_s:.2f} s"),

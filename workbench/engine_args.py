@@ -5,7 +5,8 @@
     add_engine_args(parser, defaults)   one flag per knob, spelled as vLLM does
                                         (`--max-num-batched-tokens`, `--enable-prefix-caching`
                                         / `--no-enable-prefix-caching`, `--speculative-config`
-                                        JSON); `defaults` overrides what a tool starts from
+                                        JSON, `-O3` = `--compilation-config 3`); `defaults`
+                                        overrides what a tool starts from
     engine_kwargs(args)                 the knobs a parsed namespace sets, for from_kwargs
 
 `workbench serve` (and the router's replicas), `workbench demo-engine` and `workbench bench
@@ -34,8 +35,11 @@ from workbench.config import (
 )
 
 _SKIP = {"model", "hf_config"}
+JSON_OR_WORD = {"compilation_config"}  # JSON knobs that also take a bare word (a mode name)
 _TOP_LEVEL = {"quantization", *TOP_LEVEL_KNOBS}  # knobs among EngineConfig's fields
-ALIASES = {"policy": ["--scheduling-policy"]}  # vLLM's spelling beside ours
+# vLLM's spellings beside ours: -O3 is `--compilation-config 3` (the mode alone, as vLLM's
+# `-O` was before it became --optimization-level; there -O0 is still no compilation)
+ALIASES = {"policy": ["--scheduling-policy"], "compilation_config": ["-O"]}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,12 +106,21 @@ def add_engine_args(
             group.add_argument(*flags, dest=k.name, action=argparse.BooleanOptionalAction,
                                default=start, help=helptext)
         elif base is dict:
-            group.add_argument(*flags, dest=k.name, type=json.loads, default=start,
+            conv = _json_or_word if k.name in JSON_OR_WORD else json.loads
+            group.add_argument(*flags, dest=k.name, type=conv, default=start,
                                metavar="JSON", help=helptext)
         else:
             conv = base if base in (int, float) else str
             group.add_argument(*flags, dest=k.name, type=conv, default=start, help=helptext)
     return group
+
+
+def _json_or_word(text: str) -> Any:
+    """A JSON value, or the bare word itself (`-O VLLM_COMPILE`); the config validates it."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
 
 
 def engine_kwargs(args: argparse.Namespace, exclude: Collection[str] = ()) -> dict[str, Any]:

@@ -5,9 +5,11 @@
                                                     x = norm(residual)` in place, or False
 
 Each returns None / False, touching nothing, when the kernel is unavailable or does not take
-the inputs (CPU fp32 [T, D] rows with contiguous columns, an fp32 [D] weight); the caller then
-runs its torch twin (`workbench.layers.norm.RMSNorm`'s ops). The results equal the twin's to
-the last bit of each row's scale (the sum of squares is added in another order).
+the inputs (CPU fp32 [T, D] rows with contiguous columns, an fp32 [D] weight), or while
+torch.compile traces the caller (a pybind call would break the graph; inductor fuses the twin's
+ops instead, vLLM's custom_ops "none" under compilation); the caller then runs its torch twin
+(`workbench.layers.norm.RMSNorm`'s ops). The results equal the twin's to the last bit of each
+row's scale (the sum of squares is added in another order).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
-    if not supports(x, weight) or x.requires_grad:
+    if torch.compiler.is_compiling() or not supports(x, weight) or x.requires_grad:
         return None
     module = EXTENSION.load()
     if module is None:
@@ -44,7 +46,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor 
 
 def fused_add_rms_norm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
                         eps: float) -> bool:
-    if (not supports(x, weight) or x.requires_grad or residual.requires_grad
+    if (torch.compiler.is_compiling() or not supports(x, weight) or x.requires_grad
+            or residual.requires_grad
             or residual.shape != x.shape or residual.dtype != x.dtype
             or residual.device != x.device or residual.stride(1) != 1
             or residual.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()):

@@ -2,8 +2,10 @@
 
 `rotary_neox_(positions, q, k, cos_cache, sin_cache, head_size)` rotates q and k in place and
 returns True, or returns False (touching nothing) when the kernel is unavailable or does not
-take the inputs; the caller then runs its torch twin, `RotaryEmbedding.forward`'s ops, whose
-results the kernel equals bitwise (built with -ffp-contract=off; see rotary.cpp).
+take the inputs, or while torch.compile traces the caller (inductor generates the twin's ops;
+the pybind call and the position range check would break the graph); the caller then runs its
+torch twin, `RotaryEmbedding.forward`'s ops, whose results the kernel equals bitwise (built
+with -ffp-contract=off; see rotary.cpp).
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ def supports(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
 def rotary_neox_(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                  cos_cache: torch.Tensor, sin_cache: torch.Tensor, head_size: int) -> bool:
     """Rotate q and k in place (True), or do nothing (False: use the torch path)."""
+    if torch.compiler.is_compiling():
+        return False
     if not supports(positions, q, k, cos_cache, head_size) or sin_cache.shape != cos_cache.shape:
         return False
     if positions.numel() and not 0 <= int(positions.min()) <= int(positions.max()) < len(

@@ -132,3 +132,47 @@ def test_greedy_ids_take_the_first_maximum_like_argmax() -> None:
     assert greedy_ids(x) == [1, 0, 1, 3] == x.argmax(dim=-1).tolist()
     big = torch.randn(64, 8192, generator=torch.Generator().manual_seed(0))
     assert greedy_ids(big) == big.argmax(dim=-1).tolist()
+
+
+def _reference_top_p_drop(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """The top-p mask through torch.sort's indices (the sampler's definition)."""
+    sorted_logits, idx = logits.sort(dim=-1, descending=True)
+    sorted_probs = sorted_logits.softmax(dim=-1)
+    drop_sorted = sorted_probs.cumsum(dim=-1) - sorted_probs >= top_p[:, None]
+    return torch.zeros_like(drop_sorted).scatter(1, idx, drop_sorted)
+
+
+@pytest.mark.parametrize("ties", [False, True])
+def test_top_p_mask_and_sorted_values_equal_torch_sort(ties: bool) -> None:
+    from workbench.layers.sampler import sorted_desc_values, top_p_drop
+
+    gen = torch.Generator().manual_seed(3)
+    for trial in range(20):
+        logits = torch.randn(16, 512, generator=gen) * 1.6
+        if ties:  # many equal values, so cuts often split a run of ties
+            logits = (logits * 2).round() / 2
+        logits[0, :200] = float("-inf")  # a top-k'd row
+        top_p = torch.tensor([0.5, 0.9, 0.95, 1.0, 1e-6, 0.999, 0.3, 0.8] * 2)
+        assert torch.equal(sorted_desc_values(logits),
+                           logits.sort(dim=-1, descending=True).values)
+        assert torch.equal(top_p_drop(logits, top_p), _reference_top_p_drop(logits, top_p)), trial
+
+
+def test_batched_draws_equal_row_by_row_draws() -> None:
+    reqs = [Request(str(i), [1, 2, 3], SamplingParams(temperature=0.7, top_p=0.9,
+                                                      seed=i if i % 2 else None),
+                    eos_token_id=2) for i in range(6)]
+    reqs.insert(2, Request("g", [1, 2, 3], SamplingParams(temperature=0.0), eos_token_id=2))
+    logits = torch.randn(7, 300, generator=torch.Generator().manual_seed(0)) * 1.6
+    meta = SamplingMetadataBuilder(CPU).build(reqs)
+    got = Sampler(5, CPU)(logits.clone(), meta)
+    # row by row: each sampled row draws vocab-many Exp(1) from its own generator (the
+    # sampler's for unseeded rows, in row order), argmax(p / E)
+    ref_meta = SamplingMetadataBuilder(CPU).build(reqs)
+    engine_gen = torch.Generator().manual_seed(5)
+    probs = Sampler.sampling_probs(logits[ref_meta.random_rows], ref_meta, ref_meta.random_rows)
+    want = logits.max(dim=-1).indices.tolist()
+    for j, i in enumerate(ref_meta.random_rows):
+        noise = torch.empty(300).exponential_(generator=ref_meta.generators.get(i, engine_gen))
+        want[i] = int((probs[j] / noise).argmax())
+    assert got == want

@@ -74,6 +74,7 @@ def test_engine_packs_every_fp32_linear_and_the_lm_head(
     from workbench.layers.linear import LinearBase
     from workbench.testing import tiny_checkpoint
 
+    monkeypatch.setenv("WORKBENCH_CPU_LINEAR_BACKEND", "mkl")  # this test is MKL's path
     ckpt = tiny_checkpoint(tmp_path / "m", arch="qwen3", seed=3)
     kw = {"dtype": "float32", "max_model_len": 128, "num_gpu_blocks_override": 64}
     greedy = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
@@ -86,14 +87,14 @@ def test_engine_packs_every_fp32_linear_and_the_lm_head(
     assert llm.memory_readout()["packed_weight_bytes"] == sum(
         m.weight.numel() * 4 for m in layers)
     packed_tokens = [o.outputs[0].token_ids for o in llm.generate(prompts, greedy)]
-    monkeypatch.setenv("WORKBENCH_CPU_PACKED_GEMM", "0")
+    monkeypatch.setenv("WORKBENCH_CPU_LINEAR_BACKEND", "torch")
     plain = LLM(ckpt, **kw)
     assert plain.memory_readout()["packed_weight_bytes"] == 0
     assert all(m.packed_weight is None for m in plain.engine.runner.model.modules()
                if isinstance(m, (LinearBase, ParallelLMHead)))
     assert [o.outputs[0].token_ids for o in plain.generate(prompts, greedy)] == packed_tokens
     # int8 layers are not packed (their own kernel), the LM head still is
-    monkeypatch.delenv("WORKBENCH_CPU_PACKED_GEMM")
+    monkeypatch.setenv("WORKBENCH_CPU_LINEAR_BACKEND", "mkl")
     q = LLM(ckpt, **kw, quantization="int8").engine.runner.model
     assert all(m.packed_weight is None for m in q.modules() if isinstance(m, LinearBase))
     assert q.lm_head.packed_weight is not None

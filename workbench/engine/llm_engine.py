@@ -26,7 +26,7 @@ import logging
 import math
 import time
 from collections import deque
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 
@@ -44,6 +44,7 @@ from workbench.engine.stat_logger import LoggingStatLogger, preemption_warning
 from workbench.engine.stats import EngineStats, StepRecord
 from workbench.executor.tp_runner import create_model_runner
 from workbench.kv_transfer_config import kv_transfer_params
+from workbench.layers.linear_autotune import linear_backend_report
 from workbench.models.tokenizer import load_tokenizer
 from workbench.sampling_params import SamplingParams, is_int
 
@@ -246,11 +247,17 @@ class LLMEngine:
             "reserve_bytes": self.reserve_bytes,
             "non_torch_bytes": self.non_torch_bytes,
             "cuda_graphs": self.runner.cudagraph_status,
+            # compilation_config: mode, graphs, compile seconds, cache hits (workbench.compilation)
+            "compilation": self.runner.compilation_status,
             # counted in reserve_bytes when the pool was sized from a budget
             "cudagraph_estimate_bytes": self.cudagraph_estimate_bytes,
             "cudagraph_bytes": self.runner.cudagraph_bytes,  # measured after the real capture
             # CPU fp32 packed GEMM weights; counted in reserve_bytes when sized from a budget
             "packed_weight_bytes": self.packed_weight_bytes,
+            # CPU fp32: the linear backend per weight shape and row count, and where it came
+            # from (autotuned now / cache / forced); rank 0's shards (layers.linear_autotune)
+            "linear_backends": linear_backend_report(
+                *[r.model for r in (self.runner, self.runner.draft_runner) if r is not None]),
         }
 
     # ----------------------------------------------------------------- intake
@@ -372,6 +379,7 @@ class LLMEngine:
         with profiling.range("engine.step"):
             with profiling.range("scheduler.schedule"):
                 out = sched.schedule()
+            t_scheduled = time.perf_counter()
             taint: dict[str, int] = {}  # failed in the forward: id -> tokens with valid KV
             output: ModelRunnerOutput | None
             sampled: dict[str, list[int]] | None = None
@@ -385,6 +393,7 @@ class LLMEngine:
                 output = self._execute_one_by_one(out, failed, taint, e)
                 if output is None:
                     progressed = self._fail_step(out, e)
+            t_executed = time.perf_counter()
             if output is not None and output.kv_connector_output is not None:
                 self._kv_transfer_done(output.kv_connector_output)
             if output is not None:
@@ -432,6 +441,7 @@ class LLMEngine:
         t1 = time.perf_counter()
         self.stats.record_step(StepRecord(
             step=self.stats.num_steps, wall_time_s=t1, duration_s=t1 - t0,
+            **_step_account(t0, t_scheduled, t_executed, t1, output),
             prefill_tokens=out.num_prefill_tokens, decode_tokens=out.num_decode_tokens,
             running=len(sched.running), waiting=len(sched.waiting),
             kv_cache_usage_perc=sched.kv_cache_manager.usage,
@@ -637,6 +647,35 @@ class LLMEngine:
             self.shutdown()
         except Exception:  # interpreter teardown: nothing left to report to
             pass
+
+
+class StepAccount(TypedDict):
+    """StepRecord's phase fields (seconds), see `workbench.engine.stats.STEP_PHASES`."""
+
+    schedule_s: float
+    prepare_inputs_s: float
+    forward_s: float
+    sample_s: float
+    update_s: float
+    spec_propose_s: float
+    other_s: float
+
+
+def _step_account(
+    t0: float, t_scheduled: float, t_executed: float, t1: float,
+    output: ModelRunnerOutput | None,
+) -> StepAccount:
+    """A step's overhead account from the engine's boundaries: start, schedule() returned,
+    execute_model returned, end; the runner's phases come from its output
+    (`WorkerPhaseTimes`). `other_s` is the step minus every other phase (>= 0)."""
+    w = output.phase_times if output is not None else None
+    schedule, update = t_scheduled - t0, t1 - t_executed
+    prepare, forward = (w.prepare_inputs_s, w.forward_s) if w else (0.0, 0.0)
+    sample, propose = (w.sample_s, w.spec_propose_s) if w else (0.0, 0.0)
+    other = max(0.0, (t1 - t0) - (schedule + prepare + forward + sample + update + propose))
+    return StepAccount(schedule_s=schedule, prepare_inputs_s=prepare, forward_s=forward,
+                       sample_s=sample, update_s=update, spec_propose_s=propose,
+                       other_s=other)
 
 
 def _token_ids(ids: Any) -> list[int]:

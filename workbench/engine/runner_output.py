@@ -78,6 +78,38 @@ class LogprobsTensors:
 
 
 @dataclass
+class WorkerPhaseTimes:
+    """Seconds one `execute_model` spent per phase, `time.perf_counter()` at the boundaries
+    the runner already has (rank 0's, with tensor parallelism: its forward includes waiting
+    for the other ranks' collectives).
+
+    prepare_inputs_s: copy-on-write block copies + the flat batch (`prepare_inputs`).
+    forward_s: the model forward only (a CUDA-graph replay or eager).
+    sample_s: logits + sampling metadata + sampling or verification (+ prompt logprobs).
+    spec_propose_s: the speculative proposer (n-gram or the draft model's forwards); 0
+        without speculation.
+
+    On CUDA the kernels run asynchronously: these are host (launch) times and the wait for
+    the device lands in whichever phase synchronizes first (the sampler's `.tolist()`), unless
+    WORKBENCH_SYNC_STEP_TIMING=1 makes the runner synchronize at every boundary
+    (`workbench.worker.phase_clock`; true device times, at the cost of the overlap). On CPU
+    they are true times as they are.
+    """
+
+    prepare_inputs_s: float = 0.0
+    forward_s: float = 0.0
+    sample_s: float = 0.0
+    spec_propose_s: float = 0.0
+
+    def add(self, other: WorkerPhaseTimes) -> None:
+        """Add `other`'s seconds (the engine's one-by-one re-run after a failed batch)."""
+        self.prepare_inputs_s += other.prepare_inputs_s
+        self.forward_s += other.forward_s
+        self.sample_s += other.sample_s
+        self.spec_propose_s += other.spec_propose_s
+
+
+@dataclass
 class ModelRunnerOutput:
     """sampled_token_ids: request id -> the tokens accepted this step (one when sampling; with
     speculative decoding the accepted drafts plus the bonus or recovered token).
@@ -89,7 +121,9 @@ class ModelRunnerOutput:
     spec_token_probs: request id -> [k, vocab] distributions the drafts were drawn from
     (draft model, sampled requests); absent: one-hot drafts (n-gram, greedy).
     spec_decode_error: why this step has no drafts (the proposer raised); None otherwise.
-    kv_connector_output: the KV connector's report (loads finished or failed, counters)."""
+    kv_connector_output: the KV connector's report (loads finished or failed, counters).
+    phase_times: the worker's seconds per phase of this step (`WorkerPhaseTimes`); the
+    engine puts them in the step trace (`StepRecord`)."""
 
     sampled_token_ids: dict[str, list[int]] = field(default_factory=dict)
     prompt_logprobs: dict[str, LogprobsTensors] = field(default_factory=dict)
@@ -97,6 +131,7 @@ class ModelRunnerOutput:
     spec_token_probs: dict[str, torch.Tensor] = field(default_factory=dict)
     spec_decode_error: str | None = None
     kv_connector_output: KVConnectorOutput | None = None  # loads done, transfer counters
+    phase_times: WorkerPhaseTimes = field(default_factory=WorkerPhaseTimes)
 
     def merge(self, other: ModelRunnerOutput) -> None:
         """Add `other`'s requests (the engine's one-by-one re-run after a failed batch)."""
@@ -106,3 +141,4 @@ class ModelRunnerOutput:
         self.spec_token_probs.update(other.spec_token_probs)
         self.spec_decode_error = self.spec_decode_error or other.spec_decode_error
         self.kv_connector_output = self.kv_connector_output or other.kv_connector_output
+        self.phase_times.add(other.phase_times)

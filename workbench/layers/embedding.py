@@ -25,7 +25,8 @@ from workbench.distributed.parallel_state import (
     get_tensor_model_parallel_rank,
     get_tensor_model_parallel_world_size,
 )
-from workbench.layers import cpu_gemm
+from workbench.layers import linear_backend
+from workbench.layers.linear_backend import LinearPlan
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -71,11 +72,14 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     """Projects hidden states to vocabulary logits (no bias)."""
 
-    packed_weight: torch.Tensor | None = None  # MKL-packed copy (cpu_gemm.pack_linear_weights)
+    # CPU fp32 backend plan and packed copy (cpu_gemm.pack_linear_weights)
+    linear_plan: LinearPlan | None = None
+    packed_weight: torch.Tensor | None = None
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         # [n, V'/tp]: this rank's vocab shard
-        logits = cpu_gemm.linear(hidden_states, self.weight, None, self.packed_weight)
+        logits = linear_backend.linear(hidden_states, self.weight, None, self.packed_weight,
+                                       self.linear_plan)
         if self.tp_size == 1:
             return logits
         return tensor_model_parallel_all_gather(logits, dim=-1)[..., : self.num_embeddings]

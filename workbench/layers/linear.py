@@ -18,8 +18,9 @@ maps e.g. `q_proj` -> (`qkv_proj`, "q"), and the loader passes the shard id.
     qkv_proj.weight rows:  [ q: num_heads*head_dim | k: num_kv_heads*head_dim | v: same as k ]
     gate_up_proj rows:     [ gate: intermediate | up: intermediate ]
 
-On CPU in fp32 the engine also packs each unquantized weight for MKL after loading
-(`workbench.layers.cpu_gemm`, vLLM's CPU prepacking): decode-sized batches use the packed copy.
+On CPU in fp32 the engine also gives each unquantized weight a backend plan after loading
+(`workbench.layers.linear_autotune`, vLLM's CPU prepacking): per row count F.linear, MKL's or
+oneDNN's packed GEMM, whichever measured fastest on this machine for the weight's shape.
 
 Quantization is applied after loading (`workbench.layers.quantization.quantize_model`): it
 swaps `weight` for the format's tensors and sets `quant_method`, whose `apply(layer, x, bias)`
@@ -39,9 +40,10 @@ from workbench.distributed.parallel_state import (
     get_tensor_model_parallel_rank,
     get_tensor_model_parallel_world_size,
 )
-from workbench.layers import cpu_gemm
+from workbench.layers import linear_backend
 
 if TYPE_CHECKING:
+    from workbench.layers.linear_backend import LinearPlan
     from workbench.layers.quantization.base import QuantMethod
 
 
@@ -80,7 +82,9 @@ class LinearBase(nn.Module):
         else:
             self.register_parameter("bias", None)
         self.quant_method: QuantMethod | None = None  # set by quantize_model after loading
-        # MKL-packed copy of `weight` (CPU fp32; set by cpu_gemm.pack_linear_weights)
+        # CPU fp32 (set by cpu_gemm.pack_linear_weights): the backend per row count, and
+        # `weight` packed for its packed backend (MKL or oneDNN; None without one)
+        self.linear_plan: LinearPlan | None = None
         self.packed_weight: torch.Tensor | None = None
 
     def weight_loader(
@@ -91,7 +95,8 @@ class LinearBase(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.quant_method is not None:
             return self.quant_method.apply(self, x, self.bias)
-        return cpu_gemm.linear(x, self.weight, self.bias, self.packed_weight)
+        return linear_backend.linear(x, self.weight, self.bias, self.packed_weight,
+                                     self.linear_plan)
 
     def extra_repr(self) -> str:
         quant = f", quant={self.quant_method.name}" if self.quant_method is not None else ""
@@ -211,5 +216,5 @@ class RowParallelLinear(LinearBase):
         if self.quant_method is not None:
             y = self.quant_method.apply(self, x, bias)  # this rank's input shard
         else:
-            y = cpu_gemm.linear(x, self.weight, bias, self.packed_weight)
+            y = linear_backend.linear(x, self.weight, bias, self.packed_weight, self.linear_plan)
         return tensor_model_parallel_all_reduce(y) if self.tp_size > 1 else y

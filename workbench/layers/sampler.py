@@ -6,10 +6,19 @@ the request's own `torch.Generator` (`SamplingMetadata.generators`: seeded from
 same tokens whatever else is in the batch) or the sampler's generator when unseeded.
 `min_tokens` suppresses EOS and stop tokens until enough tokens exist. The sampler reads only
 tensors and the metadata (`workbench.layers.sampling_metadata`), never a Request.
+
+Batched, with the tokens of a row-by-row sampler: one max over the batch for the greedy rows;
+the sampled rows' noise is drawn row by row (each from its own generator: a row's draws never
+depend on the batch) into one [rows, vocab] buffer, then one division and argmax for all.
+Top-k and top-p read each row's values in descending order; on CPU a values-only numpy sort
+gives them (`sorted_desc_values`: torch.sort also builds indices, ~100x slower for [48, 4096]),
+and top-p maps its cut back to tokens by value, falling back to torch.sort's indices only when
+the cut splits tied values (`top_p_drop`), so the kept tokens are exactly torch.sort's.
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from workbench.layers.sampling_metadata import SamplingMetadata
@@ -42,46 +51,66 @@ class Sampler:
         draw) is recorded there as request id -> message and that row's token is -1; the
         other rows are sampled as if it were not in the batch. Without it, errors raise."""
         self._apply_min_tokens(logits, metadata, failed=failed)
-        out = greedy_ids(logits)
         ids = metadata.request_ids
+        # every row is overwritten when all are sampled (a failed one ends as -1 below)
+        out = [-1] * len(ids) if metadata.all_random else greedy_ids(logits)
         if not metadata.all_greedy:
             rows = [i for i in metadata.random_rows if failed is None or ids[i] not in failed]
-            probs = self._rows_probs(logits, metadata, rows, failed)
-            for i in rows:
-                p = probs.get(i)
-                if p is None:
-                    continue
-                try:
-                    # Exponential race (as vLLM): argmax(p / E), E ~ Exp(1), is a draw from p.
-                    q = torch.empty_like(p).exponential_(generator=self._generator(metadata, i))
-                    out[i] = int((p / q).argmax())
-                except Exception as e:
-                    _record(failed, ids[i], e)
+            rows, probs = self._rows_probs(logits, metadata, rows, failed)
+            if rows:
+                for i, t in zip(rows, self._race(probs, metadata, rows, failed), strict=True):
+                    if t >= 0:
+                        out[i] = t
         if failed:
             out = [-1 if rid in failed else t for rid, t in zip(ids, out, strict=True)]
         return out
 
+    def _race(
+        self, probs: torch.Tensor, metadata: SamplingMetadata, rows: list[int],
+        failed: dict[str, str] | None,
+    ) -> list[int]:
+        """One draw per row of `probs` (row j is request rows[j]), -1 for a row whose draw
+        failed (recorded). Exponential race (as vLLM): argmax(p / E), E ~ Exp(1), is a draw
+        from p; each row's E from its own generator, as many values as a row-by-row draw
+        takes, then one division and argmax over the batch."""
+        noise = torch.empty_like(probs)
+        bad: list[int] = []
+        for j, i in enumerate(rows):
+            try:
+                noise[j].exponential_(generator=self._generator(metadata, i))
+            except Exception as e:
+                _record(failed, metadata.request_ids[i], e)
+                bad.append(j)
+        if bad:
+            noise[bad] = 1.0
+        tokens = (probs / noise).argmax(dim=-1).tolist()
+        for j in bad:
+            tokens[j] = -1
+        return tokens
+
     def _rows_probs(
         self, logits: torch.Tensor, metadata: SamplingMetadata, rows: list[int],
         failed: dict[str, str] | None,
-    ) -> dict[int, torch.Tensor]:
-        """Row index -> sampling probabilities, one batched call; if that raises and failures
-        are being collected, row by row so the failing request is found and the rest go on."""
+    ) -> tuple[list[int], torch.Tensor]:
+        """The rows that got sampling probabilities and those [len, vocab] probabilities, one
+        batched call; if that raises and failures are being collected, row by row so the
+        failing request is found (left out) and the rest go on."""
         if not rows:
-            return {}
+            return [], logits[:0]
         try:
-            probs = self.sampling_probs(logits[rows], metadata, rows)
-            return {i: probs[j] for j, i in enumerate(rows)}
+            return rows, self.sampling_probs(logits[rows], metadata, rows)
         except Exception:
             if failed is None:
                 raise
-        out = {}
+        ok: list[int] = []
+        probs: list[torch.Tensor] = []
         for i in rows:
             try:
-                out[i] = self.sampling_probs(logits[i : i + 1], metadata, [i])[0]
+                probs.append(self.sampling_probs(logits[i : i + 1], metadata, [i]))
+                ok.append(i)
             except Exception as e:
                 _record(failed, metadata.request_ids[i], e)
-        return out
+        return ok, (torch.cat(probs) if probs else logits[:0])
 
     @staticmethod
     def sampling_probs(
@@ -98,19 +127,12 @@ class Sampler:
             keep = (k > 0) & (k < vocab)
             if bool(keep.any()):
                 k = torch.where(keep, k, vocab)
-                sorted_desc = logits.sort(dim=-1, descending=True).values
-                kth = sorted_desc.gather(1, (k - 1)[:, None])
+                kth = sorted_desc_values(logits).gather(1, (k - 1)[:, None])
                 logits = logits.masked_fill(logits < kth, float("-inf"))
         if metadata.top_p is not None:
             p = metadata.top_p[index]
             if bool((p < 1.0).any()):
-                sorted_logits, idx = logits.sort(dim=-1, descending=True)
-                sorted_probs = sorted_logits.softmax(dim=-1)
-                # Drop a token when the mass strictly before it already reaches top_p.
-                mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-                drop_sorted = mass_before >= p[:, None]
-                drop = torch.zeros_like(drop_sorted).scatter(1, idx, drop_sorted)
-                logits = logits.masked_fill(drop, float("-inf"))
+                logits = logits.masked_fill(top_p_drop(logits, p), float("-inf"))
         return logits.softmax(dim=-1)
 
     def verify(
@@ -181,6 +203,47 @@ class Sampler:
                 if failed is None:
                     raise
                 _record(failed, metadata.request_ids[i], e)
+
+
+def sorted_desc_values(logits: torch.Tensor) -> torch.Tensor:
+    """Each row's values in descending order: `logits.sort(dim=-1, descending=True).values`.
+    A sort's value sequence is unique whatever it does with ties, so on CPU numpy's
+    values-only sort gives the same tensor (torch.sort also builds the indices: ~100x slower
+    for [48, 4096] fp32). A batch with a row whose maximum is not finite (NaN, +inf), and
+    any other device or dtype, takes torch.sort."""
+    if logits.device.type == "cpu" and logits.dim() == 2 and logits.dtype == torch.float32:
+        values = torch.from_numpy(np.ascontiguousarray(np.sort(logits.numpy(), axis=-1)[:, ::-1]))
+        if bool(values[:, 0].isfinite().all()):
+            return values
+    return logits.sort(dim=-1, descending=True).values
+
+
+def top_p_drop(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """[n, vocab] bool: the tokens top-p drops, row i with top_p[i] (vLLM's semantics: a token
+    is dropped when the probability mass strictly before it, in descending order, already
+    reaches top_p).
+
+    Exactly the mask of the reference below (torch.sort, then its indices scatter the sorted
+    decisions back), found without the indices when it can be: when each row's decisions in
+    sorted order are kept-then-dropped and the last kept value differs from the first dropped
+    one, the dropped tokens are those below the last kept value. Otherwise (the cut splits
+    tied values, whose order torch.sort leaves unspecified, or a non-finite row) the
+    reference's own indices decide."""
+    sorted_logits = sorted_desc_values(logits)
+    sorted_probs = sorted_logits.softmax(dim=-1)
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    drop_sorted = mass_before >= top_p[:, None]
+    vocab = logits.shape[-1]
+    kept = vocab - drop_sorted.sum(dim=-1, keepdim=True)  # >= 1 for top_p > 0
+    last_kept = sorted_logits.gather(1, (kept - 1).clamp(min=0))
+    first_dropped = sorted_logits.gather(1, kept.clamp(max=vocab - 1))
+    positions = torch.arange(vocab, device=logits.device)
+    suffix = torch.equal(drop_sorted, positions >= kept)  # kept, kept, ..., dropped, dropped
+    split = (kept < vocab) & (first_dropped == last_kept)
+    if suffix and not bool((split | (kept == 0) | ~last_kept.isfinite()).any()):
+        return logits < last_kept
+    idx = logits.sort(dim=-1, descending=True).indices
+    return torch.zeros_like(drop_sorted).scatter(1, idx, drop_sorted)
 
 
 def _record(failed: dict[str, str] | None, request_id: str, error: Exception) -> None:

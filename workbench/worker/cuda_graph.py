@@ -16,10 +16,12 @@ fixed address with a fixed shape, so the inputs go through static buffers.
         (the attention kernel writes zeros), token 0, position 0, block table all null block
         graph[bs].replay();  hidden = static hidden[:n]
 
-Anything else runs eagerly: prefills, mixed batches, speculative verification (query_len > 1),
-decode batches larger than the largest size, `enforce_eager=True`, the CPU, and attention
-backends that plan on the host (`AttentionBackend.cudagraph_safe` False: the torch backend
-builds its plan from the metadata's host lists, which a replay would never see).
+With compilation_config on, the graphs capture the compiled forward (vLLM's full decode graphs
+over the compiled model). Anything else runs without a graph: prefills, mixed batches,
+speculative verification (query_len > 1), decode batches larger than the largest size,
+`enforce_eager=True`, the CPU, and attention backends that plan on the host
+(`AttentionBackend.cudagraph_safe` False: the torch backend builds its plan from the metadata's
+host lists, which a replay would never see).
 
 The graph memory (the pool's intermediate tensors) comes out of the memory budget: the engine
 measures one capture of the largest size on a temporary KV cache before sizing the KV pool
@@ -66,6 +68,8 @@ class Graph(Protocol):
 
 
 GraphFactory = Callable[[Callable[[], torch.Tensor], Any], tuple[Graph, torch.Tensor]]
+# what a graph captures: the model, or its compiled forward (workbench.compilation)
+ModelForward = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata], torch.Tensor]
 
 
 class EagerReplay:
@@ -104,7 +108,7 @@ class DecodeGraphRunner:
 
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: ModelForward,
         capture_sizes: list[int],
         max_model_len: int,
         block_size: int,

@@ -39,6 +39,7 @@ from workbench.attention.metadata import (
     attach_kv_scales,
 )
 from workbench.calc import cdiv, kv_bytes_per_block, kv_cache_dtype_bytes, tp_kv_heads_per_rank
+from workbench.compilation import CompiledForward
 from workbench.config import EngineConfig
 from workbench.distributed.kv_transfer.base import KVConnectorBase_V1, KVConnectorRole
 from workbench.distributed.kv_transfer.factory import KVConnectorFactory
@@ -48,7 +49,7 @@ from workbench.distributed.parallel_state import (
     tensor_parallel_scope,
 )
 from workbench.engine.request import Request
-from workbench.engine.runner_output import ModelRunnerOutput
+from workbench.engine.runner_output import ModelRunnerOutput, WorkerPhaseTimes
 from workbench.engine.scheduler_output import SchedulerOutput
 from workbench.layers.attention import Attention
 from workbench.layers.cpu_gemm import pack_linear_weights
@@ -60,6 +61,7 @@ from workbench.spec_decode.ngram import NgramProposer
 from workbench.worker.cpu_malloc import keep_freed_memory
 from workbench.worker.cuda_graph import DecodeGraphRunner, GraphFactory, cudagraph_capture_sizes
 from workbench.worker.drafting import Drafter, propose_drafts
+from workbench.worker.phase_clock import PhaseClock
 from workbench.worker.prompt_logprobs import compute_prompt_logprobs
 from workbench.worker.sampling_metadata_builder import SamplingMetadataBuilder
 
@@ -105,6 +107,9 @@ class ModelRunner:
         self.num_blocks = 0
         self.graph_runner: DecodeGraphRunner | None = None
         self.cudagraph_bytes = 0  # measured after capture_model (CUDA)
+        # compilation_config modes 1 / 3 (compile_model, with the KV cache); why not, if not
+        self.compiled_forward: CompiledForward | None = None
+        self.compile_skipped: str | None = None
         self.sampling_metadata_builder = SamplingMetadataBuilder(self.device)
         # The worker side of the KV connector (kv_transfer_config), made with the KV cache.
         self.kv_connector: KVConnectorBase_V1 | None = None
@@ -144,6 +149,29 @@ class ModelRunner:
             return f"off (attention_backend={self.attention_backend!r} plans on the host)"
         return "off (not captured yet)"
 
+    @property
+    def compilation_status(self) -> str:
+        if self.compiled_forward is not None:
+            return f"on ({self.compiled_forward.stats.describe()})"
+        if self.compile_skipped is not None:
+            return f"off ({self.compile_skipped})"
+        return "off (enforce_eager=True)" if self.config.enforce_eager else "off (mode 0: eager)"
+
+    def compile_model(self) -> None:
+        """torch.compile the model forward (compilation_config mode 1 / 3) and, mode 3, compile
+        its graphs now on the bound KV cache (workbench.compilation; docs/compile.md)."""
+        cc = self.config.compilation
+        if not cc.compiles or self.compiled_forward is not None:
+            return
+        if getattr(getattr(self.model, "model", None), "layer_hook", None) is not None:
+            self.compile_skipped = "a layerwise KV connector saves from inside the forward"
+            return
+        self.compiled_forward = CompiledForward(self.model, cc, self.device)
+        self.packed_weight_bytes -= self.compiled_forward.freed_packed_bytes
+        max_tokens = self.config.scheduler_config.max_num_batched_tokens
+        assert max_tokens is not None
+        self.compiled_forward.warm_up(max_tokens)
+
     def capture_model(self, graph_factory: GraphFactory | None = None) -> None:
         """Capture decode graphs for every capture size on the bound KV cache (vLLM's name).
         FP8 scale calibration needs host syncs, so it is held off during capture and its flags
@@ -154,8 +182,8 @@ class ModelRunner:
         max_len = self.config.model_config.max_model_len
         assert max_len is not None
         runner = DecodeGraphRunner(
-            self.model, cudagraph_capture_sizes(sc.max_num_seqs), max_len, self.block_size,
-            self.device, graph_factory,
+            self.compiled_forward or self.model, cudagraph_capture_sizes(sc.max_num_seqs),
+            max_len, self.block_size, self.device, graph_factory,
         )
         calibrating = [s.calibrate for s in self.kv_scales]
         for s in self.kv_scales:
@@ -215,6 +243,7 @@ class ModelRunner:
                                      "hook (workbench.models.llama)")
                 connector = self.kv_connector
                 inner.layer_hook = lambda i: connector.save_kv_layer(i, self.kv_caches[i])
+        self.compile_model()  # before capture: the decode graphs capture the compiled forward
         if self.use_cuda_graphs:
             self.capture_model()
         if self.draft_runner is not None:
@@ -223,10 +252,13 @@ class ModelRunner:
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor:
-        """The model forward: a graph replay for a decode-only batch that fits one, else eager."""
+        """The model forward: a graph replay for a decode-only batch that fits one, else the
+        compiled forward (compilation_config), else eager."""
         gr = self.graph_runner
         if gr is not None and gr.can_run(meta, input_ids.shape[0]):
             return gr.run(input_ids, positions, meta)
+        if self.compiled_forward is not None:
+            return self.compiled_forward(input_ids, positions, meta)
         return self.model(input_ids, positions, meta)
 
     # ----------------------------------------------------------------- memory
@@ -366,7 +398,9 @@ class ModelRunner:
             output.kv_connector_output = connector.get_finished(
                 out.finished_req_ids, wait=out.is_empty)
         if self.drafter is not None and not out.is_empty:
+            clock = PhaseClock(self.device)
             propose_drafts(self.drafter, out, output, failed)
+            output.phase_times.spec_propose_s = clock.lap()
         return output
 
     def _forward_and_sample(
@@ -374,17 +408,22 @@ class ModelRunner:
     ) -> ModelRunnerOutput:
         if out.is_empty:
             return ModelRunnerOutput()
+        # the step's overhead account: seconds per phase (phase_clock.py: host time on CUDA)
+        clock, times = PhaseClock(self.device), WorkerPhaseTimes()
         if out.blocks_to_copy:
             self.copy_blocks(out.blocks_to_copy)
         with nvtx_range("model_runner.prepare_inputs"):
             input_ids, positions, meta, logits_idx, to_sample = self.prepare_inputs(out)
+        times.prepare_inputs_s = clock.lap()
         with nvtx_range(f"model_runner.forward prefill={out.num_prefill_tokens} "
                         f"decode={out.num_decode_tokens}"):
             hidden = self.forward(input_ids, positions, meta)
+        times.forward_s = clock.lap()
         prompt_logprobs = (compute_prompt_logprobs(self.model, out, hidden)
                            if out.num_prefill_tokens else {})
         if not to_sample:
-            return ModelRunnerOutput(prompt_logprobs=prompt_logprobs)
+            times.sample_s = clock.lap()
+            return ModelRunnerOutput(prompt_logprobs=prompt_logprobs, phase_times=times)
         spec = out.scheduled_spec_decode_tokens
         with nvtx_range("model_runner.sample"):
             logits = self.model.compute_logits(hidden[logits_idx])
@@ -400,7 +439,9 @@ class ModelRunner:
                 accepted = self.sampler.verify(logits, sampling_metadata, failed=failed)
                 sampled = {r.request_id: a for r, a in zip(to_sample, accepted, strict=True)
                            if not failed or r.request_id not in failed}
-        return ModelRunnerOutput(sampled_token_ids=sampled, prompt_logprobs=prompt_logprobs)
+        times.sample_s = clock.lap()
+        return ModelRunnerOutput(sampled_token_ids=sampled, prompt_logprobs=prompt_logprobs,
+                                 phase_times=times)
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """Copy-on-write block copies (src, dst), in the draft model's KV cache too."""

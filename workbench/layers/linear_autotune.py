@@ -1,0 +1,275 @@
+"""Choosing the CPU linear backend per weight shape: measured at load, cached per machine.
+
+    prepare_linear_weights(model)                 after loading (ModelRunner, via cpu_gemm)
+      -> mode: auto, or the backend WORKBENCH_CPU_LINEAR_BACKEND forces
+      -> auto: per distinct fp32 CPU weight shape, timings from the cache or measured
+         (`measure_wall`), then `choose_plan` -> LinearPlan
+      -> every packable layer gets `linear_plan` and `packed_weight` (None without a packed
+         backend); returns the packed copies' bytes (the engine's `packed_weight_bytes`)
+    linear_backend_report(model, ...)             the engine readout's `linear_backends`
+
+Measuring (`measure_wall`): random fp32 weight [out, in] packed once per backend, inputs of
+each probe row count (`linear_backend.PROBE_ROWS`); one warm-up call per backend, then rounds
+that call every backend once in turn (a neighbour's burst hits all of them alike), 3 to 25
+rounds within ~`budget_s` (20 ms) per probe; the median per backend. The measurement is an
+argument (`measure`) so tests inject timings.
+
+Choosing (`choose_plan`), per shape, at most one packed backend (its copy costs the weight's
+bytes): each packed backend p scores the sum over probes of min(t_p, t_torch) / t_torch, where
+p only counts at a probe where it is at least MIN_GAIN faster than torch; the lowest score
+wins (ties: PACKED_BACKENDS order), and each bucket then uses p where it counted, else torch.
+No packed backend at all when none ever counts.
+
+Cache: `linear_backends.json` in $WORKBENCH_CACHE_DIR (default ~/.cache/workbench), keyed by
+`machine_key()` (CPU model name, ISA, torch version, thread count), then shape, then probe:
+{"version": 1, "machines": {key: {"1024x512": {"16": {"torch": s, "mkl": s, ...}}}}}. Timings
+are cached, not choices, so changing the rule needs no new measurement; a probe or backend
+missing from the entry is measured and added. Written atomically (tmp + rename); an unreadable
+file counts as empty, an unwritable one is logged and skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from workbench.layers import linear_backend as lb
+from workbench.layers.linear_backend import LinearPlan, Shape
+
+CACHE_ENV = "WORKBENCH_CACHE_DIR"
+CACHE_FILE = "linear_backends.json"
+CACHE_VERSION = 1
+MIN_GAIN = 0.05  # a packed backend serves a bucket only when this much faster than torch
+logger = logging.getLogger(__name__)
+
+# shape, probe rows, backends -> {rows: {backend: seconds}}
+Measure = Callable[[Shape, Sequence[int], Sequence[str]], dict[int, dict[str, float]]]
+Timings = dict[int, dict[str, float]]
+
+
+# ------------------------------------------------------------------------ machine and cache
+def cpu_model_name() -> str:
+    """/proc/cpuinfo's first 'model name' (else platform.processor())."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def isa() -> str:
+    """torch's CPU capability plus the flags that change GEMM kernels (AVX-512, AMX)."""
+    try:
+        flags = set(next(line for line in Path("/proc/cpuinfo").read_text().splitlines()
+                         if line.startswith("flags")).split(":", 1)[1].split())
+    except (OSError, StopIteration):
+        flags = set()
+    wanted = ("avx2", "avx512f", "avx512_bf16", "amx_tile")
+    return " ".join([torch.backends.cpu.get_cpu_capability(), *(f for f in wanted if f in flags)])
+
+
+def machine_key() -> str:
+    return (f"cpu={cpu_model_name()}; isa={isa()}; torch={torch.__version__}; "
+            f"threads={torch.get_num_threads()}")
+
+
+def default_cache_path() -> Path:
+    root = os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache",
+                                                       "workbench")
+    return Path(root) / CACHE_FILE
+
+
+def shape_key(shape: Shape) -> str:
+    return f"{shape[0]}x{shape[1]}"
+
+
+class TimingCache:
+    """The JSON file of measured timings, one section per machine key."""
+
+    def __init__(self, path: Path | None = None, key: str | None = None) -> None:
+        self.path = path if path is not None else default_cache_path()
+        self.key = key if key is not None else machine_key()
+
+    def _read(self) -> dict[str, Any]:
+        try:
+            data = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return {"version": CACHE_VERSION, "machines": {}}
+        except (OSError, ValueError) as e:
+            logger.warning("linear backend cache %s unreadable (%s); measuring again",
+                           self.path, e)
+            return {"version": CACHE_VERSION, "machines": {}}
+        if not isinstance(data, dict) or data.get("version") != CACHE_VERSION:
+            return {"version": CACHE_VERSION, "machines": {}}
+        return data
+
+    def get(self, shape: Shape) -> Timings:
+        """This machine's cached timings for `shape` ({} when none)."""
+        entry = self._read()["machines"].get(self.key, {}).get(shape_key(shape), {})
+        return {int(rows): dict(times) for rows, times in entry.items()}
+
+    def put(self, results: dict[Shape, Timings]) -> None:
+        """Merge `results` into this machine's section and write the file."""
+        data = self._read()
+        section = data["machines"].setdefault(self.key, {})
+        for shape, timings in results.items():
+            entry = section.setdefault(shape_key(shape), {})
+            for rows, times in timings.items():
+                entry.setdefault(str(rows), {}).update(times)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+            os.replace(tmp, self.path)
+        except OSError as e:
+            logger.warning("linear backend cache %s not written (%s)", self.path, e)
+
+
+# ------------------------------------------------------------------------ measure and choose
+def measure_wall(shape: Shape, probes: Sequence[int], backends: Sequence[str], *,
+                 clock: Callable[[], float] = time.perf_counter, budget_s: float = 0.02,
+                 min_rounds: int = 3, max_rounds: int = 25) -> Timings:
+    """Median seconds per call of each backend at each probe row count (module docstring)."""
+    g = torch.Generator().manual_seed(0)
+    weight = torch.randn(shape, generator=g)
+    runners = {b: lb.runner(b, weight) for b in backends}
+    out: Timings = {}
+    with torch.inference_mode():
+        for rows in probes:
+            x = torch.randn(rows, shape[1], generator=g)
+            warm = 0.0
+            for run in runners.values():
+                t0 = clock()
+                run(x)
+                warm += clock() - t0
+            rounds = max(min_rounds, min(max_rounds, int(budget_s / max(warm, 1e-9))))
+            samples: dict[str, list[float]] = {b: [] for b in runners}
+            for _ in range(rounds):
+                for b, run in runners.items():
+                    t0 = clock()
+                    run(x)
+                    samples[b].append(clock() - t0)
+            out[rows] = {b: statistics.median(s) for b, s in samples.items()}
+    return out
+
+
+def choose_plan(shape: Shape, timings: Timings, backends: Sequence[str], source: str,
+                tune_s: float = 0.0, min_gain: float = MIN_GAIN) -> LinearPlan:
+    """The plan for `shape` from per-probe timings (module docstring); `backends` are the
+    available ones (torch always among them)."""
+    per_probe = [timings[rows] for rows in lb.PROBE_ROWS]
+
+    def counts(p: str, t: dict[str, float]) -> bool:
+        return t[p] < (1.0 - min_gain) * t["torch"]
+
+    best, best_score = None, float(len(per_probe))
+    for p in lb.PACKED_BACKENDS:
+        if p not in backends:
+            continue
+        score = sum(t[p] / t["torch"] if counts(p, t) else 1.0 for t in per_probe)
+        if score < best_score:
+            best, best_score = p, score
+    chosen = tuple(best if best is not None and counts(best, t) else "torch" for t in per_probe)
+    return LinearPlan(shape, best, chosen, source, tune_s)
+
+
+def tune_shapes(shapes: Iterable[Shape], backends: Sequence[str], cache: TimingCache,
+                measure: Measure) -> dict[Shape, LinearPlan]:
+    """A measured-or-cached plan per shape; new measurements are written to the cache."""
+    plans: dict[Shape, LinearPlan] = {}
+    fresh: dict[Shape, Timings] = {}
+    for shape in dict.fromkeys(shapes):
+        timings = cache.get(shape)
+        missing = [r for r in lb.PROBE_ROWS
+                   if any(b not in timings.get(r, {}) for b in backends)]
+        tune_s = 0.0
+        if missing:
+            t0 = time.perf_counter()
+            measured = measure(shape, missing, backends)
+            tune_s = time.perf_counter() - t0
+            fresh[shape] = measured
+            for rows, times in measured.items():
+                timings.setdefault(rows, {}).update(times)
+        plans[shape] = choose_plan(shape, timings, backends,
+                                   "measured" if missing else "cache", tune_s)
+    if fresh:
+        cache.put(fresh)
+    return plans
+
+
+# ------------------------------------------------------------------------ the model
+def _packable(module: nn.Module) -> bool:
+    """A layer opts in by having a `packed_weight` attribute (LinearBase, ParallelLMHead); a
+    quantized one (`quant_method` set) keeps its own forward."""
+    return hasattr(module, "packed_weight") and getattr(module, "quant_method", None) is None
+
+
+def _shape(w: torch.Tensor) -> Shape:
+    return (int(w.shape[0]), int(w.shape[1]))
+
+
+def _fp32_cpu_2d(w: torch.Tensor) -> bool:
+    return w.dtype == torch.float32 and w.device.type == "cpu" and w.dim() == 2 and w.numel() > 0
+
+
+def prepare_linear_weights(model: nn.Module, mode: str | None = None,
+                           measure: Measure | None = None,
+                           cache: TimingCache | None = None) -> int:
+    """Give every packable layer of `model` its `linear_plan` and `packed_weight` (module
+    docstring); `mode` defaults to the environment's (`linear_backend.mode_from_env`).
+    Returns the packed copies' bytes, counted as their weights' bytes (cpu_gemm.py)."""
+    mode = mode if mode is not None else lb.mode_from_env()
+    layers = [m for m in model.modules() if _packable(m)]
+    shapes = [_shape(m.weight) for m in layers if _fp32_cpu_2d(m.weight)]
+    plans: dict[Shape, LinearPlan] = {}
+    if shapes:
+        lb.check_mode(mode)
+        backends = lb.available_backends()
+        if mode == "auto" and len(backends) > 1:
+            plans = tune_shapes(shapes, backends, cache or TimingCache(),
+                                measure or measure_wall)
+        elif mode == "auto":  # nothing to choose from: no packed backend on this build
+            plans = {s: LinearPlan.uniform(s, "torch", "only torch") for s in dict.fromkeys(shapes)}
+        else:
+            plans = {s: LinearPlan.uniform(s, mode) for s in dict.fromkeys(shapes)}
+    total = 0
+    for m in layers:
+        w = m.weight
+        plan = plans.get(_shape(w)) if _fp32_cpu_2d(w) else None
+        m.linear_plan = plan
+        m.packed_weight = lb.pack(plan.packed, w) if plan is not None else None
+        if m.packed_weight is not None:
+            total += w.numel() * w.element_size()
+    return total
+
+
+def linear_backend_report(*models: nn.Module) -> dict[str, Any]:
+    """What the layers of `models` run on: per weight shape the plan (`describe()`) and where
+    it came from, the seconds spent measuring (0 when all came from the cache), the machine
+    key and cache file. {"shapes": {}} when no layer has a plan (GPU, bf16, quantized)."""
+    plans: dict[Shape, LinearPlan] = {}
+    for model in models:
+        for m in model.modules():
+            plan = getattr(m, "linear_plan", None)
+            if isinstance(plan, LinearPlan):
+                plans.setdefault(plan.shape, plan)
+    sources = sorted({p.source for p in plans.values()})
+    return {
+        "source": "+".join(sources) if sources else "none",
+        "autotune_s": round(sum(p.tune_s for p in plans.values()), 3),
+        "machine": machine_key() if plans else None,
+        "cache_file": str(default_cache_path()) if "forced" not in sources and plans else None,
+        "shapes": {shape_key(s): f"{p.describe()} ({p.source})" for s, p in plans.items()},
+    }
