@@ -198,6 +198,53 @@ def test_wall_clock_measure_takes_medians_of_interleaved_rounds() -> None:
     assert sorted(out) == [1, 16] and all(v == 1.0 for t in out.values() for v in t.values())
 
 
+def test_residency_and_stream_footprint() -> None:
+    mib = 1 << 20
+    assert la.weight_residency(27 * mib, llc_bytes=32 * mib) == "resident"
+    assert la.weight_residency(108 * mib, llc_bytes=32 * mib) == "streamed"
+    assert la.weight_residency(40 * mib, llc_bytes=0) == "streamed"  # unknown: 32 MiB assumed
+    assert la.stream_footprint(27 * mib, llc_bytes=32 * mib) == 0
+    assert la.stream_footprint(108 * mib, llc_bytes=32 * mib) == 64 * mib  # 2 x the cache
+    assert la.stream_footprint(40 * mib, llc_bytes=16 * mib) == 40 * mib  # the model's own
+    assert la.stream_footprint(600 * mib, llc_bytes=256 * mib) == 512 * mib
+    assert la.machine_key("streamed").endswith("; weights=streamed")
+
+
+def test_streamed_measure_rotates_through_weight_copies(monkeypatch: pytest.MonkeyPatch) -> None:
+    used: dict[str, list[int]] = {"torch": []}
+
+    def runner(backend: str, weight: torch.Tensor):  # type: ignore[no-untyped-def]
+        return lambda x: used[backend].append(id(weight))
+
+    monkeypatch.setattr(lb, "runner", runner)
+    ticks = iter(range(10_000))
+    # an 8x4 fp32 weight is 128 bytes: 512 bytes streamed = 4 copies, one per call in turn
+    la.measure_wall((8, 4), [1], ("torch",), clock=lambda: float(next(ticks)),
+                    min_rounds=7, max_rounds=7, stream_bytes=512)
+    assert len(used["torch"]) == 8 and len(set(used["torch"])) == 4
+    assert used["torch"][:4] == used["torch"][4:]
+    used["torch"].clear()
+    la.measure_wall((8, 4), [1], ("torch",), clock=lambda: float(next(ticks)),
+                    min_rounds=3, max_rounds=3, stream_bytes=10**9)
+    assert len(set(used["torch"])) == 4  # 1 warm-up + 3 rounds, of MAX_STREAM_COPIES (64)
+    used["torch"].clear()
+    la.measure_wall((8, 4), [1], ("torch",), clock=lambda: float(next(ticks)),
+                    min_rounds=3, max_rounds=3)
+    assert len(set(used["torch"])) == 1  # resident: one weight
+
+
+def test_auto_mode_keys_the_cache_by_residency(monkeypatch: pytest.MonkeyPatch,
+                                               tmp_path: Path) -> None:
+    monkeypatch.setattr(la, "last_level_cache_bytes", lambda: 1024)  # Toy: 6 KiB of fp32 weights
+    measure = Recorder(table())
+    model = Toy()
+    la.prepare_linear_weights(model, mode="auto", measure=measure)
+    report = la.linear_backend_report(model)
+    assert report["machine"] == la.machine_key("streamed")
+    machines = json.loads(Path(report["cache_file"]).read_text())["machines"]
+    assert list(machines) == [la.machine_key("streamed")]
+
+
 # ------------------------------------------------------------------ forcing
 def test_mode_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     assert lb.mode_from_env() == "auto"

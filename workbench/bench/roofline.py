@@ -1,12 +1,13 @@
 """The machine's side of the roofline: its peak fp32 FLOP rate and memory bandwidth, measured
 at the start and at the end of a benchmark, and whether the two agree well enough to divide by.
 
-Owned here: `measure_fp32_gflops` (the best of a few n x n x n `torch.mm`), `measure_stream`
-(STREAM-like copy `a = b` and triad `a = b + s c` on fp32 tensors well past the last-level
-cache, best of N; bytes counted as STREAM does: 2 and 3 arrays, no write-allocate),
-`measure_machine` (both under a `CpuWatch`, redone while others are busy) and
-`check_machine` (start vs end). The workload's side, the engine's schedule and what each
-step costs, is `workbench.roofline_schedule` (also `workbench.calc.schedule_roofline`).
+Owned here: `measure_fp32_gflops` (the best n x n x n GEMM over the engine's linear
+backends, `measure_gemm_gflops` each backend's), `measure_stream` (STREAM-like copy `a = b`
+and triad `a = b + s c` on fp32 tensors well past the last-level cache, best of N; bytes
+counted as STREAM does: 2 and 3 arrays, no write-allocate), `measure_machine` (both under
+a `CpuWatch`, redone while others are busy) and `check_machine` (start vs end). The
+workload's side, the engine's schedule and what each step costs, is
+`workbench.roofline_schedule` (also `workbench.calc.schedule_roofline`).
 
 A roofline fraction is refused (`RooflineCheck.valid` False, with the reasons) when start and
 end differ by more than `MAX_DRIFT` (10%) in either figure (max / min - 1), or when other
@@ -23,50 +24,49 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from workbench.harness.validity import CpuWatch, default_cpu_watch
+from workbench.layers.cpu_info import last_level_cache_bytes
 from workbench.roofline_schedule import DecoderShape, request_flops
 
 __all__ = ["DecoderShape", "request_flops", "MAX_DRIFT", "MachineRates", "RooflineCheck",
            "StreamFigures", "check_machine", "cpu_summary", "last_level_cache_bytes",
-           "measure_fp32_gflops", "measure_machine", "measure_stream"]
+           "measure_fp32_gflops", "measure_gemm_gflops", "measure_machine",
+           "measure_stream"]
 
 MAX_DRIFT = 0.10  # start and end may differ by this much (max / min - 1), each figure
 MIN_STREAM_BYTES = 64 << 20  # per array, whatever the cache says
 
 
-def measure_fp32_gflops(n: int = 2048, reps: int = 5) -> float:
-    """Best fp32 GFLOP/s of an n x n x n `torch.mm` over `reps` runs (after one warm-up),
-    with torch's current thread count. ~0.1 s per rep at n=2048 on 2 AVX2 cores."""
+def measure_gemm_gflops(n: int = 2048, reps: int = 5) -> dict[str, float]:
+    """Best fp32 GFLOP/s of an n x n x n GEMM on each linear backend this torch build runs
+    (`workbench.layers.linear_backend`: torch's sgemm, MKL packed, oneDNN packed), best of
+    `reps` runs after one warm-up each, with torch's current thread count."""
     import torch
 
-    a = torch.randn(n, n, dtype=torch.float32)
-    b = torch.randn(n, n, dtype=torch.float32)
-    torch.mm(a, b)
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        torch.mm(a, b)
-        best = min(best, time.perf_counter() - t0)
-    return 2.0 * n**3 / best / 1e9
+    from workbench.layers.linear_backend import available_backends, runner
+
+    x = torch.randn(n, n, dtype=torch.float32)
+    w = torch.randn(n, n, dtype=torch.float32)
+    rates: dict[str, float] = {}
+    for backend in available_backends():
+        fn = runner(backend, w)
+        fn(x)
+        best = float("inf")
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            fn(x)
+            best = min(best, time.perf_counter() - t0)
+        rates[backend] = 2.0 * n**3 / best / 1e9
+    return rates
 
 
-def last_level_cache_bytes(root: Path = Path("/sys/devices/system/cpu/cpu0/cache")) -> int:
-    """The largest cache cpu0 sees (its last level), from sysfs; 0 when unreadable."""
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    best = 0
-    for index in sorted(root.glob("index*")):
-        try:
-            text = (index / "size").read_text().strip()
-        except OSError:
-            continue
-        scale = units.get(text[-1:].upper(), 1)
-        digits = text[:-1] if text[-1:].upper() in units else text
-        if digits.isdigit():
-            best = max(best, int(digits) * scale)
-    return best
+def measure_fp32_gflops(n: int = 2048, reps: int = 5) -> float:
+    """The machine's fp32 peak as the engine can reach it: the fastest linear backend's
+    GFLOP/s (`measure_gemm_gflops`; the engine autotunes its linears over the same backends,
+    so a peak from `torch.mm` alone would understate it where oneDNN is faster)."""
+    return max(measure_gemm_gflops(n, reps).values())
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,13 @@ Measuring (`measure_wall`): random fp32 weight [out, in] packed once per backend
 each probe row count (`linear_backend.PROBE_ROWS`); one warm-up call per backend, then rounds
 that call every backend once in turn (a neighbour's burst hits all of them alike), 3 to 25
 rounds within ~`budget_s` (20 ms) per probe; the median per backend. The measurement is an
-argument (`measure`) so tests inject timings.
+argument (`measure`) so tests inject timings. Weights as the model runs them: a model whose
+linear weights exceed the last-level cache streams every weight from memory once per step,
+so its shapes are measured *streamed* (each call rotates to another copy of the weight, up
+to twice the cache's bytes: `stream_footprint`); a model that fits is measured with the
+weight *resident*. The two differ most at 1-16 rows, where a streamed GEMV is bound by
+memory: on the 2-core AMD EPYC (Zen 4) of 2026-12-02, 512x512 at 1 row took 27 us resident
+on torch and on oneDNN alike, but streamed 137 us on torch and 83 us on oneDNN.
 
 Choosing (`choose_plan`), per shape, at most one packed backend (its copy costs the weight's
 bytes): each packed backend p scores the sum over probes of min(t_p, t_torch) / t_torch, where
@@ -21,7 +27,8 @@ wins (ties: PACKED_BACKENDS order), and each bucket then uses p where it counted
 No packed backend at all when none ever counts.
 
 Cache: `linear_backends.json` in $WORKBENCH_CACHE_DIR (default ~/.cache/workbench), keyed by
-`machine_key()` (CPU model name, ISA, torch version, thread count), then shape, then probe:
+`machine_key(residency)` (CPU model name, ISA, torch version, thread count, streamed or
+resident weights), then shape, then probe:
 {"version": 1, "machines": {key: {"1024x512": {"16": {"torch": s, "mkl": s, ...}}}}}. Timings
 are cached, not choices, so changing the rule needs no new measurement; a probe or backend
 missing from the entry is measured and added. Written atomically (tmp + rename); an unreadable
@@ -33,10 +40,10 @@ from __future__ import annotations
 import json
 import logging
 import os
-import platform
 import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -44,12 +51,16 @@ import torch
 from torch import nn
 
 from workbench.layers import linear_backend as lb
+from workbench.layers.cpu_info import cpu_model_name, isa, last_level_cache_bytes
 from workbench.layers.linear_backend import LinearPlan, Shape
 
 CACHE_ENV = "WORKBENCH_CACHE_DIR"
 CACHE_FILE = "linear_backends.json"
 CACHE_VERSION = 1
 MIN_GAIN = 0.05  # a packed backend serves a bucket only when this much faster than torch
+STREAMED_FALLBACK_LLC = 32 << 20  # the cache size assumed when sysfs does not say
+MIN_STREAM_FOOTPRINT = 64 << 20  # the least a streamed measurement rotates through
+MAX_STREAM_COPIES = 64  # weight copies per shape, at most, in a streamed measurement
 logger = logging.getLogger(__name__)
 
 # shape, probe rows, backends -> {rows: {backend: seconds}}
@@ -58,31 +69,30 @@ Timings = dict[int, dict[str, float]]
 
 
 # ------------------------------------------------------------------------ machine and cache
-def cpu_model_name() -> str:
-    """/proc/cpuinfo's first 'model name' (else platform.processor())."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
+def machine_key(weights: str | None = None) -> str:
+    """The cache section's key: CPU model, ISA, torch, threads, and (when given) whether the
+    timings were taken with the weights streamed from memory or resident in the cache."""
+    key = (f"cpu={cpu_model_name()}; isa={isa()}; torch={torch.__version__}; "
+           f"threads={torch.get_num_threads()}")
+    return key if weights is None else f"{key}; weights={weights}"
 
 
-def isa() -> str:
-    """torch's CPU capability plus the flags that change GEMM kernels (AVX-512, AMX)."""
-    try:
-        flags = set(next(line for line in Path("/proc/cpuinfo").read_text().splitlines()
-                         if line.startswith("flags")).split(":", 1)[1].split())
-    except (OSError, StopIteration):
-        flags = set()
-    wanted = ("avx2", "avx512f", "avx512_bf16", "amx_tile")
-    return " ".join([torch.backends.cpu.get_cpu_capability(), *(f for f in wanted if f in flags)])
+def weight_residency(weight_bytes: int, llc_bytes: int | None = None) -> str:
+    """"streamed" when the model's linear weights (`weight_bytes`) exceed the last-level cache
+    (each step then reads them from memory), else "resident" (an unknown cache size counts as
+    STREAMED_FALLBACK_LLC)."""
+    llc = last_level_cache_bytes() if llc_bytes is None else llc_bytes
+    return "streamed" if weight_bytes > (llc or STREAMED_FALLBACK_LLC) else "resident"
 
 
-def machine_key() -> str:
-    return (f"cpu={cpu_model_name()}; isa={isa()}; torch={torch.__version__}; "
-            f"threads={torch.get_num_threads()}")
+def stream_footprint(weight_bytes: int, llc_bytes: int | None = None) -> int:
+    """Bytes of weight copies `measure_wall` rotates through so each call finds its weight
+    out of cache, as in a forward of a model that does not fit: the model's own bytes, capped
+    at twice the last-level cache (at least MIN_STREAM_FOOTPRINT); 0 for a resident model."""
+    llc = last_level_cache_bytes() if llc_bytes is None else llc_bytes
+    if weight_residency(weight_bytes, llc) == "resident":
+        return 0
+    return min(weight_bytes, max(2 * (llc or STREAMED_FALLBACK_LLC), MIN_STREAM_FOOTPRINT))
 
 
 def default_cache_path() -> Path:
@@ -140,27 +150,36 @@ class TimingCache:
 # ------------------------------------------------------------------------ measure and choose
 def measure_wall(shape: Shape, probes: Sequence[int], backends: Sequence[str], *,
                  clock: Callable[[], float] = time.perf_counter, budget_s: float = 0.02,
-                 min_rounds: int = 3, max_rounds: int = 25) -> Timings:
-    """Median seconds per call of each backend at each probe row count (module docstring)."""
+                 min_rounds: int = 3, max_rounds: int = 25, stream_bytes: int = 0) -> Timings:
+    """Median seconds per call of each backend at each probe row count (module docstring).
+    With `stream_bytes` > the weight's own bytes, each backend's calls rotate through that
+    many bytes of weight copies (at most MAX_STREAM_COPIES), so a call finds its weight in
+    memory rather than in cache, as a forward of a larger-than-cache model does."""
     g = torch.Generator().manual_seed(0)
-    weight = torch.randn(shape, generator=g)
-    runners = {b: lb.runner(b, weight) for b in backends}
+    weight_bytes = shape[0] * shape[1] * 4
+    copies = 1 if stream_bytes <= weight_bytes else min(
+        MAX_STREAM_COPIES, -(-stream_bytes // weight_bytes))
+    weights = [torch.randn(shape, generator=g) for _ in range(copies)]
+    runners = {b: [lb.runner(b, w) for w in weights] for b in backends}
+    turn = {b: 0 for b in backends}
+
+    def call(b: str, x: torch.Tensor) -> float:
+        run = runners[b][turn[b] % copies]
+        turn[b] += 1
+        t0 = clock()
+        run(x)
+        return clock() - t0
+
     out: Timings = {}
     with torch.inference_mode():
         for rows in probes:
             x = torch.randn(rows, shape[1], generator=g)
-            warm = 0.0
-            for run in runners.values():
-                t0 = clock()
-                run(x)
-                warm += clock() - t0
+            warm = sum(call(b, x) for b in runners)
             rounds = max(min_rounds, min(max_rounds, int(budget_s / max(warm, 1e-9))))
             samples: dict[str, list[float]] = {b: [] for b in runners}
             for _ in range(rounds):
-                for b, run in runners.items():
-                    t0 = clock()
-                    run(x)
-                    samples[b].append(clock() - t0)
+                for b in runners:
+                    samples[b].append(call(b, x))
             out[rows] = {b: statistics.median(s) for b, s in samples.items()}
     return out
 
@@ -224,6 +243,13 @@ def _fp32_cpu_2d(w: torch.Tensor) -> bool:
     return w.dtype == torch.float32 and w.device.type == "cpu" and w.dim() == 2 and w.numel() > 0
 
 
+def _linear_weight_bytes(*models: nn.Module) -> int:
+    """Bytes of the fp32 CPU weights the autotune plans for (each weight counted once)."""
+    seen = {id(m.weight): m.weight for model in models for m in model.modules()
+            if _packable(m) and _fp32_cpu_2d(m.weight)}
+    return sum(w.numel() * w.element_size() for w in seen.values())
+
+
 def prepare_linear_weights(model: nn.Module, mode: str | None = None,
                            measure: Measure | None = None,
                            cache: TimingCache | None = None) -> int:
@@ -238,8 +264,12 @@ def prepare_linear_weights(model: nn.Module, mode: str | None = None,
         lb.check_mode(mode)
         backends = lb.available_backends()
         if mode == "auto" and len(backends) > 1:
-            plans = tune_shapes(shapes, backends, cache or TimingCache(),
-                                measure or measure_wall)
+            nbytes = _linear_weight_bytes(model)
+            if cache is None:
+                cache = TimingCache(key=machine_key(weight_residency(nbytes)))
+            if measure is None:
+                measure = partial(measure_wall, stream_bytes=stream_footprint(nbytes))
+            plans = tune_shapes(shapes, backends, cache, measure)
         elif mode == "auto":  # nothing to choose from: no packed backend on this build
             plans = {s: LinearPlan.uniform(s, "torch", "only torch") for s in dict.fromkeys(shapes)}
         else:
@@ -269,7 +299,8 @@ def linear_backend_report(*models: nn.Module) -> dict[str, Any]:
     return {
         "source": "+".join(sources) if sources else "none",
         "autotune_s": round(sum(p.tune_s for p in plans.values()), 3),
-        "machine": machine_key() if plans else None,
+        "machine": machine_key(weight_residency(_linear_weight_bytes(*models)))
+        if plans else None,
         "cache_file": str(default_cache_path()) if "forced" not in sources and plans else None,
         "shapes": {shape_key(s): f"{p.describe()} ({p.source})" for s, p in plans.items()},
     }
