@@ -18,6 +18,7 @@ block 16, max_model_len 128, max_num_batched_tokens 256, under a 4 MiB budget. M
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ from workbench.calc import (
 )
 from workbench.config import EngineConfig
 from workbench.layers.linear import LinearBase
+from workbench.layers.linear_backend import BACKEND_ENV, available_backends
 from workbench.testing import tiny_checkpoint
 from workbench.worker.model_runner import LiveTensorPeak
 
@@ -55,6 +57,18 @@ MODES: dict[str, dict[str, Any]] = {
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tiny_checkpoint(tmp_path_factory.mktemp("budget") / "llama", arch="llama", seed=0)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _every_linear_packed() -> Iterator[None]:
+    """Every fp32 linear packed, whatever this machine's autotune would choose (a shape whose
+    timings favour plain torch keeps no packed copy), so the byte counts here stay exact."""
+    backend = next((b for b in ("onednn", "mkl") if b in available_backends()), None)
+    if backend is None:
+        pytest.skip("this torch build has no packed CPU linear backend")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(BACKEND_ENV, backend)
+        yield
 
 
 @pytest.fixture(scope="module")
