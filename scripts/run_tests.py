@@ -9,10 +9,18 @@ while the rest of the suite runs in this one: the suite's wall time stays near t
 alone. The cluster run's output is kept in a temporary file and printed after the main
 run's; the exit status is the main run's, or the cluster run's when that one failed.
 `python -m pytest` (everything, one process) gives the same verdict, only slower.
+
+The main run uses pytest-xdist with `WORKBENCH_TEST_WORKERS` workers (default: 2, or 1 on a
+one-CPU machine), distributed by file (`--dist loadfile`: a file's module fixtures are built
+once, and tests that share a fixed port live in one file). Most of the suite waits on
+processes (servers, routers, notebook kernels, torchrun), so two workers on 2 cores took the
+main run from ~15 to ~10 minutes (AMD EPYC, 2 cores, 2026-12-02). `WORKBENCH_TEST_WORKERS=0`
+runs it in one process.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -21,10 +29,24 @@ import time
 from pathlib import Path
 
 CLUSTER = "tests/cluster"
+WORKERS_ENV = "WORKBENCH_TEST_WORKERS"
+
+
+def xdist_args() -> list[str]:
+    """pytest-xdist's flags for the main run ([] for one process)."""
+    raw = os.environ.get(WORKERS_ENV, "")
+    try:
+        workers = int(raw) if raw else min(2, os.cpu_count() or 1)
+    except ValueError:
+        raise SystemExit(f"{WORKERS_ENV} ({raw!r}) must be an integer >= 0") from None
+    if workers < 0:
+        raise SystemExit(f"{WORKERS_ENV} ({raw!r}) must be an integer >= 0")
+    return [] if workers <= 1 else ["-n", str(workers), "--dist", "loadfile"]
 
 
 def main(argv: list[str]) -> int:
     root = Path(__file__).resolve().parent.parent
+    workers = xdist_args()  # a bad value stops here, before anything starts
     with tempfile.TemporaryFile("w+") as log:
         t0 = time.monotonic()
         cluster = subprocess.Popen([sys.executable, "-m", "pytest", CLUSTER], cwd=root,
@@ -32,7 +54,7 @@ def main(argv: list[str]) -> int:
         try:
             # the slowest tests named in every CI log: the suite must stay under 15 minutes
             main_rc = subprocess.call([sys.executable, "-m", "pytest", "--ignore", CLUSTER,
-                                       "--durations=25", *argv], cwd=root)
+                                       "--durations=25", *workers, *argv], cwd=root)
             cluster_rc = cluster.wait()
         finally:
             if cluster.poll() is None:  # interrupted: let its fixtures stop the Ray nodes
