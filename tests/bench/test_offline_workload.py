@@ -106,10 +106,10 @@ def test_disturbed_runs_are_redone_then_the_system_is_invalid() -> None:
     assert [r.valid for r in rs] == [True, False, True]
     assert rs[1].invalid_reason.startswith("other processes used 30% of the CPUs")
     rows = table(rs, roofline_tok_s=1000.0).splitlines()
-    assert rows[2] == "| engine | 100.0 | 200.0 | 100.00 | 1.00x | 10.0% | 0/1 | 5% |"
+    assert rows[2] == "| engine | 100.0 | 200.0 | 100.00 | 1.00x | 10.0% | 0/1 | 5% | \u2014 |"
     assert rows[3] == ("| hf-generate | 100.0 | 200.0 | 100.00 | n/a (invalid) | 10.0% | 0/1 | "
-                       "30% INVALID |")
-    assert rows[4] == "| vllm-best | 100.0 | 200.0 | 100.00 | 1.00x | 10.0% | 0/1 | - |"
+                       "30% INVALID | \u2014 |")
+    assert rows[4] == "| vllm-best | 100.0 | 200.0 | 100.00 | 1.00x | 10.0% | 0/1 | - | \u2014 |"
 
 
 def test_cpu_paths_names_packing_and_every_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -120,3 +120,27 @@ def test_cpu_paths_names_packing_and_every_kernel(monkeypatch: pytest.MonkeyPatc
     assert line.startswith("packed GEMM off (disabled by WORKBENCH_CPU_PACKED_GEMM=0); ")
     assert [part.split("=")[0] for part in line.split("; ")[1].split(", ")] == [
         "paged_decode", "rotary", "rms_norm"]
+
+
+def test_small_preset_builds_its_model_and_workload(tmp_path: Path) -> None:
+    from workbench.bench.offline_workload import (
+        BENCH_MODELS,
+        SMALL_MODEL_CONFIG,
+        build_bench_checkpoint,
+        make_offline_workload,
+    )
+
+    small = BENCH_MODELS["small"]
+    assert (small.folder, small.num_requests, small.prompt_len_range,
+            small.output_len_range) == ("llama-small", 48, (16, 128), (8, 64))
+    ckpt = build_bench_checkpoint(tmp_path / "small", config=small.config)
+    cfg = json.loads((ckpt / "config.json").read_text())
+    assert {k: cfg[k] for k in ("hidden_size", "num_hidden_layers", "vocab_size")} == {
+        "hidden_size": 256, "num_hidden_layers": 4, "vocab_size": 4096}
+    marker = json.loads((ckpt / ".bench_checkpoint.json").read_text())
+    assert {k: marker[k] for k in SMALL_MODEL_CONFIG} == SMALL_MODEL_CONFIG
+    reqs = make_offline_workload(0, num_requests=small.num_requests,
+                                 prompt_len_range=small.prompt_len_range,
+                                 output_len_range=small.output_len_range)
+    assert len(reqs) == 48
+    assert all(16 <= len(r.prompt_token_ids) <= 128 and 8 <= r.max_tokens <= 64 for r in reqs)

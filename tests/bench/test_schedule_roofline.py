@@ -1,7 +1,8 @@
 """The schedule-aware roofline (workbench.roofline_schedule, calc.schedule_roofline, `workbench
 calc roofline`), the start/end check of the machine's figures (bench/roofline.py), and the
 offline benchmark's refusals: a refused roofline, INVALID systems whose medians leave their
-disturbed runs out, the vLLM rows' preload. Exact expectations, nothing timed."""
+disturbed runs out, the vLLM rows' preload; the engine's overhead share (its step account
+over the timed calls). Exact expectations, nothing timed."""
 
 from __future__ import annotations
 
@@ -20,8 +21,10 @@ from workbench.bench.offline_results import (
     RunPolicy,
     SystemResult,
     judge,
+    record_steps,
     table,
     timed,
+    timed_step_account,
 )
 from workbench.bench.offline_workload import OfflineRequest
 from workbench.bench.roofline import MachineRates, check_machine, measure_machine
@@ -260,11 +263,12 @@ def test_medians_leave_disturbed_runs_out_and_the_row_is_invalid() -> None:
     assert hf.clean_run_s == [1.0, 4.0] and hf.output_tok_s == 100 / 2.5
     assert gone.clean_run_s == [] and gone.disturbed_runs == 2
     rows = table([engine, hf, gone], roofline_tok_s=1000.0).splitlines()
-    assert rows[2] == "| engine | 100.0 | 200.0 | 100.00 | 1.00x | 10.0% | 0/1 | 0% |"
+    assert rows[2] == ("| engine | 100.0 | 200.0 | 100.00 | 1.00x | 10.0% | 0/1 | 0% | "
+                       f"{NO_FIGURE} |")
     assert rows[3] == ("| hf-generate | 40.0 | 80.0 | 100.00 | n/a (invalid) | 4.0% | 0/1 | "
-                       "30% INVALID |")
+                       f"30% INVALID | {NO_FIGURE} |")
     assert rows[4] == (f"| hf-generate_batch | {NO_FIGURE} | {NO_FIGURE} | 100.00 | "
-                       f"n/a (invalid) | {NO_FIGURE} | 0/1 | 50% INVALID |")
+                       f"n/a (invalid) | {NO_FIGURE} | 0/1 | 50% INVALID | {NO_FIGURE} |")
     doc = gone.to_json()
     assert (doc["valid"], doc["output_tok_s"], doc["total_tok_s"], doc["median_of_runs"],
             doc["disturbed_runs"]) == (False, None, None, 0, 2)
@@ -276,7 +280,48 @@ def test_medians_leave_disturbed_runs_out_and_the_row_is_invalid() -> None:
 def test_a_refused_roofline_prints_no_fraction() -> None:
     rows = table([system("engine", [1.0], [0.0])], roofline_tok_s=None).splitlines()
     assert rows[2] == ("| engine | 100.0 | 200.0 | 100.00 | 1.00x | n/a (roofline invalid) | "
-                       "0/1 | 0% |")
+                       f"0/1 | 0% | {NO_FIGURE} |")
+
+
+ACCOUNT = {"num_steps": 4, "step_ms": 250.0, "forward_ms": 125.0, "overhead_share": 0.125}
+
+
+def test_the_engine_row_shows_its_overhead_share_and_the_json_its_account() -> None:
+    engine, hf = system("engine", [1.0], [0.0]), system("hf-generate", [1.0], [0.0])
+    engine.step_account = dict(ACCOUNT)
+    rows = table([engine, hf], roofline_tok_s=None).splitlines()
+    assert rows[0].endswith("| mismatches | others' CPU | overhead share |")
+    assert rows[1] == "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+    assert rows[2].endswith("| 0/1 | 0% | 12.5% |")
+    assert rows[3].endswith(f"| 0/1 | 0% | {NO_FIGURE} |")
+    assert engine.to_json()["step_account"] == ACCOUNT and hf.to_json()["step_account"] is None
+    engine.step_account = {"num_steps": 0, "overhead_share": 0.0}  # no step recorded
+    assert table([engine], None).splitlines()[2].endswith(f"| 0% | {NO_FIGURE} |")
+
+
+def test_the_engine_account_covers_its_timed_calls_and_not_the_warm_up() -> None:
+    from workbench.engine.stats import EngineStats, StepRecord
+
+    stats = EngineStats()
+    calls_steps = iter([[4.0], [0.5, 0.25], [0.125, 0.125]])  # warm-up, then 2 timed calls
+
+    def generate() -> list[list[int]]:
+        for d in next(calls_steps):
+            stats.record_step(StepRecord(
+                step=0, wall_time_s=0.0, duration_s=d, prefill_tokens=0, decode_tokens=1,
+                running=1, waiting=0, kv_cache_usage_perc=0.0, preemptions=0,
+                prepare_inputs_s=d / 4, forward_s=d / 2, other_s=d / 4))
+        return [[1]]
+
+    calls: list[list[StepRecord]] = []
+    policy = RunPolicy(runs=2, watch=FixedCpuWatch(0.0))
+    assert timed(record_steps(stats, generate, calls), policy).out == [[1]]
+    assert [[r.duration_s for r in c] for c in calls] == [[4.0], [0.5, 0.25], [0.125, 0.125]]
+    acc = timed_step_account(calls)
+    assert (acc["num_steps"], acc["step_ms"], acc["prepare_inputs_ms"], acc["forward_ms"],
+            acc["other_ms"], acc["schedule_ms"]) == (4, 250.0, 62.5, 125.0, 62.5, 0.0)
+    assert (acc["overhead_share"], acc["prepare_inputs_share"], acc["forward_share"]) == (
+        0.5, 0.25, 0.5)
 
 
 def vllm_result(**extra: Any) -> SimpleNamespace:
@@ -313,12 +358,13 @@ def test_main_writes_the_refusals_into_the_json(tmp_path: Path,
         "model": {"vocab": {f"t{i}": i for i in range(1, 300)}}}))
     machine = iter([rates(100, 20), rates(130, 20)])  # start, end: 30% apart
     monkeypatch.setattr(offline, "measure_machine", lambda **kw: next(machine))
-    monkeypatch.setattr(offline, "build_bench_checkpoint", lambda d: ckpt)
+    monkeypatch.setattr(offline, "build_bench_checkpoint", lambda d, config=None: ckpt)
 
     def fake_engine(ckpt: Path, reqs: list[OfflineRequest], single: OfflineRequest,
                     policy: RunPolicy, kw: dict[str, Any]) -> SystemResult:
         r = system("engine", [1.0, 3.0, 2.0], [0.0, 0.9, 0.0])
         r.token_ids = [[1]] * len(reqs)
+        r.step_account = dict(ACCOUNT)
         return r
 
     monkeypatch.setattr(offline, "run_engine", fake_engine)
@@ -335,3 +381,4 @@ def test_main_writes_the_refusals_into_the_json(tmp_path: Path,
     assert (eng["valid"], eng["median_of_runs"], eng["disturbed_runs"]) == (False, 2, 1)
     assert eng["output_tok_s"] == 100 / 1.5  # median of 1 s and 2 s; the 3 s run disturbed
     assert eng["run_others"] == [0.0, 0.9, 0.0]
+    assert eng["step_account"] == ACCOUNT  # the per-phase account, whole

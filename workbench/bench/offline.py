@@ -19,6 +19,9 @@ INVALID (the table, a console line, `valid`/`invalid_reason` in the JSON, exit 2
 `--strict`, as for a refused roofline), no speed-up is computed against it, and its medians
 are taken over its undisturbed runs only ("—" when there is none): a disturbed run is
 never a figure.
+The engine's row also shows its "overhead share": the share of its step time outside the model
+forward over the workload's timed runs (its step records' `overhead_account`; the whole
+per-phase account is `step_account` in the JSON); other systems show "—".
 The roofline is schedule-aware (`workbench.roofline_schedule`: per engine step, max(FLOPs /
 peak, bytes / bandwidth) over the engine's schedule of this workload) at the machine's fp32
 GFLOP/s and memory bandwidth, measured at start and end (`roofline.py`; or `--gflops`,
@@ -43,12 +46,15 @@ from workbench.bench.offline_results import (
     TimedRuns,
     judge,
     mark_mismatches,
+    record_steps,
     table,
     timed,
+    timed_step_account,
     worse,
 )
 from workbench.bench.offline_results import mismatch_details as mismatch_details  # re-export
 from workbench.bench.offline_workload import (
+    BENCH_MODELS,
     OfflineRequest,
     build_bench_checkpoint,
     checksum,
@@ -66,10 +72,12 @@ from workbench.bench.roofline import (
     measure_machine,
 )
 from workbench.config import SchedulerConfig
+from workbench.engine.stats import StepRecord
 from workbench.engine_args import add_engine_args, engine_kwargs
 from workbench.roofline_schedule import ScheduleRoofline, schedule_roofline
 
-DEFAULT_CKPT_DIR = Path(__file__).resolve().parents[2] / ".bench" / "offline" / "llama-30m"
+BENCH_DIR = Path(__file__).resolve().parents[2] / ".bench" / "offline"
+DEFAULT_CKPT_DIR = BENCH_DIR / BENCH_MODELS["bench"].folder
 
 
 def _result(name: str, reqs: Sequence[OfflineRequest], single: OfflineRequest,
@@ -103,11 +111,14 @@ def run_engine(ckpt: Path, reqs: list[OfflineRequest], single: OfflineRequest,
             return [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params)]
         return call
 
-    runs = timed(gen(reqs), policy)
+    calls: list[list[StepRecord]] = []
+    runs = timed(record_steps(llm.engine.stats, gen(reqs), calls), policy)
     single_runs = timed(gen([single]), policy)
     notes = f"stats: {llm.stats()}" if hasattr(llm, "stats") else ""
     notes += f"; CPU paths: {cpu_paths()}"
-    return _result("engine", reqs, single, runs, single_runs, load_s, notes)
+    res = _result("engine", reqs, single, runs, single_runs, load_s, notes)
+    res.step_account = timed_step_account(calls)
+    return res
 
 
 def cpu_paths() -> str:
@@ -210,8 +221,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    "a system still above it after the retries is INVALID")
     p.add_argument("--retries", type=int, default=3, help="redone runs allowed per measurement")
     p.add_argument("--seed", type=int, default=0, help="workload seed")
-    p.add_argument("--num-requests", type=int, default=64)
-    p.add_argument("--ckpt-dir", type=Path, default=DEFAULT_CKPT_DIR)
+    p.add_argument("--model", choices=sorted(BENCH_MODELS), default="bench",
+                   help="bench: the ~30M Llama on 64 requests (prompts 32-256, outputs 16-128); "
+                   "small: a demo-sized Llama (hidden 256, 4 layers, vocab 4096) on 48 requests "
+                   "(prompts 16-128, outputs 8-64), where per-step overhead shows")
+    p.add_argument("--num-requests", type=int, default=None,
+                   help="requests in the workload (default: the model preset's)")
+    p.add_argument("--ckpt-dir", type=Path, default=None,
+                   help="where the preset's checkpoint is built (default .bench/offline/<folder>)")
     p.add_argument("--skip-engine", action="store_true")
     p.add_argument("--skip-hf", action="store_true")
     p.add_argument("--skip-vllm", action="store_true")
@@ -277,9 +294,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     measure = {"gflops": args.gflops, "bandwidth_gbs": args.bandwidth_gbs,
                "max_others": args.max_others, "retries": args.retries}
     start = measure_machine(**measure)
-    ckpt = build_bench_checkpoint(args.ckpt_dir)
+    preset = BENCH_MODELS[args.model]
+    ckpt = build_bench_checkpoint(args.ckpt_dir or BENCH_DIR / preset.folder,
+                                  config=preset.config)
     token_range = non_special_token_range(ckpt)
-    reqs = make_offline_workload(args.seed, num_requests=args.num_requests,
+    reqs = make_offline_workload(args.seed, num_requests=args.num_requests or preset.num_requests,
+                                 prompt_len_range=preset.prompt_len_range,
+                                 output_len_range=preset.output_len_range,
                                  token_range=token_range)
     single = single_request(token_range=token_range)
     prompt_toks, out_toks = workload_tokens(reqs)

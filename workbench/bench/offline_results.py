@@ -3,14 +3,17 @@ and the Markdown table (`workbench/bench/offline.py` runs the systems and prints
 
 Owned here: `timed` (one warm-up, then `RunPolicy.runs` kept runs, each with the share of
 the CPUs other processes used; a disturbed run is redone while retries last, then kept and
-marked), `SystemResult` (a system's runs and figures: medians over its undisturbed runs
+marked; `record_steps` / `timed_step_account`: the engine's step account over its timed
+calls), `SystemResult` (a system's runs and figures: medians over its undisturbed runs
 only, NaN when there is none), `judge` (INVALID when a kept run was disturbed), the greedy
 token comparison, and `table` ("—" where no undisturbed run gives a figure; no roofline
-fraction when the roofline was refused).
+fraction when the roofline was refused; the engine's overhead share from its step account,
+"—" for the other systems).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -18,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 from statistics import median
 from typing import Any
 
+from workbench.engine.stats import EngineStats, StepRecord, overhead_account
 from workbench.harness.validity import CpuWatch, cpu_reason, default_cpu_watch, disturbed_line
 
 NO_FIGURE = "\u2014"  # what the table prints where no undisturbed run gives a figure
@@ -59,6 +63,9 @@ class SystemResult:
     valid: bool = True  # False: other processes took more than --max-others in a kept run
     invalid_reason: str = ""
     notes: str = ""
+    # the engine's step account over its timed workload runs (`engine.stats.overhead_account`:
+    # ms per step and share of step time per phase, overhead_share); None for other systems
+    step_account: dict[str, float] | None = None
     token_ids: list[list[int]] = field(default_factory=list, repr=False)
 
     @property
@@ -172,6 +179,26 @@ def timed(fn: Callable[[], list[list[int]]], policy: RunPolicy) -> TimedRuns:
     return TimedRuns(times, shares, out, unstable, redone)
 
 
+def record_steps(stats: EngineStats, fn: Callable[[], list[list[int]]],
+                 calls: list[list[StepRecord]]) -> Callable[[], list[list[int]]]:
+    """`fn`, appending to `calls` the engine step records (`stats.step_trace`) each of its
+    calls made."""
+    def call() -> list[list[int]]:
+        first = stats.num_steps
+        out = fn()
+        trace = stats.step_trace
+        n = min(stats.num_steps - first, len(trace))
+        calls.append(list(itertools.islice(trace, len(trace) - n, len(trace))))
+        return out
+    return call
+
+
+def timed_step_account(calls: list[list[StepRecord]]) -> dict[str, float]:
+    """`overhead_account` of the steps of every call after the first (`timed`'s warm-up),
+    redone calls included."""
+    return overhead_account(row for rows in calls[1:] for row in rows)
+
+
 def worse(a: float, b: float) -> float:
     """The larger share, a NaN (not measured) counting only when both are."""
     return a if math.isnan(b) else b if math.isnan(a) else max(a, b)
@@ -231,11 +258,13 @@ def _fig(x: float, fmt: str) -> str:
 def table(results: list[SystemResult], roofline_tok_s: float | None) -> str:
     """One row per system; an invalid system's row says INVALID, its figures are medians of
     its undisturbed runs ("—" when none) and no speed-up involving it is computed.
-    `roofline_tok_s` None: the roofline was refused, no fraction is printed."""
+    `roofline_tok_s` None: the roofline was refused, no fraction is printed. "overhead share":
+    the share of step time outside the model forward (`SystemResult.step_account`; "—" for
+    a system without one)."""
     ref = results[0]
     head = ("| system | output tok/s | total tok/s | single ms/token | "
-            f"{ref.name} speed-up | % roofline | mismatches | others' CPU |")
-    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|"]
+            f"{ref.name} speed-up | % roofline | mismatches | others' CPU | overhead share |")
+    lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         ratio = ref.output_tok_s / r.output_tok_s
         speedup = ("n/a (invalid)" if not (r.valid and ref.valid)
@@ -244,9 +273,11 @@ def table(results: list[SystemResult], roofline_tok_s: float | None) -> str:
                 else _fig(100 * r.output_tok_s / roofline_tok_s, ".1f%"))
         others = ("-" if math.isnan(r.others_cpu) else f"{100 * r.others_cpu:.0f}%") + (
             "" if r.valid else " INVALID")
+        overhead = (NO_FIGURE if not r.step_account or not r.step_account.get("num_steps")
+                    else _fig(100 * r.step_account["overhead_share"], ".1f%"))
         lines.append(
             f"| {r.display_name} | {_fig(r.output_tok_s, '.1f')} | "
             f"{_fig(r.total_tok_s, '.1f')} | {_fig(r.single_ms_per_token, '.2f')} | "
             f"{speedup} | {roof} | "
-            f"{r.mismatches}/{len(ref.token_ids)} | {others} |")
+            f"{r.mismatches}/{len(ref.token_ids)} | {others} | {overhead} |")
     return "\n".join(lines)

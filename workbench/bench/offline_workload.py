@@ -2,7 +2,8 @@
 
 Owned here: `make_offline_workload` (64 requests, prompt lengths uniform in [32, 256], output
 lengths uniform in [16, 128], token ids given directly), its sha256 `checksum`, and
-`build_bench_checkpoint` (the ~30M-parameter Llama shape every engine loads). Nothing here
+`build_bench_checkpoint` (the ~30M-parameter Llama shape every engine loads, or another
+preset of `BENCH_MODELS`: "small", a demo-sized Llama on a shorter workload). Nothing here
 imports torch, so the workload can be built and checked anywhere.
 """
 
@@ -33,7 +34,39 @@ BENCH_MODEL_CONFIG: dict[str, Any] = {
     "tie_word_embeddings": False,
     "max_position_embeddings": 512,  # >= 256 + 128, the longest request
 }
+# The small model of the step-overhead issue: a demo-sized Llama (~3.6M parameters), where
+# the engine's fixed per-step cost shows; its workload is shorter (see BENCH_MODELS).
+SMALL_MODEL_CONFIG: dict[str, Any] = {
+    "hidden_size": 256,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 32,
+    "intermediate_size": 768,
+    "vocab_size": 4096,
+    "tie_word_embeddings": False,
+    "max_position_embeddings": 256,  # >= 128 + 64: the longest request and the single probe
+}
 _MARKER = ".bench_checkpoint.json"
+
+
+@dataclass(frozen=True)
+class BenchModel:
+    """A bench preset: the checkpoint's shape, its folder name under .bench/offline/ and the
+    workload it is measured on (`--model` of `workbench bench offline`)."""
+
+    config: dict[str, Any]
+    folder: str
+    num_requests: int
+    prompt_len_range: tuple[int, int]
+    output_len_range: tuple[int, int]
+
+
+BENCH_MODELS: dict[str, BenchModel] = {
+    "bench": BenchModel(BENCH_MODEL_CONFIG, "llama-30m", NUM_REQUESTS, PROMPT_LEN_RANGE,
+                        OUTPUT_LEN_RANGE),
+    "small": BenchModel(SMALL_MODEL_CONFIG, "llama-small", 48, (16, 128), (8, 64)),
+}
 
 
 @dataclass(frozen=True)
@@ -123,7 +156,8 @@ def non_special_token_range(ckpt_dir: str | Path) -> tuple[int, int]:
     return (low, vocab)
 
 
-def build_bench_checkpoint(ckpt_dir: str | Path, seed: int = 0) -> Path:
+def build_bench_checkpoint(ckpt_dir: str | Path, seed: int = 0,
+                           config: dict[str, Any] | None = None) -> Path:
     """Build (once) the bench checkpoint in `ckpt_dir` with `workbench.testing.tiny_checkpoint`.
 
     Idempotent: a marker file records the config and a hash of the builder's source; a
@@ -135,7 +169,8 @@ def build_bench_checkpoint(ckpt_dir: str | Path, seed: int = 0) -> Path:
 
     ckpt = Path(ckpt_dir)
     source = hashlib.sha256(inspect.getsource(builder).encode()).hexdigest()[:16]
-    want = {"arch": "llama", "seed": seed, "builder_sha256": source, **BENCH_MODEL_CONFIG}
+    config = BENCH_MODEL_CONFIG if config is None else config
+    want = {"arch": "llama", "seed": seed, "builder_sha256": source, **config}
     marker = ckpt / _MARKER
     if marker.is_file() and (ckpt / "config.json").is_file():
         try:
@@ -143,6 +178,6 @@ def build_bench_checkpoint(ckpt_dir: str | Path, seed: int = 0) -> Path:
                 return ckpt
         except json.JSONDecodeError:
             pass
-    path = Path(builder.tiny_checkpoint(ckpt, arch="llama", seed=seed, **BENCH_MODEL_CONFIG))
+    path = Path(builder.tiny_checkpoint(ckpt, arch="llama", seed=seed, **config))
     (path / _MARKER).write_text(json.dumps(want, indent=1, sort_keys=True))
     return path
