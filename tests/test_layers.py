@@ -114,6 +114,8 @@ LEAVES: tuple[str, ...] = (
     "workbench.sampling_params",
     "workbench.config",
     "workbench.compilation_config",  # CompilationConfig: config validates with it
+    "workbench.compile_choice",  # the measured compiled-or-eager default config resolves
+    "workbench.layers.cpu_info",  # CPU facts and the fingerprint measured choices are keyed by
     "workbench.named_models",  # model names -> paths (config resolves them)
     "workbench.models.registry",  # architecture -> (module, class): config validates with it
     "workbench.testing",  # tiny checkpoints named_models builds on demand; the demo pair trainer

@@ -22,9 +22,10 @@ Modes (vLLM's `CompilationMode` numbers and names):
 
 `mode=None` (the default) is resolved by `EngineConfig`: `enforce_eager=True` -> 0 (as vLLM, it
 also overrides an explicit mode, with a warning); otherwise $WORKBENCH_COMPILATION_MODE when
-set, else the device default (`DEFAULT_MODE`, docs/compile.md: CPU by measurement on the
-project's 2-core box; CUDA stays eager until the compiled CUDA path has run on a GPU, vLLM's
-default there is 3).
+set, else what `python -m workbench.bench.compile_ab` measured for this model on this machine
+(`workbench.compile_choice`: compiled when it gave >= 5% more output tok/s than eager), else
+the device default (`DEFAULT_MODE`: eager; CUDA stays eager until the compiled CUDA path has
+run on a GPU, vLLM's default there is 3).
 
 `backend` is torch.compile's: "inductor" (generated C++/OpenMP on CPU, Triton on CUDA), or
 "eager" / "aot_eager" (dynamo alone / plus AOT autograd: no codegen, for checking graph breaks
@@ -86,11 +87,15 @@ def _mode_of(value: Any, name: str) -> CompilationMode:
     raise ValueError(f"compilation_config {name} ({value!r}) must be one of {names}")
 
 
-def default_mode(device: str) -> CompilationMode:
-    """WORKBENCH_COMPILATION_MODE when set (a mode number or name), else DEFAULT_MODE."""
+def default_mode(device: str, measured: bool | None = None) -> CompilationMode:
+    """WORKBENCH_COMPILATION_MODE when set (a mode number or name); else what a measurement on
+    this machine decided (`measured`: compiled faster -> VLLM_COMPILE, not -> NONE; see
+    `workbench.compile_choice`); else DEFAULT_MODE."""
     env = os.environ.get(MODE_ENV, "").strip()
     if env:
         return _mode_of(env, f"mode from {MODE_ENV}")
+    if measured is not None:
+        return CompilationMode.VLLM_COMPILE if measured else CompilationMode.NONE
     return DEFAULT_MODE[device]
 
 

@@ -193,8 +193,17 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("inductor_cache")
 
 
+def _forget_loaded_kernels() -> None:
+    """Drop inductor's in-process code caches, so kernels come from the cache dir or a build
+    (the same kernels loaded earlier in this process would otherwise be reused from memory)."""
+    from torch._inductor.utils import clear_caches
+
+    clear_caches()
+
+
 @pytest.fixture(scope="module")
 def compiled_llm(ckpt: Path, cache_dir: Path) -> LLM:
+    _forget_loaded_kernels()
     return LLM(ckpt, compilation_config={"mode": 3, "cache_dir": str(cache_dir)}, **ENGINE)
 
 
@@ -244,6 +253,7 @@ def test_second_build_hits_the_inductor_cache(ckpt: Path, compiled_llm: LLM, cac
     built = sorted(cache_dir.rglob("*.so"))
     assert len(built) == first.stats.kernels_built
     cfg = {"mode": 3, "cache_dir": str(cache_dir)}
+    _forget_loaded_kernels()  # the second build must find them on disk
     again = LLM(ckpt, compilation_config=cfg, **ENGINE)
     stats = again.engine.runner.compiled_forward.stats  # type: ignore[union-attr]
     assert (stats.graphs, stats.kernels_built) == (first.stats.graphs, 0)

@@ -1,14 +1,17 @@
 """Compiled vs eager forward, measured: `python -m workbench.bench.compile_ab` (docs/compile.md).
 
-    --model demo | bench | DIR   the demo model (6.8M), the offline bench's 30M checkpoint, or
-                                 a folder
+    --model demo | bench | small | DIR   the demo model (6.8M), the offline bench's 30M or small
+                                 checkpoint, or a folder
     starts      two fresh processes build the engine with compilation_config 3 against one
                 empty cache dir (first start: inductor compiles; second: its caches hit), and
                 one builds it eager: load seconds, compile seconds, graphs, FX-cache hits
     engine      one eager and one compiled engine in this process run the offline bench's
-                workload (64 requests, greedy, ignore_eos) in alternation, eager first then
-                compiled first, so a neighbour's burst hits both alike: output tok/s, the
-                median of the undisturbed runs; token ids compared
+                workload (64 requests, greedy, ignore_eos; the small preset's 48 for a model
+                of < 384 positions) in alternation, eager first then compiled first, so a
+                neighbour's burst hits both alike: output tok/s, the median of the
+                undisturbed runs; token ids compared. The pair is recorded as this
+                machine's measured default for the model (`workbench.compile_choice`; off
+                with --no-record)
     forward     runner.forward alone per batch shape (decodes of 1..64 sequences at context
                 128, prefills of 128 / 512 tokens): the best of --reps calls, eager / compiled
 
@@ -24,7 +27,6 @@ import gc
 import json
 import math
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -35,32 +37,45 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
+from workbench.layers.cpu_info import cpu_model_name
+
 DEMO = "demo"
 BENCH = "bench"
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def resolve(model: str) -> str:
-    if model == BENCH:
-        from workbench.bench.offline import DEFAULT_CKPT_DIR
+    """demo, a bench preset of the offline benchmark (bench, small) or a folder -> a folder."""
+    from workbench.bench.offline_workload import BENCH_MODELS
+
+    if model in BENCH_MODELS:
+        from workbench.bench.offline import BENCH_DIR
         from workbench.bench.offline_workload import build_bench_checkpoint
 
-        return str(build_bench_checkpoint(DEFAULT_CKPT_DIR))
+        preset = BENCH_MODELS[model]
+        return str(build_bench_checkpoint(BENCH_DIR / preset.folder, config=preset.config))
     from workbench.named_models import resolve_model
 
     return resolve_model(model)
 
 
+def max_positions(model: str) -> int:
+    return int(json.loads((Path(model) / "config.json").read_text()).get(
+        "max_position_embeddings", 2048))
+
+
+def workload_preset(model: str) -> Any:
+    """The offline bench's workload the model can hold: the bench preset's (64 requests up to
+    256 + 128 tokens), or the small preset's (48 up to 128 + 64) for a model of fewer than
+    384 positions."""
+    from workbench.bench.offline_workload import BENCH_MODELS
+
+    bench = BENCH_MODELS["bench"]
+    longest = bench.prompt_len_range[1] + bench.output_len_range[1]
+    return bench if max_positions(model) >= longest else BENCH_MODELS["small"]
+
+
 ENGINE = {"dtype": "float32", "max_num_seqs": 64}  # the offline bench's engine defaults
+COMPILED: dict[str, Any] = {"mode": 3}  # the compiled side (--compiled-config)
 
 
 # ---------------------------------------------------------------------------- starts
@@ -146,13 +161,17 @@ def measure_engine(model: str, rounds: int, max_others: float, retries: int
         workload_tokens,
     )
 
-    reqs = make_offline_workload(0, token_range=non_special_token_range(model))
+    preset = workload_preset(model)
+    reqs = make_offline_workload(0, num_requests=preset.num_requests,
+                                 prompt_len_range=preset.prompt_len_range,
+                                 output_len_range=preset.output_len_range,
+                                 token_range=non_special_token_range(model))
     _, out_tokens = workload_tokens(reqs)
     prompts = [{"prompt_token_ids": list(r.prompt_token_ids)} for r in reqs]
     params = [SamplingParams(temperature=0.0, max_tokens=r.max_tokens, ignore_eos=True)
               for r in reqs]
     llms = {"eager": LLM(model, compilation_config=0, **ENGINE),
-            "compiled": LLM(model, compilation_config=3, **ENGINE)}
+            "compiled": LLM(model, compilation_config=dict(COMPILED), **ENGINE)}
     tokens: dict[str, list[list[int]]] = {}
 
     def gen(name: str) -> Callable[[], None]:
@@ -176,6 +195,27 @@ def measure_engine(model: str, rounds: int, max_others: float, retries: int
     return res
 
 
+def record_choice(model: str, eager_tok_s: float | None, compiled_tok_s: float | None,
+                  tokens_equal: bool) -> str:
+    """Write the measured pair as this machine's default for the model's shape (the record
+    `workbench.compile_choice` reads), or say why not; returns the line to print."""
+    from workbench import compile_choice as cc
+
+    if COMPILED != {"mode": 3}:
+        return f"not recorded: the compiled side ran {json.dumps(COMPILED)}, not the default"
+    if eager_tok_s is None or compiled_tok_s is None:
+        return "not recorded: a side stayed disturbed"
+    if not tokens_equal:
+        return "not recorded: compiled tokens differ from eager (eager stays the default)"
+    cfg = json.loads((Path(model) / "config.json").read_text())
+    key = cc.model_key(cfg, ENGINE["dtype"])
+    choice = cc.CompileChoice(eager_tok_s, compiled_tok_s, str(date.today()),
+                              "python -m workbench.bench.compile_ab")
+    path = cc.record(key, choice)
+    mode = "compiled (mode 3)" if choice.compiles else "eager"
+    return f"{mode} for this model on this machine (recorded in {path})"
+
+
 def _batch(runner: Any, kind: str, n: int, ctx: int, bs: int) -> Any:
     if kind == "decode":
         nb = (ctx + 1 + bs - 1) // bs
@@ -191,11 +231,13 @@ def measure_forward(model: str, reps: int, max_others: float, retries: int
     from workbench import LLM
 
     llms = {"eager": LLM(model, compilation_config=0, **ENGINE),
-            "compiled": LLM(model, compilation_config=3, **ENGINE)}
+            "compiled": LLM(model, compilation_config=dict(COMPILED), **ENGINE)}
     ctx = 128
     rows = []
-    for kind, n in (("decode", 1), ("decode", 4), ("decode", 16), ("decode", 64),
-                    ("prefill", 128), ("prefill", 512)):
+    shapes = [("decode", 1), ("decode", 4), ("decode", 16), ("decode", 64), ("prefill", 128),
+              ("prefill", 512)]
+    for kind, n in [(k, n) for k, n in shapes if (n if k == "prefill" else ctx + 1)
+                    <= max_positions(model)]:
         fns: dict[str, Callable[[], None]] = {}
         calls: dict[str, int] = {}
         for name, llm in llms.items():
@@ -242,21 +284,31 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--reps", type=int, default=20, help="forward calls per timing")
     ap.add_argument("--max-others", type=float, default=0.15)
     ap.add_argument("--retries", type=int, default=6)
+    ap.add_argument("--compiled-config", type=json.loads, default=None, metavar="JSON",
+                    help='the compiled side\'s compilation_config (default {"mode": 3})')
+    ap.add_argument("--record", action=argparse.BooleanOptionalAction, default=True,
+                    help="record the engine pair as this machine's measured default for the "
+                    "model (workbench.compile_choice); only the default compiled config "
+                    "{\"mode\": 3}, undisturbed runs and equal tokens are recorded")
     ap.add_argument("--json", default=None)
     ap.add_argument("--probe", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--cache-dir", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     model = resolve(args.model)
+    if args.compiled_config is not None:
+        COMPILED.clear()
+        COMPILED.update(args.compiled_config)
     if args.probe is not None:
         print(json.dumps(probe_start(model, args.probe, args.cache_dir)))
         return
     import torch
 
     parts = set(args.parts.split(","))
-    print(f"compile A/B: {args.model} ({model}); CPU {cpu_name()}, {os.cpu_count()} cores, "
+    print(f"compile A/B: {args.model} ({model}); CPU {cpu_model_name()}, {os.cpu_count()} cores, "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads; {date.today()}")
-    result: dict[str, Any] = {"model": args.model, "cpu": cpu_name(),
-                              "date": str(date.today())}
+    result: dict[str, Any] = {"model": args.model, "cpu": cpu_model_name(),
+                              "date": str(date.today()), "compiled_config": COMPILED}
+    print(f"compiled side: compilation_config {json.dumps(COMPILED)}")
     if "starts" in parts:
         print("starts:", flush=True)
         result["starts"] = measure_starts(model)
@@ -272,6 +324,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         e, c = eng["eager"]["tok_s"], eng["compiled"]["tok_s"]
         print(f"  compiled/eager {c / e:.2f}x" if e and c else "  compiled/eager: DISTURBED",
               f"; tokens equal: {eng['equal']}; {eng['compilation']}")
+        if args.record:
+            result["recorded"] = record_choice(model, e, c, eng["equal"])
+            print(f"  default: {result['recorded']}")
     if "forward" in parts:
         print(f"forward (best of 5 x {args.reps} calls):", flush=True)
         result["forward"] = measure_forward(model, args.reps, args.max_others, args.retries)

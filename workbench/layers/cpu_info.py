@@ -1,6 +1,7 @@
 """What the CPU is, for keys and figures: its model name, the ISA flags that change GEMM
-kernels, and its last-level cache size (all from /proc/cpuinfo and sysfs; a fallback value
-when unreadable, never an error)."""
+kernels, its last-level cache size (all from /proc/cpuinfo and sysfs; a fallback value when
+unreadable, never an error), and the fingerprint measured choices are keyed by (the linear
+backends' autotune, the compiled-forward default). A shared leaf: torch and the stdlib only."""
 
 from __future__ import annotations
 
@@ -48,3 +49,10 @@ def last_level_cache_bytes(root: Path = CPU_CACHE_DIR) -> int:
         if digits.isdigit():
             best = max(best, int(digits) * scale)
     return best
+
+
+def machine_fingerprint(cpu: str | None = None) -> str:
+    """What a measured kernel choice is keyed by: CPU model (`cpu`, default this one's), ISA,
+    torch version and torch's thread count."""
+    cpu = cpu_model_name() if cpu is None else cpu
+    return f"cpu={cpu}; isa={isa()}; torch={torch.__version__}; threads={torch.get_num_threads()}"

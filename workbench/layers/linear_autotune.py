@@ -51,7 +51,11 @@ import torch
 from torch import nn
 
 from workbench.layers import linear_backend as lb
-from workbench.layers.cpu_info import cpu_model_name, isa, last_level_cache_bytes
+from workbench.layers.cpu_info import (
+    cpu_model_name,
+    last_level_cache_bytes,
+    machine_fingerprint,
+)
 from workbench.layers.linear_backend import LinearPlan, Shape
 
 CACHE_ENV = "WORKBENCH_CACHE_DIR"
@@ -72,8 +76,7 @@ Timings = dict[int, dict[str, float]]
 def machine_key(weights: str | None = None) -> str:
     """The cache section's key: CPU model, ISA, torch, threads, and (when given) whether the
     timings were taken with the weights streamed from memory or resident in the cache."""
-    key = (f"cpu={cpu_model_name()}; isa={isa()}; torch={torch.__version__}; "
-           f"threads={torch.get_num_threads()}")
+    key = machine_fingerprint(cpu_model_name())
     return key if weights is None else f"{key}; weights={weights}"
 
 

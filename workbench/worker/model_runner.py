@@ -151,11 +151,15 @@ class ModelRunner:
 
     @property
     def compilation_status(self) -> str:
+        why = self.config.compilation_default  # set when the mode was a default
         if self.compiled_forward is not None:
-            return f"on ({self.compiled_forward.stats.describe()})"
+            default = f"; default: {why}" if why else ""
+            return f"on ({self.compiled_forward.stats.describe()}{default})"
         if self.compile_skipped is not None:
             return f"off ({self.compile_skipped})"
-        return "off (enforce_eager=True)" if self.config.enforce_eager else "off (mode 0: eager)"
+        if self.config.enforce_eager:
+            return "off (enforce_eager=True)"
+        return f"off (mode 0: eager; default: {why})" if why else "off (mode 0: eager)"
 
     def compile_model(self) -> None:
         """torch.compile the model forward (compilation_config mode 1 / 3) and, mode 3, compile

@@ -1,0 +1,146 @@
+"""Whether the compiled forward is the default, decided by a measurement on this machine.
+
+    python -m workbench.bench.compile_ab --model M       measures eager vs compiled on the
+                                                         offline workload and records the pair
+    LLM(M)                                               no compilation_config: the record for
+                                                         (this machine, M's shape) decides
+
+The record, `compile_choice.json` in $WORKBENCH_CACHE_DIR (default ~/.cache/workbench), keyed by
+the machine (`cpu_info.machine_fingerprint`: CPU model, ISA, torch, threads) and the model's
+shape (`model_key`: architecture, layers, widths, vocab, dtype):
+
+    {"version": 1, "machines": {machine: {model: {"eager_tok_s": .., "compiled_tok_s": ..,
+                                                   "date": "2026-12-02", "source": ..}}}}
+
+A CPU engine whose compilation mode nobody set (no compilation_config, no enforce_eager, no
+$WORKBENCH_COMPILATION_MODE) compiles (mode 3) when the record says the compiled forward gave
+at least MIN_GAIN more output tok/s than eager, and stays eager otherwise or without a record
+(the CUDA default is not measured yet: eager). `describe_default` says which and why, for the
+engine's notes. An unreadable file counts as no record.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+from workbench.layers.cpu_info import machine_fingerprint
+
+CACHE_ENV = "WORKBENCH_CACHE_DIR"
+CHOICE_FILE = "compile_choice.json"
+VERSION = 1
+MIN_GAIN = 0.05  # compiled must give this much more output tok/s to become the default
+logger = logging.getLogger(__name__)
+
+
+def default_path() -> Path:
+    root = os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache",
+                                                     "workbench")
+    return Path(root) / CHOICE_FILE
+
+
+def model_key(hf_config: dict[str, Any], dtype: str) -> str:
+    """The shape that decides the forward's cost: architecture, depth, widths, vocab, dtype."""
+    arch = (hf_config.get("architectures") or ["?"])[0]
+    heads = hf_config.get("num_attention_heads")
+    parts = [arch, f"layers={hf_config.get('num_hidden_layers')}",
+             f"hidden={hf_config.get('hidden_size')}", f"heads={heads}",
+             f"kv_heads={hf_config.get('num_key_value_heads') or heads}",
+             f"head_dim={hf_config.get('head_dim')}",
+             f"intermediate={hf_config.get('intermediate_size')}",
+             f"vocab={hf_config.get('vocab_size')}", f"dtype={dtype}"]
+    return "; ".join(parts)
+
+
+@dataclass(frozen=True)
+class CompileChoice:
+    """One measured pair: output tok/s eager and compiled on the offline workload."""
+
+    eager_tok_s: float
+    compiled_tok_s: float
+    date: str
+    source: str
+
+    def __post_init__(self) -> None:
+        for name in ("eager_tok_s", "compiled_tok_s"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"{name} ({value!r}) must be a number > 0")
+
+    @property
+    def ratio(self) -> float:
+        return self.compiled_tok_s / self.eager_tok_s
+
+    @property
+    def compiles(self) -> bool:
+        return self.ratio >= 1.0 + MIN_GAIN
+
+
+def _read(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {"version": VERSION, "machines": {}}
+    except (OSError, ValueError) as e:
+        logger.warning("compile choice file %s unreadable (%s): no measured default", path, e)
+        return {"version": VERSION, "machines": {}}
+    if not isinstance(data, dict) or data.get("version") != VERSION:
+        return {"version": VERSION, "machines": {}}
+    return data
+
+
+def lookup(model: str, machine: str | None = None,
+           path: Path | None = None) -> CompileChoice | None:
+    """This machine's record for the model key, or None."""
+    entry = _read(path or default_path())["machines"].get(
+        machine or machine_fingerprint(), {}).get(model)
+    if not isinstance(entry, dict):
+        return None
+    try:
+        return CompileChoice(float(entry["eager_tok_s"]), float(entry["compiled_tok_s"]),
+                             str(entry.get("date", "")), str(entry.get("source", "")))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def record(model: str, choice: CompileChoice, machine: str | None = None,
+           path: Path | None = None) -> Path:
+    """Write (replace) this machine's record for the model key; returns the file."""
+    path = path or default_path()
+    data = _read(path)
+    section = data["machines"].setdefault(machine or machine_fingerprint(), {})
+    section[model] = {"eager_tok_s": choice.eager_tok_s, "compiled_tok_s": choice.compiled_tok_s,
+                      "date": choice.date or str(date.today()), "source": choice.source}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+    os.replace(tmp, path)
+    return path
+
+
+def measured_default(device: str, hf_config: dict[str, Any], dtype: str) -> bool | None:
+    """True/False when a record decides the CPU default for this model (compile or not), None
+    when there is no record (or the device is not a CPU)."""
+    if device != "cpu":
+        return None
+    choice = lookup(model_key(hf_config, dtype))
+    return None if choice is None else choice.compiles
+
+
+def describe_default(device: str, hf_config: dict[str, Any], dtype: str) -> str:
+    """Why the default mode is what it is, for the engine's notes."""
+    if device != "cpu":
+        return "the CUDA default (eager until the compiled CUDA path has run on a GPU)"
+    choice = lookup(model_key(hf_config, dtype))
+    if choice is None:
+        return ("the CPU default: no measurement of this model on this machine (python -m "
+                "workbench.bench.compile_ab --model MODEL records one)")
+    verdict = "compiled" if choice.compiles else "eager"
+    return (f"{verdict}, measured on this machine {choice.date}: compiled/eager "
+            f"{choice.ratio:.2f}x ({choice.compiled_tok_s:.0f} vs {choice.eager_tok_s:.0f} "
+            f"output tok/s; compiled needs >= {1 + MIN_GAIN:.2f}x)")
