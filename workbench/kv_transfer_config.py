@@ -31,7 +31,10 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 KV_CONNECTORS = ("OffloadingConnector", "P2pConnector")
-P2P_TRANSPORTS = ("zmq",)
+# zmq: everything over ZeroMQ; torch_dist: control over ZeroMQ, the KV over a torch.distributed
+# group per pair (gloo for CPU caches, NCCL for CUDA ones; p2p_torch_transport)
+P2P_TRANSPORTS = ("zmq", "torch_dist")
+TORCH_DIST_BACKENDS = ("auto", "gloo", "nccl")
 KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
 OFFLOADING_SPECS = ("CPUOffloadingSpec", "TieringOffloadingSpec")
 PREEMPTION_MODES = ("recompute", "swap")
@@ -108,7 +111,12 @@ class OffloadingConfig:
 class P2pConfig:
     """`kv_connector_extra_config` of the P2pConnector."""
 
-    transport: str = "zmq"  # ZeroMQ over TCP; NIXL / NCCL would be other transports
+    # one of P2P_TRANSPORTS; a torch_dist consumer needs a torch_dist producer (a zmq consumer
+    # reads from either); NIXL is not built
+    transport: str = "zmq"
+    # transport torch_dist: auto = nccl for a CUDA KV cache, gloo for a CPU one; gloo on a
+    # CUDA cache stages the KV through host memory (NCCL needs one GPU per instance)
+    torch_dist_backend: str = "auto"
     side_channel_host: str = "127.0.0.1"  # where the producer serves its blocks
     side_channel_port: int = 0  # 0: a free port, announced in kv_transfer_params
     abort_timeout_s: float = 120.0  # producer: blocks nobody read by then are freed
@@ -136,6 +144,12 @@ class P2pConfig:
         if self.transport not in P2P_TRANSPORTS:
             raise ValueError(f"{w} transport ({self.transport!r}) must be one of "
                              f"{', '.join(P2P_TRANSPORTS)}")
+        if self.torch_dist_backend not in TORCH_DIST_BACKENDS:
+            raise ValueError(f"{w} torch_dist_backend ({self.torch_dist_backend!r}) must be "
+                             f"one of {', '.join(TORCH_DIST_BACKENDS)}")
+        if self.torch_dist_backend != "auto" and self.transport != "torch_dist":
+            raise ValueError(f"{w} torch_dist_backend ({self.torch_dist_backend!r}) is only "
+                             f"for transport 'torch_dist' (transport is {self.transport!r})")
         if not isinstance(self.side_channel_host, str) or not self.side_channel_host:
             raise ValueError(f"{w} side_channel_host ({self.side_channel_host!r}) must be a "
                              "host name or address")

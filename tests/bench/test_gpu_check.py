@@ -40,12 +40,16 @@ def test_quick_check_runs_every_section(tmp_path: Path) -> None:
     assert [r["system"] for r in offload] == ["recompute", "host tier"]
     assert offload[0]["external_hit_tokens"] == 0 and offload[1]["external_hit_tokens"] > 0
     assert offload[1]["ok"] and offload[1]["requests_equal_to_recompute"] == 6
-    assert [r["mode"] for r in s["pd_disagg"]] == ["hold", "layerwise", "push"]
+    assert [r["mode"] for r in s["pd_disagg"]] == ["hold", "layerwise", "push",
+                                                   "torch_dist (gloo)"]
+    assert s["pd_disagg"][3]["rendezvous_s"] > 0  # the untimed warm-up read formed the group
     for pd in s["pd_disagg"]:
         assert pd["ok"] and pd["requests_equal_to_colocated"] == 3 and pd["failed_recvs"] == 0
         # 3 prompts of 40 tokens: 39 read each, ceil(39 / 16) = 3 blocks apiece
         assert pd["kv_bytes"] > 0 and pd["kv_bytes"] % 9 == 0
     assert s["pd_disagg"][0]["stage_s"] == 0 < s["pd_disagg"][1]["stage_s"]
-    assert [pd["pushed_loads"] for pd in s["pd_disagg"]] == [0, 0, 3]
+    assert [pd["pushed_loads"] for pd in s["pd_disagg"]] == [0, 0, 3, 0]
+    # the timed batch only: the same bytes over gloo as over ZeroMQ
+    assert s["pd_disagg"][3]["kv_bytes"] == s["pd_disagg"][0]["kv_bytes"]
     md = (out / "gpu_check.md").read_text()
     assert "## Kernels vs their PyTorch twins" in md and "FAILED" not in md

@@ -323,7 +323,7 @@ def test_an_aborted_staged_leg_gives_its_buffer_back(ckpt: Path,
 @pytest.mark.parametrize(("extra", "message"), [
     ({"bogus": 1}, "kv_connector_extra_config has unknown key(s) bogus; allowed: "
      "abort_timeout_s, layerwise, load_timeout_s, push_inbox_bytes, push_wait_s, "
-     "send_buffer_bytes, side_channel_host, side_channel_port, transport"),
+     "send_buffer_bytes, side_channel_host, side_channel_port, torch_dist_backend, transport"),
     ({"transport": "nixl"}, "transport ('nixl') must be one of zmq"),
     ({"side_channel_port": 70000}, "side_channel_port (70000) must be <= 65535"),
     ({"abort_timeout_s": 0}, "abort_timeout_s (0) must be a number > 0"),

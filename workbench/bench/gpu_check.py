@@ -449,7 +449,11 @@ def kv_offload_round_trip(cfg: CheckConfig, ckpt: Path) -> list[dict[str, Any]]:
 def pd_disagg_round_trip(cfg: CheckConfig, ckpt: Path) -> list[dict[str, Any]]:
     """The P2pConnector on the device: prompts prefilled on a producer engine (max_tokens=1,
     do_remote_decode), decoded on a consumer engine that reads the held blocks; greedy
-    tokens must equal a colocated engine's, and the counters give the transfer rate."""
+    tokens must equal a colocated engine's, and the counters give the transfer rate. The
+    torch_dist row reads over a torch.distributed pair group formed by one untimed warm-up
+    read (`rendezvous_s`): gloo, staged through host memory on CUDA, because both engines
+    here share one GPU and NCCL cannot pair two ranks on one device (its NCCL path needs an
+    instance per GPU)."""
     from workbench import LLM
     from workbench.sampling_params import SamplingParams
 
@@ -469,13 +473,25 @@ def pd_disagg_round_trip(cfg: CheckConfig, ckpt: Path) -> list[dict[str, Any]]:
     prefill = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True,
                              extra_args={"kv_transfer_params": {"do_remote_decode": True}})
     rows: list[dict[str, Any]] = []
+    td_mode, td = "torch_dist (gloo)", {"transport": "torch_dist", "torch_dist_backend": "gloo"}
     for mode, extra in (("hold", {}), ("layerwise", {"layerwise": True}),
-                        ("push", {"layerwise": True})):
+                        ("push", {"layerwise": True}), (td_mode, td)):
         prod = LLM(str(ckpt), kv_transfer_config={
             "kv_connector": "P2pConnector", "kv_role": "kv_producer",
             "kv_connector_extra_config": extra}, **kw)
-        cons = LLM(str(ckpt), kv_transfer_config={"kv_connector": "P2pConnector",
-                                                  "kv_role": "kv_consumer"}, **kw)
+        cons = LLM(str(ckpt), kv_transfer_config={
+            "kv_connector": "P2pConnector", "kv_role": "kv_consumer",
+            "kv_connector_extra_config": td if mode == td_mode else {}}, **kw)
+        before: dict[str, float] = {}
+        rendezvous_s = None
+        if mode == td_mode:  # the first read forms the pair's group: once, untimed
+            warm = _random_prompts(1, 33, vocab, seed=6)
+            kvp = prod.generate(warm, prefill)[0].kv_transfer_params
+            t0 = time.perf_counter()
+            cons.generate(warm, SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True,
+                                               extra_args={"kv_transfer_params": kvp}))
+            rendezvous_s = time.perf_counter() - t0
+            before = cons.stats()
         leg = prefill
         if mode == "push":  # each staged layer sent to the consumer while prefill runs
             info = cons.engine.kv_transfer_info() or {}
@@ -493,6 +509,8 @@ def pd_disagg_round_trip(cfg: CheckConfig, ckpt: Path) -> list[dict[str, Any]]:
         decode_s = time.perf_counter() - t0
         got = [list(o.outputs[0].token_ids) for o in outs]
         st, ps = cons.stats(), prod.stats()
+        st = {k: v - before.get(k, 0) if k.startswith("workbench:kv_transfer_") else v
+              for k, v in st.items()}  # the timed batch only (no warm-up read)
         recv_s = st["workbench:kv_transfer_recv_time"]
         row = {"mode": mode, "prompts": n, "prompt_len": length, "colocated_s": colocated_s,
                "prefill_leg_s": prefill_s, "decode_leg_s": decode_s,
@@ -507,6 +525,8 @@ def pd_disagg_round_trip(cfg: CheckConfig, ckpt: Path) -> list[dict[str, Any]]:
                                                                          strict=True))}
         row["ok"] = row["requests_equal_to_colocated"] == n and row["failed_recvs"] == 0 \
             and (mode != "push" or row["pushed_loads"] == n)
+        if rendezvous_s is not None:
+            row["rendezvous_s"] = rendezvous_s  # the warm-up read, group formation included
         rows.append(row)
         prod.engine.shutdown()
         cons.engine.shutdown()

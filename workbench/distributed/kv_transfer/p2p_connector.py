@@ -59,7 +59,12 @@ from workbench.distributed.kv_transfer.metadata import (
 )
 from workbench.distributed.kv_transfer.offloading_connector import kv_namespace
 from workbench.distributed.kv_transfer.p2p_push import PushInbox, PushSender
-from workbench.distributed.kv_transfer.p2p_transport import Reply, TransferError, ZmqTransport
+from workbench.distributed.kv_transfer.p2p_transport import (
+    KVTransport,
+    Reply,
+    TransferError,
+    ZmqTransport,
+)
 from workbench.kv_transfer_config import P2pConfig, kv_transfer_params
 
 if TYPE_CHECKING:
@@ -319,7 +324,16 @@ class P2pConnector(KVConnectorBase_V1):
     # =================================================================== worker side
     def _init_worker(self) -> None:
         self.caches: list[torch.Tensor] = []
-        self.transport = ZmqTransport(park_timeout_s=self.extra.load_timeout_s)
+        self.transport: KVTransport
+        if self.extra.transport == "torch_dist":  # control over ZeroMQ, KV over gloo / NCCL
+            from workbench.distributed.kv_transfer.p2p_torch_transport import (
+                TorchDistTransport,
+            )
+
+            self.transport = TorchDistTransport(park_timeout_s=self.extra.load_timeout_s,
+                                                backend=self.extra.torch_dist_backend)
+        else:
+            self.transport = ZmqTransport(park_timeout_s=self.extra.load_timeout_s)
         self._reader = ThreadPoolExecutor(2, thread_name_prefix="kv-p2p-read")
         self._reads: dict[str, Future[tuple[int, float, bool]]] = {}
         self._lock = threading.Lock()
@@ -347,6 +361,7 @@ class P2pConnector(KVConnectorBase_V1):
                                     self.extra.push_inbox_bytes, self.extra.abort_timeout_s)
         if self.saves_layerwise:
             self._sender = PushSender(self.transport.pusher(), self.engine_id, self.layout)
+        self.transport.register_kv_caches(self.caches)
         self.port = self.transport.start_server(
             self.host, self.port, self._serve,
             self._inbox.take if self._inbox is not None else None)
@@ -417,8 +432,9 @@ class P2pConnector(KVConnectorBase_V1):
             return Reply({"ok": False, "error": f"block_ids {ids!r} are not {where}"})
         t0 = time.perf_counter()
         index = torch.tensor(ids, dtype=torch.long, device=layers[0].device)
-        frames = [layer.index_select(1, index).cpu().view(torch.uint8).numpy()
-                  for layer in layers]
+        frames = [layer.index_select(1, index) for layer in layers]
+        if not self.transport.tensor_frames:  # bytes on the wire: host copies
+            frames = [f.cpu().view(torch.uint8).numpy() for f in frames]
         nbytes = sum(f.nbytes for f in frames)
         dt = time.perf_counter() - t0
         return Reply({"ok": True, "layout": self.layout, "num_blocks": len(ids)}, frames,
@@ -494,8 +510,10 @@ class P2pConnector(KVConnectorBase_V1):
         two, bs, hkv, d = self.layout["block_shape"]
         with warnings.catch_warnings():  # zmq frames are read-only; they are only copied
             warnings.simplefilter("ignore", UserWarning)
-            parts = [torch.frombuffer(f, dtype=torch.uint8).view(c.dtype).view(two, n, bs, hkv, d)
-                     for c, f in zip(self.caches, frames, strict=True)]
+            raw = [f if isinstance(f, torch.Tensor) else torch.frombuffer(f, dtype=torch.uint8)
+                   for f in frames]  # tensors: a transport that received on the device
+            parts = [r.view(c.dtype).view(two, n, bs, hkv, d)
+                     for c, r in zip(self.caches, raw, strict=True)]
             nbytes = self._copy_in(load.local_block_ids, parts)
         return nbytes, time.perf_counter() - t0, False
 

@@ -19,8 +19,9 @@ Dead peers fail fast: the client watches its socket's monitor, so a refused conn
 producer is gone) or a disconnect before the answer ends the read at once, not after the
 timeout; the consumer then recomputes the prompt.
 
-`KVTransport` is the seam for other transports: NIXL (RDMA reads of registered device
-memory) or NCCL send/recv would implement the same two halves on GPUs.
+`KVTransport` is the seam for other transports: `p2p_torch_transport.TorchDistTransport`
+keeps this control path and moves the payload over torch.distributed (gloo, NCCL); NIXL (RDMA
+reads of registered device memory) would implement the same two halves on GPUs.
 """
 
 from __future__ import annotations
@@ -60,6 +61,15 @@ PushHandler = Callable[[dict[str, Any], list[memoryview]], None]
 
 
 class KVTransport(ABC):
+    # True: a Reply's payload frames may be tensors (on the KV cache's device) and `read`
+    # returns flat uint8 tensors (on this instance's KV device or the host); False: both are
+    # bytes-like
+    tensor_frames: bool = False
+
+    def register_kv_caches(self, kv_caches: list[Any]) -> None:  # noqa: B027 - optional
+        """The local KV cache (before `start_server`): where a device transport receives or
+        registers memory. Nothing here."""
+
     @abstractmethod
     def start_server(self, host: str, port: int, handler: Handler,
                      push_handler: PushHandler | None = None) -> int:
@@ -71,8 +81,9 @@ class KVTransport(ABC):
 
     @abstractmethod
     def read(self, host: str, port: int, header: dict[str, Any], timeout_s: float
-             ) -> tuple[dict[str, Any], list[memoryview]]:
-        """Send a request, wait for the answer; raises TransferError."""
+             ) -> tuple[dict[str, Any], list[Any]]:
+        """Send a request, wait for the answer (payload frames: memoryviews, or tensors
+        when `tensor_frames`); raises TransferError."""
 
     @abstractmethod
     def close(self) -> None: ...
