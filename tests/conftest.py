@@ -3,9 +3,10 @@
 - Hypothesis profiles (tests/hypothesis_profiles.py): HYPOTHESIS_PROFILE=ci (default) | long.
 - A quiet CPU watch: every measured run judges the share of the CPUs other processes took
   (workbench.harness.validity); the suite states that share as 0 through
-  WORKBENCH_OTHER_CPU_SHARE (also seen by subprocesses: notebooks, CLI runs), so no result
-  depends on the machine's load. Tests of the disturbance logic inject `FixedCpuWatch` or a
-  `CpuWatch` with scripted readings explicitly.
+  WORKBENCH_OTHER_CPU_SHARE (also seen by subprocesses: notebooks, CLI runs), and turns the
+  client read-lag judgement off (WORKBENCH_MAX_READ_LAG_S=off: the lag is recorded only), so
+  no result depends on the machine's load. Tests of the disturbance logic inject
+  `FixedCpuWatch` or a `CpuWatch` with scripted readings explicitly.
 - Results folders (`workbench.experiments.results`): WORKBENCH_RESULTS_DIR points at a
   temporary folder, so CLI runs in tests never write into the checkout's results/.
 - Caches (`WORKBENCH_CACHE_DIR`: the linear-backend autotune's timings, compiled graphs):
@@ -20,7 +21,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.hypothesis_profiles import load as load_hypothesis_profile
-from workbench.harness.validity import STATED_SHARE_ENV
+from workbench.harness.validity import MAX_READ_LAG_ENV, STATED_SHARE_ENV
 
 HYPOTHESIS_PROFILE = load_hypothesis_profile()
 
@@ -46,10 +47,12 @@ def results_dir_in_tmp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Non
 
 @pytest.fixture(autouse=True, scope="session")
 def quiet_cpu_watch() -> Iterator[None]:
-    old = os.environ.get(STATED_SHARE_ENV)
-    os.environ[STATED_SHARE_ENV] = "0"
+    settings = {STATED_SHARE_ENV: "0", MAX_READ_LAG_ENV: "off"}
+    saved = {name: os.environ.get(name) for name in settings}
+    os.environ.update(settings)
     yield
-    if old is None:
-        os.environ.pop(STATED_SHARE_ENV, None)
-    else:
-        os.environ[STATED_SHARE_ENV] = old
+    for name, old in saved.items():
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old

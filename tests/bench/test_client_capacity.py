@@ -14,21 +14,25 @@ from typing import Any
 import pytest
 
 from workbench.bench import client_capacity as cc
-from workbench.bench.client_capacity import (
+from workbench.bench.client_capacity import plan_cores
+from workbench.bench.client_capacity_config import ClientCapacityConfig
+from workbench.bench.client_capacity_ours import step_from_run
+from workbench.bench.client_capacity_report import ClientCapacity
+from workbench.bench.client_capacity_steps import (
     ALL_FAILURES,
-    ClientCapacity,
-    ClientCapacityConfig,
     StepFailed,
     StepResult,
     find_ceiling,
-    parse_vllm_result,
-    plan_cores,
-    step_from_run,
     step_status,
     sweep,
+)
+from workbench.bench.client_capacity_vllm import (
+    VLLM_DRIVER,
+    parse_vllm_result,
     vllm_command,
     vllm_plan,
 )
+from workbench.harness.loop_lag import ReadLag
 from workbench.harness.validity import FixedCpuWatch, Validity, lateness_table
 
 
@@ -165,6 +169,28 @@ def test_step_from_run(lateness: float, duration: float, others: float, failed: 
                                 "behind reading the streams"]
 
 
+def test_step_from_run_judges_the_read_lag_with_the_harness_check() -> None:
+    """Sends on time, every chunk received, but the read loop woke 30 ms late at p95: the
+    shared `validity.read_lag_reason` makes it slow-read, even where the runner recorded the
+    lag without judging it (the suite's stated CPU share)."""
+    from workbench.harness.validity import read_lag_reason
+
+    lag = ReadLag(samples=90, p50_s=0.004, p95_s=0.03, max_s=0.06, cpu_share=0.99)
+    res = _run_result(0.001, 0.9)
+    res.validity.judge_read_lag(lag, None)  # recorded only
+    step = step_from_run(ClientCapacityConfig(output_len=4), 10.0, res, 0.99, 0.1)
+    assert step.status == "slow-read" and step.read_ratio == pytest.approx(1.0)
+    assert (step.read_lag_p50_ms, step.read_lag_p95_ms) == pytest.approx((4.0, 30.0))
+    assert step.reasons == [read_lag_reason(lag, 0.02)]
+    res = _run_result(0.001, 0.9)
+    res.validity.judge_read_lag(lag, 0.02)  # judged by the runner too: one reason, not two
+    step = step_from_run(ClientCapacityConfig(output_len=4), 10.0, res, 0.99, 0.1)
+    assert step.status == "slow-read" and step.reasons == [read_lag_reason(lag, 0.02)]
+    res = _run_result(0.001, 0.9)
+    res.validity.judge_read_lag(ReadLag(90, 0.0005, 0.002, 0.009, 0.3), None)
+    assert step_from_run(ClientCapacityConfig(output_len=4), 10.0, res, 0.3, 0.1).status == "ok"
+
+
 def test_lateness_table_in_the_harness_report() -> None:
     assert lateness_table(Validity()) is None  # a closed loop schedules nothing
     v = Validity(target_rate=10.0, achieved_rate=9.5, median_lateness_s=0.0012,
@@ -181,8 +207,8 @@ def test_vllm_command_and_plan(tmp_path: Path) -> None:
     config = ClientCapacityConfig(arrival="constant", max_concurrency=8, vllm_venv=tmp_path)
     cmd = vllm_command(Path("/v/bin/python"), config, "http://127.0.0.1:9", 50.0, "/tok",
                        "/out")
-    assert cmd[:3] == ["/v/bin/python", "-c", cc.VLLM_DRIVER]
-    assert "from vllm.benchmarks.serve import add_cli_args, main" in cc.VLLM_DRIVER
+    assert cmd[:3] == ["/v/bin/python", "-c", VLLM_DRIVER]
+    assert "from vllm.benchmarks.serve import add_cli_args, main" in VLLM_DRIVER
     flags = dict(zip(cmd[3::2], cmd[4::2], strict=False))
     assert {k: flags[k] for k in ("--backend", "--base-url", "--endpoint", "--dataset-name",
                                   "--random-input-len", "--random-output-len", "--num-prompts",
@@ -245,13 +271,16 @@ def test_tiny_run_table_json_and_vllms_client(tmp_path: Path,
     assert code == 0
     data = json.loads(out.read_text())
     assert set(data) == {"date", "cpu", "pinning", "config", "max_median_lateness_ms",
+                         "max_p95_read_lag_ms",
                          "min_rate_fraction", "steps", "vllm_steps", "vllm_note", "ceiling",
                          "read_ceiling", "vllm_ceiling", "disturbed", "cpu_us_per_chunk"}
     assert data["pinning"] is None and data["max_median_lateness_ms"] == 50.0
+    assert data["max_p95_read_lag_ms"] == 20.0
     assert [(s["rate"], s["attempts"], s["requests"]) for s in data["steps"]] == [
         (20.0, 1, 10), (40.0, 2, 20)]
     assert all(s["status"] in ("ok", "late", "slow-read") and s["failed"] == 0
                and s["client_cpu"] is not None and s["median_lateness_ms"] is not None
+               and s["read_lag_p95_ms"] is not None
                for s in data["steps"])
     assert [(s["rate"], s["status"], s["chunks_per_s"], s["achieved_rate"])
             for s in data["vllm_steps"]] == [(20.0, "ok", 80.0, 20.0), (40.0, "ok", 160.0, 40.0)]
@@ -282,14 +311,15 @@ def test_table_of_injected_steps() -> None:
     config = ClientCapacityConfig(rates=(100, 200), vllm=False)
     result = ClientCapacity(
         config, "CPU X", {"client": [0], "mock": [1]},
-        [_step(100, "ok"), _step(200, "late", server_cpu=0.95, others_cpu=None)],
+        [_step(100, "ok", read_lag_p50_ms=0.5, read_lag_p95_ms=1.25),
+         _step(200, "late", server_cpu=0.95, others_cpu=None)],
         [_step(100, "ok", "vllm", chunks_per_s=200.0, median_lateness_ms=None,
                p95_lateness_ms=None, client_cpu=0.25, others_cpu=0.3)],
         None, date="2026-12-02T00:00:00+00:00")
     assert result.table().splitlines()[2:] == [
-        "| 100 | 100.0 (100.0) | 400 (100%) | 1.00 / 2.00 | 50% | 1,250.0 | 10% / 0% | ok "
-        "| 100.0 | 200 | 25% | 1,250.0 | 10% / 30% | ok | 1.00x |",
-        "| 200 | 200.0 (200.0) | 800 (100%) | 1.00 / 2.00 | 50% | 625.0 | 95% / - | late | - "
+        "| 100 | 100.0 (100.0) | 400 (100%) | 1.00 / 2.00 | 0.50 / 1.25 | 50% | 1,250.0 | 10% / 0% "
+        "| ok | 100.0 | 200 | 25% | 1,250.0 | 10% / 30% | ok | 1.00x |",
+        "| 200 | 200.0 (200.0) | 800 (100%) | 1.00 / 2.00 | - | 50% | 625.0 | 95% / - | late | - "
         "| - | - | - | - | - | - |"]
     assert result.summary().splitlines() == [
         "ceiling, workbench harness (sends on schedule): 100 req/s (the next judged step, "

@@ -8,23 +8,26 @@ one streamed POST to /v1/completions (or /v1/chat/completions) and fills its
              max_tokens (chat: max_completion_tokens), temperature, stream: true,
              stream_options: {include_usage: true}, ignore_eos (vLLM extension) if asked;
              header x-request-id = the BenchRequest id (vLLM echoes it back)
-    reading  `sse.StreamParser`: TTFT at the first event with `choices`, one ITL gap per
-             later one, output_tokens from `usage`, end_s at the last token event, server
-             durations from the event that carries them (`workbench serve`'s final chunk)
+    reading  `http_stream.stream_completion` (aiohttp) and `sse.StreamParser`: TTFT at the
+             first event with `choices`, one ITL gap per later one, output_tokens from
+             `usage`, end_s at the last token event, server durations from the event that
+             carries them (`workbench serve`'s final chunk)
     server   `server_snapshot()` is a /metrics scrape (prom.parse), before and after a run
 
 All network I/O runs on the target's own event-loop thread (like the in-process engine's
 stepping thread), so timestamps are taken at arrival whatever the caller's loop does, and one
-target serves any number of `run()` calls. A Poller on that loop scrapes /metrics every
-`poll_interval_s` from start() to stop(); `server_series()` is the slice of the measured run.
-Failures (HTTP status, an error event, a timeout, no token) become success=False with the
-reason; the run goes on.
+target serves any number of `run()` calls. That loop is `read_loop`: the runner watches its
+lag during a measured run (`loop_lag`), so a client that falls behind reading is flagged. A
+Poller on that loop scrapes /metrics every `poll_interval_s` from start() to stop();
+`server_series()` is the slice of the measured run. Failures (HTTP status, an error event, a
+timeout, no token) become success=False with the reason; the run goes on.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
 import logging
 import os
 import threading
@@ -33,11 +36,11 @@ from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
-import httpx
+import aiohttp
 
 from workbench.harness import prom
+from workbench.harness.http_stream import new_session, stream_completion
 from workbench.harness.metrics import RequestRecord
-from workbench.harness.sse import SSEDecoder, StreamParser
 from workbench.harness.targets import Target
 from workbench.harness.workloads import BenchRequest
 
@@ -102,7 +105,7 @@ class OpenAITarget(Target):
         self.responses: dict[str, dict[str, Any]] = {}  # request id -> what the server said
         self.poller: prom.Poller | None = None
         self._io: _IOLoop | None = None
-        self._client: httpx.AsyncClient | None = None
+        self._session: aiohttp.ClientSession | None = None
         self._last_snapshot_wall: float | None = None
         self._warned_id = False
         self.t0 = time.perf_counter()
@@ -136,23 +139,31 @@ class OpenAITarget(Target):
         await asyncio.to_thread(self.server.restart)
         await self.start()
 
+    @property
+    def read_loop(self) -> asyncio.AbstractEventLoop | None:
+        """The event loop this target reads its responses on (None when not started): the
+        runner watches its lag over a measured run (`loop_lag.watch_read_loop`)."""
+        return self._io.loop if self._io is not None else None
+
+    async def _request(self, method: str, url: str, timeout_s: float) -> tuple[int, bytes]:
+        """One small request on the target's session: (status, body)."""
+        assert self._session is not None
+        async with self._session.request(
+                method, url, timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+            return resp.status, await resp.read()
+
     async def _astart(self) -> None:
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        self._client = httpx.AsyncClient(
-            headers=headers, timeout=httpx.Timeout(self.timeout_s, connect=min(self.timeout_s, 30)),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
-            trust_env=False,  # no proxy between the bench and the server
-        )
+        self._session = new_session(self.api_key, self.timeout_s)
         try:
-            resp = await self._client.get(self.base_url + "/models", timeout=30.0)
-        except httpx.HTTPError as e:
+            status, data = await self._request("GET", self.base_url + "/models", 30.0)
+        except (aiohttp.ClientError, TimeoutError) as e:
             raise RuntimeError(f"no OpenAI-compatible server at {self.base_url}: "
                                f"{type(e).__name__}: {e}") from e
-        if resp.status_code in (401, 403):
-            raise RuntimeError(f"{self.base_url}/models answered {resp.status_code}: pass "
+        if status in (401, 403):
+            raise RuntimeError(f"{self.base_url}/models answered {status}: pass "
                                "api_key (or set OPENAI_API_KEY) for this server")
-        if resp.status_code == 200:
-            self.served_models = list(resp.json().get("data") or [])
+        if status == 200:
+            self.served_models = list(json.loads(data).get("data") or [])
             self._resolve_model([str(m.get("id")) for m in self.served_models])
         if self.model is None:
             raise ValueError(f"model is None and {self.base_url}/models did not name one")
@@ -175,9 +186,9 @@ class OpenAITarget(Target):
     async def _astop(self) -> None:
         if self.poller is not None:
             await self.poller.stop()
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
     # ---------------------------------------------------------------- requests
     def payload(self, req: BenchRequest) -> dict[str, Any]:
@@ -211,51 +222,20 @@ class OpenAITarget(Target):
         await self._on_io(self._stream(req.request_id, body, record))
 
     async def _stream(self, rid: str, body: dict[str, Any], record: RequestRecord) -> None:
-        assert self._client is not None
+        assert self._session is not None
         info: dict[str, Any] = self.responses.setdefault(rid, {})
-        url = self.base_url + ENDPOINTS[self.endpoint]
         try:
-            async with self._client.stream("POST", url, json=body,
-                                           headers={"x-request-id": rid}) as resp:
-                self._check_echo(rid, resp.headers.get("x-request-id"), info)
-                info["status"] = resp.status_code
-                if resp.status_code != 200:
-                    text = (await resp.aread()).decode("utf-8", "replace")[:500]
-                    record.success = False
-                    record.error = f"HTTP {resp.status_code} {resp.reason_phrase}: {text}"
-                    return
-                await self._read_events(resp, record, info)
-        except httpx.TimeoutException as e:
-            record.success = False
-            record.error = f"timeout ({type(e).__name__}, timeout_s={self.timeout_s}): {e}"
-        except httpx.HTTPError as e:
-            record.success = False
-            record.error = f"{type(e).__name__}: {e}"
+            await stream_completion(self._session, self.base_url + ENDPOINTS[self.endpoint],
+                                    body, rid, record, info, chat=self.endpoint == "chat",
+                                    now_s=self.now_s, timeout_s=self.timeout_s)
         finally:
-            if record.end_s is None:
-                record.end_s = self.now_s()
+            self._check_echo(rid, info.get("x_request_id"))
 
-    def _check_echo(self, rid: str, echoed: str | None, info: dict[str, Any]) -> None:
-        info["x_request_id"] = echoed
+    def _check_echo(self, rid: str, echoed: str | None) -> None:
         if echoed is not None and echoed != rid and not self._warned_id:
             self._warned_id = True
             logger.warning("server answered x-request-id %r for %r: it does not keep request "
                            "ids, the client/server join uses the client's", echoed, rid)
-
-    async def _read_events(
-        self, resp: httpx.Response, record: RequestRecord, info: dict[str, Any]
-    ) -> None:
-        dec = SSEDecoder()
-        parser = StreamParser(record, chat=self.endpoint == "chat")
-        async for raw in resp.aiter_bytes():
-            now = self.now_s()  # one arrival time for every event in this read
-            for data in dec.feed(raw):
-                parser.feed(data, now)
-        now = self.now_s()
-        for data in dec.flush():
-            parser.feed(data, now)
-        parser.finish(now)
-        info.update(parser.info)
 
     # ---------------------------------------------------------------- server side
     async def reset_prefix_cache(self) -> bool:
@@ -264,32 +244,37 @@ class OpenAITarget(Target):
         return await self._on_io(self._areset())
 
     async def _areset(self) -> bool:
-        assert self._client is not None
         for path in ("/reset_prefix_cache?reset_external=true", "/flush_cache"):
             try:
-                resp = await self._client.post(self.root + path, timeout=30.0)
-            except httpx.HTTPError as e:
+                status, data = await self._request("POST", self.root + path, 30.0)
+            except (aiohttp.ClientError, TimeoutError) as e:
                 logger.warning("POST %s failed: %s", self.root + path, e)
                 return False
-            if resp.status_code == 200:  # workbench serve: {"success": false} when it could not
+            if status == 200:  # workbench serve: {"success": false} when it could not
                 try:
-                    return bool(resp.json().get("success", True))
+                    return bool(json.loads(data).get("success", True))
                 except (ValueError, AttributeError):
                     return True  # vLLM: an empty 200
-            if resp.status_code not in (404, 405):
+            if status not in (404, 405):
                 return False
         return False
 
+    async def _ascrape(self) -> dict[str, float]:
+        url = prom.metrics_url(self.base_url)
+        status, data = await self._request("GET", url, 5.0)
+        if status != 200:
+            raise ValueError(f"GET {url} answered HTTP {status}")
+        return prom.parse(data.decode("utf-8", "replace"), model=self.metrics_model)
+
     def server_snapshot(self) -> dict[str, Any]:
         """One /metrics scrape, flat (prom.parse); {} when the server has none."""
-        if self._io is None or self._client is None:
+        if self._io is None or self._session is None:
             return {}
         self._last_snapshot_wall = time.perf_counter()
-        fut = self._io.submit(prom.ascrape(self._client, prom.metrics_url(self.base_url),
-                                           self.metrics_model))
+        fut = self._io.submit(self._ascrape())
         try:
             return fut.result(timeout=30.0)
-        except (httpx.HTTPError, ValueError, concurrent.futures.TimeoutError) as e:
+        except (aiohttp.ClientError, ValueError, TimeoutError) as e:
             logger.warning("scraping %s failed: %s", prom.metrics_url(self.base_url), e)
             return {}
 

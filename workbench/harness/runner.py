@@ -9,7 +9,9 @@
                       request it follows finished, successfully or not (see below)
       4. server_after, the step trace of the measured run, validity -> RunResult
          (step 3 runs inside a `CpuWatch`: a run during which other processes took more than
-         `max_other_cpu_share` of the machine's CPUs is invalid, "disturbed")
+         `max_other_cpu_share` of the machine's CPUs is invalid, "disturbed"; and, for a
+         target with a `read_loop` (HTTP), inside `loop_lag.watch_read_loop`: a run whose
+         client fell behind reading is invalid, see `validity.read_lag_reason`)
 
 Cache states: "cold" = target.restart() (fresh engine, no warm-up); "warm-model" = a few
 synthetic prompts (shuffled workload tokens: no workload prefix is warmed) then
@@ -46,6 +48,7 @@ from typing import Any, TypeVar
 
 from workbench.harness.arrivals import ArrivalSpec, arrival_offsets
 from workbench.harness.follow_ups import FollowUpDispatch, follow_ups_of
+from workbench.harness.loop_lag import ReadLagBox, watch_read_loop
 from workbench.harness.metrics import SLO, RequestRecord, compute_metrics
 from workbench.harness.targets import Target
 from workbench.harness.validity import (
@@ -55,6 +58,7 @@ from workbench.harness.validity import (
     Validity,
     check_validity,
     default_cpu_watch,
+    default_max_read_lag_s,
     local_server_pids,
 )
 from workbench.harness.workloads import BenchRequest, Workload
@@ -147,7 +151,7 @@ async def run_benchmark(
     )
     trace_start = 0
     watch = cpu_watch if cpu_watch is not None else default_cpu_watch()
-    share = CpuShare()
+    share, lag = CpuShare(), ReadLagBox()
     try:
         await target.start()
         await _prepare_cache(target, workload, arrival, cache_state, warmup_requests)
@@ -161,7 +165,7 @@ async def run_benchmark(
             max_other_cpu_share = None
         if progress:
             driver.bar = _request_bar(len(workload.requests), workload.name)
-        with watch.measure(server_pids or ()) as share:
+        with watch.measure(server_pids or ()) as share, watch_read_loop(target) as lag:
             await driver.run(max_duration_s)
     except Exception as e:  # noqa: BLE001 - a failed run keeps its rows
         res.error = f"{type(e).__name__}: {e}"
@@ -177,6 +181,7 @@ async def run_benchmark(
     _warn_failed_predecessors(res.follow_ups)
     _finish(res, target, driver, trace_start, max_duration_s)
     res.validity.judge_cpu(share.others, max_other_cpu_share)
+    res.validity.judge_read_lag(lag.lag, default_max_read_lag_s())  # HTTP targets: read loop
     if warn_invalid:
         _warn_invalid(res)
     return res

@@ -1,8 +1,8 @@
 """One streamed OpenAI response -> one RequestRecord, the way vLLM's benchmark client reads it.
 
-Place in the flow: `http_target.OpenAITarget` feeds the bytes of each response to an
-`SSEDecoder` and every `data:` payload, with its arrival time, to a `StreamParser`. Pure
-functions of (payloads, times): tested without a server.
+Place in the flow: `http_stream.stream_completion` feeds the bytes of each response to an
+`SSEByteDecoder` and every `data:` payload, with its arrival time (one clock read per network
+read), to a `StreamParser`. Pure functions of (payloads, times): tested without a server.
 
 Rules (vLLM `benchmarks/lib/endpoint_request_func.py`, completions and chat):
 - An event with `choices` is a token chunk, even with empty text (a special token, half a
@@ -27,7 +27,6 @@ Rules (vLLM `benchmarks/lib/endpoint_request_func.py`, completions and chat):
 
 from __future__ import annotations
 
-import codecs
 import json
 from typing import Any
 
@@ -52,33 +51,89 @@ SERVER_FIELDS: dict[str, tuple[tuple[str, float], ...]] = {
     "server_kv_transfer_bytes": (("kv_transfer_bytes", 1.0),),
 }
 SERVER_CONTAINERS = ("metrics", "server_timing", "server_timings", "timings")
+# every top-level key that may carry a server duration: events without one skip the search
+SERVER_KEYS = frozenset({name for names in SERVER_FIELDS.values() for name, _ in names}
+                        | set(SERVER_CONTAINERS))
+DONE = ("[DONE]", b"[DONE]")
+
+
+def _text(data: str | bytes) -> str:
+    return data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+
+
+_raw_decode = json.JSONDecoder().raw_decode
+
+
+def parse_json(data: str | bytes) -> Any:
+    """`json.loads` of one payload (SSE is UTF-8), without its per-call overhead in the usual
+    case (nothing around the value); anything else goes through `json.loads` itself, so the
+    result and the errors (ValueError) are the same."""
+    text = data.decode() if type(data) is bytes else data
+    try:
+        value, end = _raw_decode(text)
+        if end == len(text):
+            return value
+    except ValueError:
+        pass
+    return json.loads(text)
+
+
+class SSEByteDecoder:
+    """Bytes as they arrive -> complete `data:` payloads as bytes: the hot path's decoder.
+
+    One `bytes.split` per network read and no text decoding (a blank line, b"\\n\\n", never
+    falls inside a UTF-8 character, and `json.loads` reads bytes). Events end at a blank line;
+    comments, other fields, CRLF and CR line ends are handled (a CR at the end of a read waits
+    for the next one: it may be half a CRLF); b"[DONE]" is returned as is.
+    """
+
+    __slots__ = ("_buf",)
+
+    def __init__(self) -> None:
+        self._buf = b""
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        buf = self._buf + chunk if self._buf else chunk
+        if b"\r" in buf:
+            tail = b"\r" if buf.endswith(b"\r") else b""
+            body = buf[: len(buf) - len(tail)]
+            buf = body.replace(b"\r\n", b"\n").replace(b"\r", b"\n") + tail
+        events = buf.split(b"\n\n")
+        self._buf = events.pop()
+        out = []
+        for event in events:
+            if event[:6] == b"data: " and b"\n" not in event:  # one data line: the usual
+                out.append(event[6:])
+            elif (data := _data_lines(event)) is not None:
+                out.append(data)
+        return out
+
+    def flush(self) -> list[bytes]:
+        """A last event the server did not terminate with a blank line."""
+        event, self._buf = self._buf.replace(b"\r", b"\n"), b""
+        data = _data_lines(event)
+        return [] if data is None else [data]
+
+
+def _data_lines(event: bytes) -> bytes | None:
+    """The `data:` lines of one event joined by newlines (one leading space dropped from
+    each); None when it has none (a comment, another field)."""
+    lines = [ln[5:].removeprefix(b" ") for ln in event.split(b"\n") if ln.startswith(b"data:")]
+    return b"\n".join(lines) if lines else None
 
 
 class SSEDecoder:
-    """Bytes as they arrive -> complete `data:` payloads (events end at a blank line;
-    comments, other fields and CRLF line ends are handled; [DONE] is returned as is)."""
+    """`SSEByteDecoder` with text payloads (tools and tests that read a whole response)."""
 
     def __init__(self) -> None:
-        self._text = codecs.getincrementaldecoder("utf-8")()
-        self._buf = ""
+        self._bytes = SSEByteDecoder()
 
     def feed(self, chunk: bytes) -> list[str]:
-        self._buf += self._text.decode(chunk).replace("\r\n", "\n").replace("\r", "\n")
-        out = []
-        while "\n\n" in self._buf:
-            event, self._buf = self._buf.split("\n\n", 1)
-            out += self._data(event)
-        return out
+        return [data.decode("utf-8") for data in self._bytes.feed(chunk)]
 
     def flush(self) -> list[str]:
         """A last event the server did not terminate with a blank line."""
-        event, self._buf = self._buf + self._text.decode(b"", final=True), ""
-        return self._data(event)
-
-    @staticmethod
-    def _data(event: str) -> list[str]:
-        lines = [ln[5:].removeprefix(" ") for ln in event.split("\n") if ln.startswith("data:")]
-        return ["\n".join(lines)] if lines else []
+        return [data.decode("utf-8") for data in self._bytes.flush()]
 
 
 def server_fields(event: dict[str, Any]) -> dict[str, float]:
@@ -109,28 +164,33 @@ class StreamParser:
         self._usage_ct: int | None = None
         self._last_token_s: float | None = None
 
-    def feed(self, data: str, now: float) -> None:
-        """One `data:` payload that arrived at `now` (seconds, the record's clock)."""
-        if data == "[DONE]":
+    def feed(self, data: str | bytes, now: float) -> None:
+        """One `data:` payload (text, or bytes from `SSEByteDecoder`) that arrived at `now`
+        (seconds, the record's clock)."""
+        if data in DONE:
             self.info["done"] = True
             return
         try:
-            event = json.loads(data)
-        except json.JSONDecodeError:
-            self.error = f"malformed SSE data: {data[:200]!r}"
+            event = parse_json(data)
+        except ValueError:  # not JSON, or bytes that are not UTF-8
+            self.error = f"malformed SSE data: {_text(data)[:200]!r}"
             return
-        if not isinstance(event, dict):
-            self.error = f"unexpected SSE data: {data[:200]!r}"
+        if type(event) is not dict:
+            self.error = f"unexpected SSE data: {_text(data)[:200]!r}"
             return
+        info = self.info
         if event.get("error") and not event.get("choices"):
             err = event["error"]
             self.error = str(err.get("message", err) if isinstance(err, dict) else err)
-        if self.info.get("id") is None:
-            self.info["id"] = event.get("id")
-        self.info["server"].update(server_fields(event))
-        usage = event.get("usage") if isinstance(event.get("usage"), dict) else None
-        choices = event.get("choices") or []
-        if choices and isinstance(choices[0], dict):
+        if info.get("id") is None:
+            info["id"] = event.get("id")
+        if not SERVER_KEYS.isdisjoint(event):  # most events carry no server durations
+            info["server"].update(server_fields(event))
+        usage = event.get("usage")
+        if type(usage) is not dict:
+            usage = None
+        choices = event.get("choices")
+        if choices and type(choices) is list and type(choices[0]) is dict:
             self._choice(choices[0], usage, now)
         if usage is not None:
             if usage.get("completion_tokens") is not None:

@@ -14,6 +14,13 @@ Open loop only (a closed loop sends whenever a worker is free, so it cannot fall
 - invalid when achieved < 95% of target, or median lateness (send - scheduled) > the threshold
   (MAX_MEDIAN_LATENESS_S, 50 ms); `lateness_table` shows both in a run's report.
 
+Reading, open or closed loop, for a target that reads on its own event loop (HTTP): lateness
+sees a late sender only; a client whose reading falls behind sends on time while its delay
+inflates every TTFT and ITL. `loop_lag` times a timer on the read loop over the run (p50 /
+p95 / max of how late it woke, and this process's CPU share); invalid when the p95 exceeds
+MAX_P95_READ_LAG_S (`read_lag_reason`, also `workbench bench client-capacity`'s
+"slow-read"). Recorded but not judged when the CPU share is stated (below): the suite's runs.
+
 Disturbance, every run: `CpuWatch` measures the share of the machine's CPUs that OTHER
 processes kept busy meanwhile: (system-wide busy CPU-seconds - CPU-seconds of this process
 tree and of the system under test's processes) / (wall seconds x CPUs). Above
@@ -40,15 +47,19 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
+from workbench.harness.loop_lag import MIN_LAG_SAMPLES, ReadLag
+
 if TYPE_CHECKING:  # types only: importing metrics would pull pandas into every user
     from workbench.harness.arrivals import ArrivalSpec
     from workbench.harness.metrics import RequestRecord
 
 MIN_RATE_FRACTION = 0.95
 MAX_MEDIAN_LATENESS_S = 0.05  # an open-loop run whose median lateness exceeds this is invalid
+MAX_P95_READ_LAG_S = 0.02  # a run whose client read loop's p95 lag exceeds this is invalid
 DEFAULT_MAX_OTHER_CPU_SHARE = 0.25  # of all the machine's CPUs
 MIN_WATCH_WALL_S = 0.25  # shorter windows are not judged (10 ms ticks)
 STATED_SHARE_ENV = "WORKBENCH_OTHER_CPU_SHARE"
+MAX_READ_LAG_ENV = "WORKBENCH_MAX_READ_LAG_S"  # seconds, or "off" (recorded, not judged)
 logger = logging.getLogger(__name__)
 
 
@@ -64,6 +75,13 @@ class Validity:
     p95_lateness_s: float | None = None
     other_cpu_share: float | None = None  # of all CPUs, by other processes; None: not measured
     max_other_cpu_share: float | None = None  # the threshold it was judged by; None: not judged
+    # the client's read loop (loop_lag; HTTP targets): timer lag, None where not watched
+    read_lag_samples: int | None = None
+    read_lag_p50_s: float | None = None
+    read_lag_p95_s: float | None = None
+    read_lag_max_s: float | None = None
+    client_cpu_share: float | None = None  # this process's CPU-s per wall s (1.0 = one core)
+    max_read_lag_s: float | None = None  # the p95 threshold it was judged by; None: not judged
 
     def invalidate(self, reason: str) -> None:
         self.valid = False
@@ -84,6 +102,26 @@ class Validity:
         """Other processes took more of the CPUs than the threshold allows."""
         return (self.other_cpu_share is not None and self.max_other_cpu_share is not None
                 and self.other_cpu_share > self.max_other_cpu_share)
+
+    def judge_read_lag(self, lag: ReadLag | None, threshold_s: float | None) -> None:
+        """Record the client's read-loop lag (None: not watched, nothing recorded); invalid
+        when its p95 exceeds `threshold_s` (None: record only) over enough samples."""
+        if threshold_s is not None and not threshold_s > 0:
+            raise ValueError(f"max_read_lag_s ({threshold_s}) must be > 0 seconds or None")
+        if lag is None:
+            return
+        self.read_lag_samples, self.read_lag_p50_s = lag.samples, lag.p50_s
+        self.read_lag_p95_s, self.read_lag_max_s = lag.p95_s, lag.max_s
+        self.client_cpu_share, self.max_read_lag_s = lag.cpu_share, threshold_s
+        if (reason := read_lag_reason(lag, threshold_s)) is not None:
+            self.invalidate(reason)
+
+    def read_lag(self) -> ReadLag | None:
+        """The read lag `judge_read_lag` recorded; None when the run was not watched."""
+        if self.read_lag_samples is None:
+            return None
+        return ReadLag(self.read_lag_samples, self.read_lag_p50_s, self.read_lag_p95_s,
+                       self.read_lag_max_s, self.client_cpu_share)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -135,18 +173,66 @@ def check_validity(
 
 
 def lateness_table(v: Validity, threshold_s: float = MAX_MEDIAN_LATENESS_S) -> str | None:
-    """The client's schedule keeping as a Markdown table (an open-loop run's report); None
-    when nothing was scheduled (a closed loop)."""
-    if v.median_lateness_s is None or v.p95_lateness_s is None:
+    """The client's schedule keeping (an open-loop run) and read-loop lag (an HTTP target)
+    as a Markdown table for the run's report; None when neither was measured."""
+    rows = []
+    if v.median_lateness_s is not None and v.p95_lateness_s is not None:
+        rows += [f"| Median lateness, send - scheduled (ms) | {v.median_lateness_s * 1e3:.2f} |",
+                 f"| P95 lateness (ms) | {v.p95_lateness_s * 1e3:.2f} |"]
+        if v.achieved_rate is not None and v.target_rate is not None:
+            rows.append(f"| Send rate achieved / scheduled (req/s) | {v.achieved_rate:.2f} / "
+                        f"{v.target_rate:.2f} |")
+        rows.append(f"| Invalid above a median lateness of (ms) | {threshold_s * 1e3:.1f} |")
+    lags = (v.read_lag_p50_s, v.read_lag_p95_s, v.read_lag_max_s)
+    if all(x is not None for x in lags):
+        cells = " / ".join(f"{x * 1e3:.2f}" for x in lags)  # type: ignore[operator]
+        rows.append(f"| Read-loop lag p50 / p95 / max (ms) | {cells} |")
+        if v.client_cpu_share is not None:
+            rows.append(f"| Client process CPU (share of one core) | {v.client_cpu_share:.0%} |")
+        if v.max_read_lag_s is not None:
+            rows.append(f"| Invalid above a p95 read-loop lag of (ms) | "
+                        f"{v.max_read_lag_s * 1e3:.1f} |")
+    if not rows:
         return None
-    rows = ["| Client schedule (open loop) | |", "|---|---:|",
-            f"| Median lateness, send - scheduled (ms) | {v.median_lateness_s * 1e3:.2f} |",
-            f"| P95 lateness (ms) | {v.p95_lateness_s * 1e3:.2f} |"]
-    if v.achieved_rate is not None and v.target_rate is not None:
-        rows.append(f"| Send rate achieved / scheduled (req/s) | {v.achieved_rate:.2f} / "
-                    f"{v.target_rate:.2f} |")
-    rows.append(f"| Invalid above a median lateness of (ms) | {threshold_s * 1e3:.1f} |")
-    return "\n".join(rows)
+    head = "Client schedule (open loop)" if v.median_lateness_s is not None else "Client"
+    return "\n".join([f"| {head} | |", "|---|---:|", *rows])
+
+
+def read_lag_reason(lag: ReadLag, threshold_s: float | None) -> str | None:
+    """The sentence a run whose client fell behind reading carries: its read loop's p95
+    lag above `threshold_s`. None when it kept up, when there were fewer than
+    MIN_LAG_SAMPLES samples, or when not judged (threshold None). The runner's validity
+    and `workbench bench client-capacity`'s "slow-read" both judge with this."""
+    p95 = lag.p95_s
+    if threshold_s is None or p95 is None or lag.samples < MIN_LAG_SAMPLES:
+        return None
+    if p95 <= threshold_s:
+        return None
+    cpu = "" if lag.cpu_share is None else (
+        f"; the client process used {lag.cpu_share:.0%} of a core")
+    return (f"the client's read loop woke {p95 * 1e3:.1f} ms late at p95 (median "
+            f"{(lag.p50_s or 0) * 1e3:.1f} ms, max {(lag.max_s or 0) * 1e3:.1f} ms{cpu}), above "
+            f"{threshold_s * 1e3:.1f} ms: it fell behind reading the streams, so TTFT and ITL "
+            "include its own delay (lower the rate or give the client a core of its own)")
+
+
+def default_max_read_lag_s() -> float | None:
+    """The read-lag threshold a run is judged by: $WORKBENCH_MAX_READ_LAG_S (seconds, or "off":
+    record the lag, do not judge it, as the test suite sets: like the other processes' CPU
+    share, the lag depends on the machine's load, and no test result may), else
+    MAX_P95_READ_LAG_S. ValueError names a bad value."""
+    raw = os.environ.get(MAX_READ_LAG_ENV, "").strip()
+    if not raw:
+        return MAX_P95_READ_LAG_S
+    if raw.lower() == "off":
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not value > 0 or math.isinf(value):
+        raise ValueError(f"{MAX_READ_LAG_ENV} ({raw!r}) must be a number of seconds > 0 or off")
+    return value
 
 
 # --------------------------------------------------------------------------- CPU disturbance
