@@ -6,6 +6,10 @@
     query_start_loc     [0, 1, 6, 7]
     slot_mapping[t]     block_table[r][pos // block_size] * block_size + pos % block_size
 
+The batch is gathered with numpy from the persistent `InputBatch` (`input_batch.py`, vLLM
+V1's): one row per scheduled request kept across steps, so a step copies only each request's
+new tokens and new block ids, not its history.
+
 Only requests whose computed tokens reach their end this step are sampled (a prefill's last
 chunk emits the first output token; a middle chunk emits nothing). The sampler gets their
 `SamplingMetadata` (`sampling_metadata_builder.py`), not the requests. With speculative
@@ -61,6 +65,7 @@ from workbench.spec_decode.ngram import NgramProposer
 from workbench.worker.cpu_malloc import keep_freed_memory
 from workbench.worker.cuda_graph import DecodeGraphRunner, GraphFactory, cudagraph_capture_sizes
 from workbench.worker.drafting import Drafter, propose_drafts
+from workbench.worker.input_batch import InputBatch
 from workbench.worker.phase_clock import PhaseClock
 from workbench.worker.prompt_logprobs import compute_prompt_logprobs
 from workbench.worker.sampling_metadata_builder import SamplingMetadataBuilder
@@ -111,6 +116,9 @@ class ModelRunner:
         self.compiled_forward: CompiledForward | None = None
         self.compile_skipped: str | None = None
         self.sampling_metadata_builder = SamplingMetadataBuilder(self.device)
+        # The persistent batch (rows kept across steps); it grows past these sizes if needed.
+        sc = config.scheduler_config
+        self.input_batch = InputBatch(sc.max_num_seqs, sc.max_model_len, self.block_size)
         # The worker side of the KV connector (kv_transfer_config), made with the KV cache.
         self.kv_connector: KVConnectorBase_V1 | None = None
         # Speculative decoding: the proposer runs after sampling in execute_model; a draft
@@ -379,7 +387,7 @@ class ModelRunner:
         `failed`, a request whose own sampling raises is recorded there (id -> message) and
         left out of the result; an error in the batched forward raises (nobody can be
         blamed); a failing proposer costs only the drafts (`spec_decode_error`)."""
-        if out.finished_req_ids:
+        if out.finished_req_ids:  # (the input batch drops their rows when it updates)
             self.sampling_metadata_builder.remove_requests(out.finished_req_ids)
         connector = self.kv_connector if out.kv_connector_metadata is not None else None
         if connector is not None:  # swap-outs, then loads on the connector's thread
@@ -411,6 +419,7 @@ class ModelRunner:
         self, out: SchedulerOutput, failed: dict[str, str] | None
     ) -> ModelRunnerOutput:
         if out.is_empty:
+            self.input_batch.update_states(out)  # nobody scheduled: every row leaves
             return ModelRunnerOutput()
         # the step's overhead account: seconds per phase (phase_clock.py: host time on CUDA)
         clock, times = PhaseClock(self.device), WorkerPhaseTimes()
@@ -461,41 +470,15 @@ class ModelRunner:
     def prepare_inputs(
         self, out: SchedulerOutput
     ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor, list[Request]]:
-        reqs = out.scheduled_requests
-        num_sched = out.num_scheduled_tokens
-        token_ids: list[int] = []
-        starts: list[int] = []
-        q_lens: list[int] = []
-        to_sample: list[Request] = []
-        logits_idx: list[int] = []
-        total = 0
-        for req in reqs:
-            n = num_sched[req.request_id]
-            start = req.num_computed_tokens
-            end = start + n
-            all_ids = req.all_token_ids
-            if end <= len(all_ids):
-                if n == 1:
-                    token_ids.append(all_ids[start])
-                else:
-                    token_ids.extend(all_ids[start:end])
-            else:  # draft tokens follow the confirmed ones (scheduler trimmed them to fit)
-                token_ids.extend(all_ids[start:])
-                token_ids.extend(out.scheduled_spec_decode_tokens[req.request_id])
-            starts.append(start)
-            q_lens.append(n)
-            total += n
-            if end >= len(all_ids):
-                to_sample.append(req)
-                if end == len(all_ids):
-                    logits_idx.append(total - 1)
-                else:  # the last confirmed token and every draft are scored
-                    logits_idx.extend(range(total - 1 - (end - len(all_ids)), total))
-        input_ids, positions, meta = self.build_batch(
-            token_ids, starts, q_lens, [out.block_ids[r.request_id] for r in reqs]
-        )
-        logits_rows = torch.tensor(logits_idx, dtype=torch.int64, device=self.device)
-        return input_ids, positions, meta, logits_rows, to_sample
+        """The step's flat batch (input ids, positions, attention metadata), the flat rows
+        whose logits are computed and the requests sampled, in `out.scheduled_requests`
+        order: the persistent batch brought to `out`, then gathered (`InputBatch.prepare`)."""
+        a = self.input_batch.prepare(out)
+        input_ids, positions, meta = batch_tensors(
+            self.device, a.input_ids, a.positions, a.query_start_loc, a.seq_lens,
+            a.block_table, a.slot_mapping, a.query_lens)
+        logits_rows = torch.from_numpy(a.logits_indices).to(self.device)
+        return input_ids, positions, meta, logits_rows, a.to_sample
 
     def build_batch(
         self,
@@ -504,42 +487,53 @@ class ModelRunner:
         q_lens: list[int],
         block_ids: list[list[int]],
     ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-        """Flat batch tensors: sequence i brings q_lens[i] tokens (consecutive in token_ids)
-        at positions starts[i].., its KV slots from block_ids[i]."""
+        """Flat batch tensors from lists (the draft model, profile_run, benchmarks): sequence
+        i brings q_lens[i] tokens (consecutive in token_ids) at positions starts[i].., its KV
+        slots from block_ids[i]."""
         bs = self.block_size
         num_reqs = len(q_lens)
         total = len(token_ids)
-        seq_lens = [s + q for s, q in zip(starts, q_lens, strict=True)]
         q_arr = np.asarray(q_lens, dtype=np.int64)
+        start_arr = np.asarray(starts, dtype=np.int64)
+        if len(start_arr) != num_reqs:
+            raise ValueError(f"starts ({len(starts)} values) and q_lens ({num_reqs} values) "
+                             "must have one value per sequence")
+        seq_lens = start_arr + q_arr
         cu = np.zeros(num_reqs + 1, dtype=np.int64)
         np.cumsum(q_arr, out=cu[1:])
         req_idx = np.repeat(np.arange(num_reqs, dtype=np.int64), q_arr)
-        positions = np.arange(total, dtype=np.int64) - cu[:-1][req_idx] + np.asarray(
-            starts, dtype=np.int64
-        )[req_idx]
-        max_seq_len = max(seq_lens)
-        width = cdiv(max_seq_len, bs)
+        positions = np.arange(total, dtype=np.int64) - cu[:-1][req_idx] + start_arr[req_idx]
+        width = cdiv(int(seq_lens.max()), bs) if num_reqs else 0
         table = np.zeros((num_reqs, width), dtype=np.int64)
         for i, ids in enumerate(block_ids):
             k = min(len(ids), width)
             table[i, :k] = ids[:k]
         slots = table[req_idx, positions // bs] * bs + positions % bs
-        dev = self.device
-        meta = AttentionMetadata(
-            slot_mapping=torch.from_numpy(slots).to(dev),
-            query_start_loc=torch.from_numpy(cu).to(dev),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int64, device=dev),
-            block_tables=torch.from_numpy(table).to(dev),
-            query_lens_cpu=list(q_lens),
-            seq_lens_cpu=seq_lens,
-            max_query_len=max(q_lens),
-            max_seq_len=max_seq_len,
-        )
-        return (
-            torch.tensor(token_ids, dtype=torch.int64, device=dev),
-            torch.from_numpy(positions).to(dev),
-            meta,
-        )
+        return batch_tensors(self.device, np.asarray(token_ids, dtype=np.int64), positions, cu,
+                             seq_lens, table, slots, list(q_lens))
+
+
+def batch_tensors(
+    device: torch.device, input_ids: np.ndarray, positions: np.ndarray,
+    query_start_loc: np.ndarray, seq_lens: np.ndarray, block_table: np.ndarray,
+    slot_mapping: np.ndarray, query_lens: list[int] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    """A flat batch's numpy arrays (int64, fresh: the CPU tensors share their memory) as
+    input ids, positions and attention metadata on `device` (`query_lens`: the query lengths
+    as a list, when the caller has them)."""
+    q_lens = np.diff(query_start_loc).tolist() if query_lens is None else list(query_lens)
+    seq_lens_cpu = seq_lens.tolist()
+    meta = AttentionMetadata(
+        slot_mapping=torch.from_numpy(slot_mapping).to(device),
+        query_start_loc=torch.from_numpy(query_start_loc).to(device),
+        seq_lens=torch.from_numpy(seq_lens).to(device),
+        block_tables=torch.from_numpy(block_table).to(device),
+        query_lens_cpu=q_lens,
+        seq_lens_cpu=seq_lens_cpu,
+        max_query_len=max(q_lens),
+        max_seq_len=max(seq_lens_cpu),
+    )
+    return torch.from_numpy(input_ids).to(device), torch.from_numpy(positions).to(device), meta
 
 
 class LiveTensorPeak(TorchDispatchMode):
