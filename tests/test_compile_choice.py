@@ -46,8 +46,16 @@ def test_record_lookup_and_the_threshold(tmp_path: Path) -> None:
     assert (a.ratio, a.compiles, b.compiles) == (1.04, False, True)  # needs >= 1.05x
     data = json.loads(path.read_text())
     assert data["machines"]["A"]["m"] == {"eager_tok_s": 1000.0, "compiled_tok_s": 1040.0,
-                                          "date": "2026-12-02", "source": "test"}
+                                          "date": "2026-12-02", "source": "test",
+                                          "compiled_slowest_tok_s": None}
     assert cc.lookup("other model", "A", path) is None
+    # a gain inside the runs' spread is no gain: the compiled side's slowest run must reach
+    # the eager median
+    spread = cc.CompileChoice(1000.0, 1060.0, "2026-12-02", "t", compiled_slowest_tok_s=940.0)
+    steady = cc.CompileChoice(1000.0, 1060.0, "2026-12-02", "t", compiled_slowest_tok_s=1000.0)
+    assert (spread.compiles, steady.compiles) == (False, True)
+    cc.record("m", spread, "C", path)
+    assert cc.lookup("m", "C", path) == spread
     path.write_text("{not json")
     assert cc.lookup("m", "A", path) is None  # unreadable: no record
     with pytest.raises(ValueError, match=r"compiled_tok_s \(0.0\) must be a number > 0"):
@@ -71,7 +79,7 @@ def test_engine_default_follows_this_machines_record(ckpt: Path,
     assert cfg.compilation.mode == CompilationMode.VLLM_COMPILE
     assert cfg.compilation_default == (
         "compiled, measured on this machine 2026-12-02: compiled/eager 1.20x (1200 vs 1000 "
-        "output tok/s; compiled needs >= 1.05x)")
+        "output tok/s; compiled needs >= 1.05x and its slowest run at least the eager median)")
     # what the user or the environment says wins over the record
     assert EngineConfig.from_kwargs(str(ckpt), device="cpu", compilation_config=0,
                                     dtype="float32").compilation_default is None

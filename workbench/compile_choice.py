@@ -14,7 +14,9 @@ shape (`model_key`: architecture, layers, widths, vocab, dtype):
 
 A CPU engine whose compilation mode nobody set (no compilation_config, no enforce_eager, no
 $WORKBENCH_COMPILATION_MODE) compiles (mode 3) when the record says the compiled forward gave
-at least MIN_GAIN more output tok/s than eager, and stays eager otherwise or without a record
+at least MIN_GAIN more output tok/s than eager in the medians and its slowest run was no
+slower than the eager median (a gain inside the runs' spread is no gain), and stays eager
+otherwise or without a record
 (the CUDA default is not measured yet: eager). `describe_default` says which and why, for the
 engine's notes. An unreadable file counts as no record.
 """
@@ -61,10 +63,11 @@ def model_key(hf_config: dict[str, Any], dtype: str) -> str:
 class CompileChoice:
     """One measured pair: output tok/s eager and compiled on the offline workload."""
 
-    eager_tok_s: float
+    eager_tok_s: float  # medians of the undisturbed runs
     compiled_tok_s: float
     date: str
     source: str
+    compiled_slowest_tok_s: float | None = None  # the compiled side's slowest undisturbed run
 
     def __post_init__(self) -> None:
         for name in ("eager_tok_s", "compiled_tok_s"):
@@ -78,7 +81,10 @@ class CompileChoice:
 
     @property
     def compiles(self) -> bool:
-        return self.ratio >= 1.0 + MIN_GAIN
+        """Compiled by >= MIN_GAIN in the medians, and by more than the runs' spread: even
+        the compiled side's slowest run at least the eager median."""
+        slowest = self.compiled_slowest_tok_s
+        return self.ratio >= 1.0 + MIN_GAIN and (slowest is None or slowest >= self.eager_tok_s)
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -102,8 +108,10 @@ def lookup(model: str, machine: str | None = None,
     if not isinstance(entry, dict):
         return None
     try:
+        slowest = entry.get("compiled_slowest_tok_s")
         return CompileChoice(float(entry["eager_tok_s"]), float(entry["compiled_tok_s"]),
-                             str(entry.get("date", "")), str(entry.get("source", "")))
+                             str(entry.get("date", "")), str(entry.get("source", "")),
+                             None if slowest is None else float(slowest))
     except (KeyError, TypeError, ValueError):
         return None
 
@@ -115,7 +123,8 @@ def record(model: str, choice: CompileChoice, machine: str | None = None,
     data = _read(path)
     section = data["machines"].setdefault(machine or machine_fingerprint(), {})
     section[model] = {"eager_tok_s": choice.eager_tok_s, "compiled_tok_s": choice.compiled_tok_s,
-                      "date": choice.date or str(date.today()), "source": choice.source}
+                      "date": choice.date or str(date.today()), "source": choice.source,
+                      "compiled_slowest_tok_s": choice.compiled_slowest_tok_s}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
@@ -143,4 +152,5 @@ def describe_default(device: str, hf_config: dict[str, Any], dtype: str) -> str:
     verdict = "compiled" if choice.compiles else "eager"
     return (f"{verdict}, measured on this machine {choice.date}: compiled/eager "
             f"{choice.ratio:.2f}x ({choice.compiled_tok_s:.0f} vs {choice.eager_tok_s:.0f} "
-            f"output tok/s; compiled needs >= {1 + MIN_GAIN:.2f}x)")
+            f"output tok/s; compiled needs >= {1 + MIN_GAIN:.2f}x and its slowest run at least "
+            "the eager median)")

@@ -196,7 +196,7 @@ def measure_engine(model: str, rounds: int, max_others: float, retries: int
 
 
 def record_choice(model: str, eager_tok_s: float | None, compiled_tok_s: float | None,
-                  tokens_equal: bool) -> str:
+                  tokens_equal: bool, compiled_slowest_tok_s: float | None = None) -> str:
     """Write the measured pair as this machine's default for the model's shape (the record
     `workbench.compile_choice` reads), or say why not; returns the line to print."""
     from workbench import compile_choice as cc
@@ -210,7 +210,7 @@ def record_choice(model: str, eager_tok_s: float | None, compiled_tok_s: float |
     cfg = json.loads((Path(model) / "config.json").read_text())
     key = cc.model_key(cfg, ENGINE["dtype"])
     choice = cc.CompileChoice(eager_tok_s, compiled_tok_s, str(date.today()),
-                              "python -m workbench.bench.compile_ab")
+                              "python -m workbench.bench.compile_ab", compiled_slowest_tok_s)
     path = cc.record(key, choice)
     mode = "compiled (mode 3)" if choice.compiles else "eager"
     return f"{mode} for this model on this machine (recorded in {path})"
@@ -325,7 +325,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"  compiled/eager {c / e:.2f}x" if e and c else "  compiled/eager: DISTURBED",
               f"; tokens equal: {eng['equal']}; {eng['compilation']}")
         if args.record:
-            result["recorded"] = record_choice(model, e, c, eng["equal"])
+            slowest = min((t for t, s in eng["compiled"]["runs"]
+                           if _undisturbed(s, args.max_others)), default=None)
+            result["recorded"] = record_choice(model, e, c, eng["equal"], slowest)
             print(f"  default: {result['recorded']}")
     if "forward" in parts:
         print(f"forward (best of 5 x {args.reps} calls):", flush=True)
