@@ -8,12 +8,15 @@
     arrivals             seeded arrival times (Poisson, gamma, constant, bursts)
     targets              what traffic is sent to: our engine in-process or an HTTP server
     http_target, sse     OpenAI-compatible client and its server-sent-events reader
+    http_stream          one streamed request read with aiohttp (bytes-level SSE)
+    loop_lag             the client read loop's lag (the validity check's slow-read signal)
     server_process       start and stop our server (or a peer) as a child process
     runner               replay a workload against a target; RequestRecord per request
     metrics              TTFT / TPOT / ITL / E2E / throughput / goodput as vLLM computes them
     metric_registry      every metric's name, unit, direction and source (one table)
     prom, join           Prometheus scrapes and their join with client records
-    validity             CpuWatch: how much CPU other processes took during a run
+    validity             CpuWatch: how much CPU other processes took during a run; lateness
+                         and read-lag judgements
 
 Experiments, the router, benchmarks and notebooks import this package; it imports the engine
 and nothing above it.
