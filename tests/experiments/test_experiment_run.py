@@ -10,8 +10,13 @@ import pytest
 import yaml
 from mlflow.tracking import MlflowClient
 
-from workbench.errors import TemplateError
-from workbench.experiments.runner import promote_from_mlflow, promoted_template, run_experiment
+from workbench.errors import TemplateError, UserError
+from workbench.experiments.runner import (
+    promote_from_mlflow,
+    promoted_template,
+    run_experiment,
+    write_promoted,
+)
 from workbench.experiments.template import parse_template
 from workbench.tracking.mlflow_store import Store
 
@@ -215,7 +220,6 @@ def test_parent_run_artifacts_verdict_first(experiment: tuple[Any, str]) -> None
 
 def test_a_dict_valued_variable_runs_gates_and_promotes(tmp_path: Path) -> None:
     """speculative_config on/off (a dict value): runs, quality gate, verdict and promotion."""
-    from workbench.experiments.runner import promote
 
     spec = {"method": "draft_model", "model": "bundled", "num_speculative_tokens": 2}
     template = parse_template({
@@ -236,7 +240,15 @@ def test_a_dict_valued_variable_runs_gates_and_promotes(tmp_path: Path) -> None:
     (verdict,) = result.verdicts
     assert verdict.value == spec and verdict.quality_failures == []
     assert verdict.failed_runs == 0
-    if result.adopted is not None:  # throughput may or may not beat the noise band
-        out = promote(template, result, tmp_path / "next.yaml")
-        assert out is not None
-        assert yaml.safe_load(out.read_text())["baseline"]["speculative_config"] == spec
+    # promotion of the dict value, whatever the verdict (throughput may or may not beat the
+    # noise band): the old baseline value was null, so the same question has nothing left to
+    # try and the next one must be named
+    assert result.adopted in (None, spec)
+    with pytest.raises(UserError, match="no speculative_config value left to try"):
+        promoted_template(template, spec, result.parent_run_id)
+    raw = promoted_template(template, spec, result.parent_run_id,
+                            next_variable=("max_num_seqs", [4, 8]))
+    out = write_promoted(raw, tmp_path / "next.yaml")
+    promoted = yaml.safe_load(out.read_text())
+    assert promoted["baseline"]["speculative_config"] == spec
+    assert promoted["variable"] == {"name": "max_num_seqs", "values": [4, 8]}
