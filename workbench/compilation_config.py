@@ -99,11 +99,16 @@ def default_mode(device: str, measured: bool | None = None) -> CompilationMode:
     return DEFAULT_MODE[device]
 
 
+def cache_root() -> Path:
+    """The workbench's cache root: $WORKBENCH_CACHE_DIR, default ~/.cache/workbench (the
+    linear autotune's timings, the compiled-forward choice and inductor's caches live here)."""
+    return Path(os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache",
+                                                          "workbench"))
+
+
 def default_cache_dir() -> Path:
     """$WORKBENCH_CACHE_DIR/torch_compile (default ~/.cache/workbench/torch_compile)."""
-    root = os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache",
-                                                     "workbench")
-    return Path(root) / "torch_compile"
+    return cache_root() / "torch_compile"
 
 
 @dataclass

@@ -17,8 +17,8 @@ $WORKBENCH_COMPILATION_MODE) compiles (mode 3) when the record says the compiled
 at least MIN_GAIN more output tok/s than eager in the medians and its slowest run was no
 slower than the eager median (a gain inside the runs' spread is no gain), and stays eager
 otherwise or without a record
-(the CUDA default is not measured yet: eager). `describe_default` says which and why, for the
-engine's notes. An unreadable file counts as no record.
+(the CUDA default is not measured yet: eager). `measured_default` says which and why, for
+the engine's notes. An unreadable file counts as no record.
 """
 
 from __future__ import annotations
@@ -31,9 +31,10 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
+from workbench.compilation_config import CACHE_ENV as CACHE_ENV  # re-exported: tests set it
+from workbench.compilation_config import cache_root
 from workbench.layers.cpu_info import machine_fingerprint
 
-CACHE_ENV = "WORKBENCH_CACHE_DIR"
 CHOICE_FILE = "compile_choice.json"
 VERSION = 1
 MIN_GAIN = 0.05  # compiled must give this much more output tok/s to become the default
@@ -41,9 +42,7 @@ logger = logging.getLogger(__name__)
 
 
 def default_path() -> Path:
-    root = os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache",
-                                                     "workbench")
-    return Path(root) / CHOICE_FILE
+    return cache_root() / CHOICE_FILE
 
 
 def model_key(hf_config: dict[str, Any], dtype: str) -> str:
@@ -132,25 +131,20 @@ def record(model: str, choice: CompileChoice, machine: str | None = None,
     return path
 
 
-def measured_default(device: str, hf_config: dict[str, Any], dtype: str) -> bool | None:
-    """True/False when a record decides the CPU default for this model (compile or not), None
-    when there is no record (or the device is not a CPU)."""
+def measured_default(device: str, hf_config: dict[str, Any], dtype: str
+                     ) -> tuple[bool | None, str]:
+    """What this machine's record decides for the model's default, and why (one read of the
+    record): (True / False: compile or not, None: no record or not a CPU; the reason, for
+    the engine's notes)."""
     if device != "cpu":
-        return None
-    choice = lookup(model_key(hf_config, dtype))
-    return None if choice is None else choice.compiles
-
-
-def describe_default(device: str, hf_config: dict[str, Any], dtype: str) -> str:
-    """Why the default mode is what it is, for the engine's notes."""
-    if device != "cpu":
-        return "the CUDA default (eager until the compiled CUDA path has run on a GPU)"
+        return None, "the CUDA default (eager until the compiled CUDA path has run on a GPU)"
     choice = lookup(model_key(hf_config, dtype))
     if choice is None:
-        return ("the CPU default: no measurement of this model on this machine (python -m "
-                "workbench.bench.compile_ab --model MODEL records one)")
+        return None, ("the CPU default: no measurement of this model on this machine (python "
+                      "-m workbench.bench.compile_ab --model MODEL records one)")
     verdict = "compiled" if choice.compiles else "eager"
-    return (f"{verdict}, measured on this machine {choice.date}: compiled/eager "
-            f"{choice.ratio:.2f}x ({choice.compiled_tok_s:.0f} vs {choice.eager_tok_s:.0f} "
-            f"output tok/s; compiled needs >= {1 + MIN_GAIN:.2f}x and its slowest run at least "
-            "the eager median)")
+    return choice.compiles, (
+        f"{verdict}, measured on this machine {choice.date}: compiled/eager "
+        f"{choice.ratio:.2f}x ({choice.compiled_tok_s:.0f} vs {choice.eager_tok_s:.0f} "
+        f"output tok/s; compiled needs >= {1 + MIN_GAIN:.2f}x and its slowest run at least "
+        "the eager median)")

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.compilation_config import CompilationConfig, CompilationMode, default_mode
-from workbench.compile_choice import describe_default, measured_default
+from workbench.compile_choice import measured_default
 from workbench.kv_transfer_config import PREEMPTION_MODES, KVTransferConfig
 from workbench.models.registry import SUPPORTED_ARCHITECTURES
 from workbench.named_models import resolve_model
@@ -495,7 +495,7 @@ class EngineConfig:
               '(VLLM_COMPILE) or JSON {"mode": 3, "backend": "inductor", "compile_sizes": '
               '[...], "cache_dir": DIR}; -O N is the mode alone (default: as measured for the '
               'model on this machine on CPU, else eager; eager on CUDA; docs/compile.md)')
-    # why the mode is what it is when nobody set it (compile_choice.describe_default); None
+    # why the mode is what it is when nobody set it (compile_choice.measured_default); None
     # when compilation_config, enforce_eager or TP decided
     compilation_default: str | None = field(default=None, init=False, repr=False,
                                             compare=False)
@@ -552,9 +552,9 @@ class EngineConfig:
             if eager:
                 cc.mode = CompilationMode.NONE
             else:
-                hf, dtype = self.model_config.hf_config, self.torch_dtype_name
-                cc.mode = default_mode(self.device, measured_default(self.device, hf, dtype))
-                self.compilation_default = describe_default(self.device, hf, dtype)
+                measured, self.compilation_default = measured_default(
+                    self.device, self.model_config.hf_config, self.torch_dtype_name)
+                cc.mode = default_mode(self.device, measured)
         if cc.compiles and tp > 1:
             raise ValueError(
                 f"compilation_config mode {cc.describe()} with tensor_parallel_size ({tp}) is "

@@ -236,8 +236,8 @@ def measure_forward(model: str, reps: int, max_others: float, retries: int
     rows = []
     shapes = [("decode", 1), ("decode", 4), ("decode", 16), ("decode", 64), ("prefill", 128),
               ("prefill", 512)]
-    for kind, n in [(k, n) for k, n in shapes if (n if k == "prefill" else ctx + 1)
-                    <= max_positions(model)]:
+    longest = max_positions(model)
+    for kind, n in [(k, n) for k, n in shapes if (n if k == "prefill" else ctx + 1) <= longest]:
         fns: dict[str, Callable[[], None]] = {}
         calls: dict[str, int] = {}
         for name, llm in llms.items():

@@ -50,6 +50,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from workbench.compilation_config import CACHE_ENV as CACHE_ENV  # re-exported: tests set it
+from workbench.compilation_config import cache_root
 from workbench.layers import linear_backend as lb
 from workbench.layers.cpu_info import (
     cpu_model_name,
@@ -58,7 +60,6 @@ from workbench.layers.cpu_info import (
 )
 from workbench.layers.linear_backend import LinearPlan, Shape
 
-CACHE_ENV = "WORKBENCH_CACHE_DIR"
 CACHE_FILE = "linear_backends.json"
 CACHE_VERSION = 1
 MIN_GAIN = 0.05  # a packed backend serves a bucket only when this much faster than torch
@@ -99,9 +100,7 @@ def stream_footprint(weight_bytes: int, llc_bytes: int | None = None) -> int:
 
 
 def default_cache_path() -> Path:
-    root = os.environ.get(CACHE_ENV) or os.path.join(os.path.expanduser("~"), ".cache",
-                                                       "workbench")
-    return Path(root) / CACHE_FILE
+    return cache_root() / CACHE_FILE
 
 
 def shape_key(shape: Shape) -> str:
