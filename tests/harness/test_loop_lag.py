@@ -229,6 +229,22 @@ def test_the_runner_judges_the_read_lag_it_watched(monkeypatch: pytest.MonkeyPat
     assert res.validity.max_read_lag_s is None
 
 
+def test_a_bad_threshold_is_refused_before_any_request(monkeypatch: pytest.MonkeyPatch) -> None:
+    sent: list[str] = []
+
+    class Recording(InstantTarget):
+        async def generate(self, req: BenchRequest, record: RequestRecord) -> None:
+            sent.append(req.request_id)
+            await super().generate(req, record)
+
+    work = Workload("lag", 0, {}, (BenchRequest("r0", [1, 2], 2),))
+    monkeypatch.setenv(MAX_READ_LAG_ENV, "soon")
+    with pytest.raises(ValueError, match=r"WORKBENCH_MAX_READ_LAG_S \('soon'\) must be"):
+        runner.run(Recording(), work, ArrivalSpec(mode="closed", concurrency=1),
+                   warmup_requests=0, cpu_watch=FixedCpuWatch(0.0), warn_invalid=False)
+    assert sent == []
+
+
 def test_a_stall_weighs_by_how_long_it_lasted() -> None:
     loop = FakeLoop(0.0)
     mon = LoopLagMonitor(loop, interval_s=0.25, cpu_clock=_clock(0.0, 1.0),

@@ -141,6 +141,7 @@ async def run_benchmark(
     if max_other_cpu_share is not None and not 0 <= max_other_cpu_share <= 1:
         raise ValueError(f"max_other_cpu_share ({max_other_cpu_share}) must be a share of the "
                          "machine's CPUs in [0, 1], or None to record without judging")
+    max_read_lag_s = default_max_read_lag_s()  # a bad WORKBENCH_MAX_READ_LAG_S: before any work
     clock = clock if clock is not None else RunClock()
     driver = _Driver(target, workload, arrival, clock)
     res = RunResult(
@@ -181,7 +182,7 @@ async def run_benchmark(
     _warn_failed_predecessors(res.follow_ups)
     _finish(res, target, driver, trace_start, max_duration_s)
     res.validity.judge_cpu(share.others, max_other_cpu_share)
-    res.validity.judge_read_lag(lag.lag, default_max_read_lag_s())  # HTTP targets: read loop
+    res.validity.judge_read_lag(lag.lag, max_read_lag_s)  # HTTP targets: read loop
     if warn_invalid:
         _warn_invalid(res)
     return res
