@@ -38,6 +38,8 @@ LDFLAGS = ["-fopenmp"]  # resolves to the libgomp.so.1 torch has already loaded
 # process is killed, and every later process then waits on it forever. A build takes a few
 # minutes at most, so a lock this old is taken for a dead builder's and removed.
 STALE_LOCK_S = 900.0
+# A kernel built on simd_f32.h reports its vector width (`simd_lanes()`): what it is called.
+SIMD_PATHS = {16: "AVX-512", 8: "AVX2", 0: "portable"}
 
 
 def cpu_tag() -> str:
@@ -91,7 +93,10 @@ class CpuExtension:
             return "not loaded"
         if self._state["module"] is None:
             return f"torch fallback ({self._state['reason']})"
-        return str(self.module_name)
+        lanes = getattr(self._state["module"], "simd_lanes", None)
+        if lanes is None:
+            return str(self.module_name)
+        return f"{self.module_name} ({SIMD_PATHS.get(lanes(), f'{lanes()} lanes')} fp32 path)"
 
     def load(self) -> ModuleType | None:
         if "module" in self._state:

@@ -14,9 +14,10 @@
 // heads (pre-scaled, fp32), walks its token range in chunks of kChunk tokens: scores for all
 // G heads (each K row fetched from memory once), then an exact online-softmax update (running
 // max, fp32 sum, rescale of the fp32 accumulator), then P @ V (each V row fetched once).
-// Two implementations of one item: attend_f32<D> (fp32, D = 64 / 128, AVX-512: 16 scores at
-// a time through one shuffle tree, P @ V with accumulators in registers) and the portable
-// attend<D, T> (plain loops the compiler vectorises; bf16 / fp16 rows upcast on load; any D).
+// Two implementations of one item: attend_vec<D> (fp32, D = 32 / 64 / 128 through simd_f32.h:
+// W = 16 (AVX-512) or 8 (AVX2) scores at a time through one transpose tree, P @ V with the
+// accumulators in registers) and the portable attend<D, T> (plain loops the compiler
+// vectorises; bf16 / fp16 rows upcast on load; any D).
 // Contexts are split across items only when (sequence, kv head) pairs alone are too few to
 // keep every thread busy; split partials (max, sum, unnormalised acc) are then merged exactly.
 // Items are handed out longest first from an atomic counter inside one at::parallel_for,
@@ -40,10 +41,6 @@
 
 #include <torch/csrc/utils/pybind.h>
 
-#ifdef __AVX512F__
-#include <immintrin.h>
-#endif
-
 namespace {
 
 constexpr int64_t kChunk = 128;  // tokens scored between two softmax rescales
@@ -65,46 +62,29 @@ inline float dot(const float* __restrict q, const T* __restrict k, int64_t d) {
 }
 
 // ---------------------------------------------------------------------------------- exp
-#ifdef __AVX512F__
-// exp(x) for x <= 0 (Cephes expf polynomial on [-ln2/2, ln2/2], scaled by 2^n): ~1 ulp.
-inline __m512 exp_ps(__m512 x) {
-  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  __m512 p = _mm512_set1_ps(1.9875691500E-4f);
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507E-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073E-3f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894E-2f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459E-1f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201E-1f));
-  const __m512 r2 = _mm512_mul_ps(r, r);
-  p = _mm512_fmadd_ps(p, r2, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  return _mm512_scalef_ps(p, n);
-}
-#endif
-
 // s[i] = exp(s[i] - m) for i < n; returns the sum (fp32).
 inline float exp_sub_sum(float* __restrict s, int64_t n, float m) {
   int64_t i = 0;
   float sum = 0.f;
-#ifdef __AVX512F__
-  const __m512 mv = _mm512_set1_ps(m);
-  __m512 acc = _mm512_setzero_ps();
-  for (; i + 16 <= n; i += 16) {
-    const __m512 e = exp_ps(_mm512_sub_ps(_mm512_loadu_ps(s + i), mv));
-    _mm512_storeu_ps(s + i, e);
-    acc = _mm512_add_ps(acc, e);
+#if WB_SIMD_LANES
+  constexpr int W = simd::W;
+  const simd::V mv = simd::set1(m);
+  simd::V acc = simd::zero();
+  for (; i + W <= n; i += W) {
+    const simd::V e = simd::exp_neg(simd::sub(simd::load(s + i), mv));
+    simd::store(s + i, e);
+    acc = simd::add(acc, e);
   }
-  if (i < n) {
+#ifdef __AVX512F__
+  if (i < n) {  // masked tail: the same polynomial for every score
     const __mmask16 k = static_cast<__mmask16>((1u << (n - i)) - 1u);
-    const __m512 e = exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + i), mv));
+    const __m512 e = simd::exp_neg(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + i), mv));
     _mm512_mask_storeu_ps(s + i, k, e);
     acc = _mm512_mask_add_ps(acc, k, acc, e);
     i = n;
   }
-  sum = _mm512_reduce_add_ps(acc);
+#endif
+  sum = simd::reduce_add(acc);
 #endif
   for (; i < n; ++i) {
     s[i] = std::exp(s[i] - m);
@@ -148,10 +128,10 @@ inline void softmax_update(float* __restrict sc, int64_t len, int64_t G, int64_t
     float* s = sc + g * kChunk;
     float mx = m[g];
     int64_t j = 0;
-#ifdef __AVX512F__
-    __m512 vmx = _mm512_set1_ps(mx);
-    for (; j + 16 <= len; j += 16) vmx = _mm512_max_ps(vmx, _mm512_loadu_ps(s + j));
-    mx = _mm512_reduce_max_ps(vmx);
+#if WB_SIMD_LANES
+    simd::V vmx = simd::set1(mx);
+    for (; j + simd::W <= len; j += simd::W) vmx = simd::max(vmx, simd::load(s + j));
+    mx = simd::reduce_max(vmx);
 #endif
     for (; j < len; ++j) mx = std::max(mx, s[j]);
     if (mx > m[g]) {
@@ -166,71 +146,59 @@ inline void softmax_update(float* __restrict sc, int64_t len, int64_t G, int64_t
   }
 }
 
-#ifdef __AVX512F__
-// v[0..15] -> one vector whose lane j is the horizontal sum of v[j] (transpose-and-add tree:
-// 30 shuffles + 15 adds for 16 rows instead of a full reduction per row).
-inline __m512 sum16(const __m512* v) {
-  __m512 a[8], b[4];
-  for (int i = 0; i < 8; ++i)  // per 128-bit lane: [x0+x2, y0+y2, x1+x3, y1+y3]
-    a[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
-                         _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-  for (int i = 0; i < 4; ++i) {  // per 128-bit lane: that lane's sums of 4 rows
-    const __m512d x = _mm512_castps_pd(a[2 * i]), y = _mm512_castps_pd(a[2 * i + 1]);
-    b[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
-                         _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
-  }
-  constexpr int kEven = _MM_SHUFFLE(2, 0, 2, 0), kOdd = _MM_SHUFFLE(3, 1, 3, 1);
-  const __m512 c0 = _mm512_add_ps(_mm512_shuffle_f32x4(b[0], b[1], kEven),
-                                  _mm512_shuffle_f32x4(b[0], b[1], kOdd));
-  const __m512 c1 = _mm512_add_ps(_mm512_shuffle_f32x4(b[2], b[3], kEven),
-                                  _mm512_shuffle_f32x4(b[2], b[3], kOdd));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(c0, c1, kEven), _mm512_shuffle_f32x4(c0, c1, kOdd));
-}
-
-// Lane j = q . rows[j] for 16 fp32 K rows of D values.
+#if WB_SIMD_LANES
+// Lane j = q . rows[j] for W fp32 K rows of D values (two accumulators per row, then one
+// transpose-and-add tree for all W rows).
 template <int D>
-inline __m512 qk16(const float* __restrict q, const float* const* rows) {
-  constexpr int C = D / 16;
-  __m512 qv[C], v[16];
-  for (int c = 0; c < C; ++c) qv[c] = _mm512_loadu_ps(q + 16 * c);
-  for (int j = 0; j < 16; ++j) {
+inline simd::V qk_rows(const float* __restrict q, const float* const* rows) {
+  constexpr int W = simd::W, C = D / W;
+  simd::V qv[C], v[W];
+  for (int c = 0; c < C; ++c) qv[c] = simd::load(q + W * c);
+  for (int j = 0; j < W; ++j) {
     const float* r = rows[j];
-    __m512 a = _mm512_mul_ps(qv[0], _mm512_loadu_ps(r));
-    __m512 b = _mm512_mul_ps(qv[1], _mm512_loadu_ps(r + 16));
-    for (int c = 2; c < C; c += 2) {
-      a = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(r + 16 * c), a);
-      b = _mm512_fmadd_ps(qv[c + 1], _mm512_loadu_ps(r + 16 * c + 16), b);
+    simd::V a = simd::mul(qv[0], simd::load(r));
+    if constexpr (C == 1) {
+      v[j] = a;
+    } else {
+      simd::V b = simd::mul(qv[1], simd::load(r + W));
+      int c = 2;
+      for (; c + 1 < C; c += 2) {
+        a = simd::fmadd(qv[c], simd::load(r + W * c), a);
+        b = simd::fmadd(qv[c + 1], simd::load(r + W * c + W), b);
+      }
+      if (c < C) a = simd::fmadd(qv[c], simd::load(r + W * c), a);
+      v[j] = simd::add(a, b);
     }
-    v[j] = _mm512_add_ps(a, b);
   }
-  return sum16(v);
+  return simd::transpose_sum(v);
 }
 
 // acc[g, :] += sum_j w[g * kChunk + j] * rows[j] for GT heads held in registers.
 template <int D, int GT>
 inline void pv_tile(float* __restrict acc, const float* __restrict w, const float* const* rows,
                     int64_t len) {
-  constexpr int C = D / 16;
-  __m512 a[GT][C];
+  constexpr int W = simd::W, C = D / W;
+  simd::V a[GT][C];
   for (int g = 0; g < GT; ++g)
-    for (int c = 0; c < C; ++c) a[g][c] = _mm512_loadu_ps(acc + g * D + 16 * c);
+    for (int c = 0; c < C; ++c) a[g][c] = simd::load(acc + g * D + W * c);
   for (int64_t j = 0; j < len; ++j) {
     const float* r = rows[j];
-    __m512 v[C];
-    for (int c = 0; c < C; ++c) v[c] = _mm512_loadu_ps(r + 16 * c);
+    simd::V v[C];
+    for (int c = 0; c < C; ++c) v[c] = simd::load(r + W * c);
     for (int g = 0; g < GT; ++g) {
-      const __m512 wg = _mm512_set1_ps(w[g * kChunk + j]);
-      for (int c = 0; c < C; ++c) a[g][c] = _mm512_fmadd_ps(wg, v[c], a[g][c]);
+      const simd::V wg = simd::set1(w[g * kChunk + j]);
+      for (int c = 0; c < C; ++c) a[g][c] = simd::fmadd(wg, v[c], a[g][c]);
     }
   }
   for (int g = 0; g < GT; ++g)
-    for (int c = 0; c < C; ++c) _mm512_storeu_ps(acc + g * D + 16 * c, a[g][c]);
+    for (int c = 0; c < C; ++c) simd::store(acc + g * D + W * c, a[g][c]);
 }
 
 template <int D>
 inline void pv(float* acc, const float* w, const float* const* rows, int64_t len, int64_t G) {
-  // tiles of heads whose accumulators fit 16 zmm registers: 4 / 2 / 1 (D = 64), 2 / 1 (128)
-  constexpr int kTile = 256 / D;
+  // tiles of heads whose accumulators fit the register budget: with AVX-512 4 / 2 / 1 heads
+  // (D = 64), 2 / 1 (D = 128), 8 / 2 / 1 (D = 32); with AVX2 2 / 1 (D = 32), else 1
+  constexpr int kTile = simd::kAccFloats / D > 1 ? simd::kAccFloats / D : 1;
   int64_t g = 0;
   for (; g + kTile <= G; g += kTile) pv_tile<D, kTile>(acc + g * D, w + g * kChunk, rows, len);
   if constexpr (kTile > 2) {
@@ -239,15 +207,17 @@ inline void pv(float* acc, const float* w, const float* const* rows, int64_t len
   for (; g < G; ++g) pv_tile<D, 1>(acc + g * D, w + g * kChunk, rows, len);
 }
 
-// attend() for fp32 and D in {64, 128}: K/V row pointers for the whole range first, then per
-// chunk 16 scores at a time (one shuffle tree instead of 16 reductions) and P @ V with the
-// accumulators in registers. (Software prefetching of the next rows measured slower: the
-// hardware prefetchers keep up with 256-512 byte rows.)
-// kp / vp: room for (t1 - t0) rounded up to 16, plus 16.
+// attend() for fp32 and D a multiple of the vector width: K/V row pointers for the whole range
+// first, then per chunk W scores at a time (one transpose tree instead of W reductions) and
+// P @ V with the accumulators in registers. (Software prefetching of the next rows, and
+// walking all kv heads of a block together, measured no faster: on the machines measured the
+// random block reads themselves are the limit, see docs/benchmarks.md.)
+// kp / vp: room for (t1 - t0) rounded up to W, plus W.
 template <int D>
-void attend_f32(const Params& p, const Item& it, const float* __restrict qs,
+void attend_vec(const Params& p, const Item& it, const float* __restrict qs,
                 float* __restrict acc, float* __restrict m, float* __restrict l,
                 float* __restrict sc, const float** kp, const float** vp) {
+  constexpr int W = simd::W;
   const int64_t G = p.g, bs = p.bs, n = it.t1 - it.t0;
   const float* kbase = static_cast<const float*>(p.k) + it.head * p.k_sh;
   const float* vbase = static_cast<const float*>(p.v) + it.head * p.v_sh;
@@ -269,15 +239,15 @@ void attend_f32(const Params& p, const Item& it, const float* __restrict qs,
     }
     t += cnt;
   }
-  for (; j % 16 != 0; ++j) {  // pad the last group of 16 with a real row (its lanes are unused)
+  for (; j % W != 0; ++j) {  // pad the last group of W with a real row (its lanes are unused)
     kp[j] = kp[0];
     vp[j] = vp[0];
   }
   for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
     const int64_t len = std::min(kChunk, n - c0);
     for (int64_t g = 0; g < G; ++g) {
-      for (int64_t j0 = 0; j0 < len; j0 += 16) {
-        _mm512_storeu_ps(sc + g * kChunk + j0, qk16<D>(qs + g * D, kp + c0 + j0));
+      for (int64_t j0 = 0; j0 < len; j0 += W) {
+        simd::store(sc + g * kChunk + j0, qk_rows<D>(qs + g * D, kp + c0 + j0));
       }
     }
     softmax_update(sc, len, G, D, m, l, acc);
@@ -348,8 +318,8 @@ void run(const Params& p, const std::vector<Item>& items, const std::vector<int6
 
   auto worker = [&](int64_t, int64_t) {
     std::vector<float> buf(G * d * 2 + G * 2 + G * kChunk);
-#ifdef __AVX512F__
-    constexpr bool kFast = std::is_same_v<T, float> && (D == 64 || D == 128);
+#if WB_SIMD_LANES
+    constexpr bool kFast = std::is_same_v<T, float> && D > 0 && D % simd::W == 0;
     std::vector<const float*> rows(kFast ? 2 * (max_len + 32) : 0);
 #endif
     float* qs = buf.data();
@@ -362,9 +332,9 @@ void run(const Params& p, const std::vector<Item>& items, const std::vector<int6
       const T* q = static_cast<const T*>(p.q) + it.seq * p.q_s0 + it.head * G * p.q_s1;
       for (int64_t g = 0; g < G; ++g)
         for (int64_t i = 0; i < d; ++i) qs[g * d + i] = to_float(q[g * p.q_s1 + i]) * p.scale;
-#ifdef __AVX512F__
+#if WB_SIMD_LANES
       if constexpr (kFast)
-        attend_f32<D>(p, it, qs, acc, m, l, sc, rows.data(), rows.data() + max_len + 32);
+        attend_vec<D>(p, it, qs, acc, m, l, sc, rows.data(), rows.data() + max_len + 32);
       else
 #endif
         attend<D, T>(p, it, qs, acc, m, l, sc);
@@ -419,6 +389,7 @@ void run(const Params& p, const std::vector<Item>& items, const std::vector<int6
 template <typename T>
 void dispatch_d(const Params& p, const std::vector<Item>& items,
                 const std::vector<int64_t>& nsplit) {
+  if (p.d == 32) return run<32, T>(p, items, nsplit);
   if (p.d == 64) return run<64, T>(p, items, nsplit);
   if (p.d == 128) return run<128, T>(p, items, nsplit);
   return run<0, T>(p, items, nsplit);
@@ -553,4 +524,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("out"), py::arg("query"), py::arg("k_cache"), py::arg("v_cache"), py::arg("block_tables"),
         py::arg("seq_lens"), py::arg("scale"), py::arg("split_tokens") = -1,
         py::call_guard<py::gil_scoped_release>());
+  m.def("simd_lanes", [] { return WB_SIMD_LANES; },
+        "fp32 lanes of the vector path this build has (16 AVX-512, 8 AVX2, 0 portable only)");
 }

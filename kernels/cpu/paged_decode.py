@@ -17,8 +17,10 @@ import torch
 from kernels.cpu.build import CpuExtension
 
 SOURCE = Path(__file__).with_name("paged_decode.cpp")
+SIMD_HEADER = Path(__file__).with_name("simd_f32.h")  # joined in front of SOURCE
+SOURCES = [SIMD_HEADER, SOURCE]
 SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-EXTENSION = CpuExtension("paged_decode", [SOURCE])
+EXTENSION = CpuExtension("paged_decode", SOURCES)
 
 
 def unavailable_reason() -> str | None:

@@ -8,10 +8,14 @@ Everything skips, with the reason, when the extension cannot be built here.
 
 from __future__ import annotations
 
+from pathlib import Path
+from types import ModuleType
+
 import pytest
 import torch
 
 from kernels.cpu import paged_decode as pd
+from kernels.cpu.build import CpuExtension
 from tests.kernels.cpu_kernels import load_or_skip
 from workbench.attention import torch_backend
 from workbench.attention.metadata import AttentionMetadata
@@ -79,7 +83,7 @@ def assert_close(got: torch.Tensor, ref: torch.Tensor, atol: float = 1e-5) -> No
 
 
 @pytest.mark.parametrize("block_size", [4, 16])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [32, 64, 128])
 @pytest.mark.parametrize("group", [1, 2, 4])
 def test_matches_reference_fp32(group: int, head_dim: int, block_size: int) -> None:
     num_kv_heads = 2
@@ -204,3 +208,48 @@ def test_backend_kernel_matches_torch_path(
         outs.append(backend.forward(query, key, value, cache, md, d**-0.5))
     torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=1e-5)
     assert outs[1][sum(query_lens) :].abs().sum() == 0  # padding rows stay zero
+
+
+def cpu_flags() -> set[str]:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def expected_lanes(flags: set[str]) -> int:
+    """The fp32 vector path -march=native gives (simd_f32.h): AVX-512, AVX2 + FMA, none."""
+    if "avx512f" in flags:
+        return 16
+    return 8 if {"avx2", "fma"} <= flags else 0
+
+
+def test_native_build_takes_this_cpus_vector_path(kernel: ModuleType) -> None:
+    lanes = expected_lanes(cpu_flags())
+    assert kernel.simd_lanes() == lanes
+    name = {16: "AVX-512", 8: "AVX2", 0: "portable"}[lanes]
+    assert pd.EXTENSION.status().endswith(f"({name} fp32 path)")
+
+
+@pytest.fixture(scope="module")
+def avx2_kernel() -> ModuleType:
+    """The same sources built with AVX-512 switched off: the vector path an AVX2-only machine
+    (an AMD Zen 2/3, an older Xeon) compiles, checked here on an AVX-512 machine."""
+    flags = cpu_flags()
+    if "avx512f" not in flags or not {"avx2", "fma"} <= flags:
+        pytest.skip("needs an AVX-512 CPU (an AVX2-only one runs this path natively above)")
+    return load_or_skip(CpuExtension("paged_decode_avx2", pd.SOURCES,
+                                     extra_cflags=["-mno-avx512f"]))
+
+
+@pytest.mark.parametrize("head_dim", [32, 64, 128, 40])
+@pytest.mark.parametrize("group", [1, 2, 4])
+def test_avx2_build_matches_reference(avx2_kernel: ModuleType, group: int, head_dim: int) -> None:
+    assert avx2_kernel.simd_lanes() == 8
+    q, kv, tables, lens = make_case(lens_for(16), 2 * group, 2, head_dim, 16, seed=7 + group)
+    scale = head_dim**-0.5
+    ref = reference(q, kv, tables, lens, scale)
+    for split in (-1, 0, 16, 40):
+        out = torch.empty_like(q)
+        avx2_kernel.paged_decode(out, q, kv[0], kv[1], tables, lens, scale, split)
+        assert_close(out, ref)
