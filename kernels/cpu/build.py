@@ -38,6 +38,10 @@ LDFLAGS = ["-fopenmp"]  # resolves to the libgomp.so.1 torch has already loaded
 # process is killed, and every later process then waits on it forever. A build takes a few
 # minutes at most, so a lock this old is taken for a dead builder's and removed.
 STALE_LOCK_S = 900.0
+# WORKBENCH_CPU_ISA=avx2 builds the kernels without AVX-512 on an AVX-512 machine: with
+# ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2 and MKL_ENABLE_INSTRUCTIONS=AVX2 (see
+# docs/benchmarks.md) the whole process then runs the code paths of an AVX2-only CPU.
+ISA_CFLAGS = {"native": [], "avx2": ["-mno-avx512f"]}
 # A kernel built on simd_f32.h reports its vector width (`simd_lanes()`): what it is called.
 SIMD_PATHS = {16: "AVX-512", 8: "AVX2", 0: "portable"}
 
@@ -115,6 +119,11 @@ class CpuExtension:
             return None, "disabled by WORKBENCH_CPU_KERNELS=0"
         if platform.system() != "Linux":
             return None, f"only built on Linux (this is {platform.system()})"
+        isa = os.environ.get("WORKBENCH_CPU_ISA", "native")
+        if isa not in ISA_CFLAGS:
+            return None, (f"WORKBENCH_CPU_ISA={isa!r} is not one of "
+                          f"{', '.join(sorted(ISA_CFLAGS))}")
+        cflags = self.cflags + ISA_CFLAGS[isa]
         cxx = os.environ.get("CXX", "c++")
         if shutil.which(cxx) is None:
             return None, f"no C++ compiler ({cxx!r} not on PATH)"
@@ -123,7 +132,7 @@ class CpuExtension:
 
             t0 = time.perf_counter()
             sources = [p.read_text() for p in self.sources]
-            self.module_name = f"workbench_{self.name}_{build_key(sources, self.cflags, LDFLAGS)}"
+            self.module_name = f"workbench_{self.name}_{build_key(sources, cflags, LDFLAGS)}"
             from torch.utils.cpp_extension import _get_build_directory
 
             clear_stale_lock(Path(_get_build_directory(self.module_name, verbose=False)))
@@ -131,7 +140,7 @@ class CpuExtension:
                 name=self.module_name,
                 cpp_sources=sources,
                 no_implicit_headers=True,  # <torch/extension.h> alone is ~30 s of parsing
-                extra_cflags=list(self.cflags),  # copies: load_inline appends to its
+                extra_cflags=list(cflags),  # copies: load_inline appends to its
                 extra_ldflags=list(LDFLAGS),  # arguments (torch's -L/-l flags) in place
                 verbose=os.environ.get("WORKBENCH_CPU_KERNELS_VERBOSE") == "1",
             )

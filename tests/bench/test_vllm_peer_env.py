@@ -58,5 +58,26 @@ def test_the_preload_label_is_what_was_mapped(maps: str, label: str) -> None:
 
 
 def test_a_bad_config_is_named() -> None:
-    with pytest.raises(ValueError, match=r"vLLM config \('fast'\) must be one of best, default"):
+    with pytest.raises(ValueError,
+                       match=r"vLLM config \('fast'\) must be one of best, best-thp, default"):
         vllm_peer.worker_env("fast")
+
+
+def test_best_thp_is_best_on_huge_pages_and_the_others_run_as_shipped(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from workbench.worker import hugepages
+
+    venv = fake_venv(tmp_path, iomp=True)
+    monkeypatch.setattr(vllm_peer, "find_tcmalloc", lambda: "/x/libtcmalloc_minimal.so.4")
+    # THP_MEM_ALLOC_ENABLE=1 set by `import workbench` stays in this process
+    monkeypatch.setattr(hugepages, "_auto_set", True)
+    monkeypatch.setenv("THP_MEM_ALLOC_ENABLE", "1")
+    thp = vllm_peer.worker_env("best-thp", venv)
+    best = vllm_peer.worker_env("best", venv)
+    assert thp["THP_MEM_ALLOC_ENABLE"] == "1"
+    assert {k: v for k, v in thp.items() if k != "THP_MEM_ALLOC_ENABLE"} == best
+    assert "THP_MEM_ALLOC_ENABLE" not in best
+    assert "THP_MEM_ALLOC_ENABLE" not in vllm_peer.worker_env("default", venv)
+    # one a user exported is passed on
+    monkeypatch.setattr(hugepages, "_auto_set", False)
+    assert vllm_peer.worker_env("default", venv)["THP_MEM_ALLOC_ENABLE"] == "1"

@@ -62,3 +62,24 @@ def test_a_killed_builds_lock_is_removed_and_a_live_one_kept(tmp_path: Path) -> 
     assert lock.exists()
     assert clear_stale_lock(tmp_path, now=mtime + STALE_LOCK_S + 1) is True
     assert not lock.exists()
+
+
+def test_an_unknown_isa_falls_back_with_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORKBENCH_CPU_ISA", "avx3")
+    ext = build.CpuExtension("never_built", [Path("nothing.cpp")])
+    assert ext.load() is None
+    assert ext.unavailable_reason() == "WORKBENCH_CPU_ISA='avx3' is not one of avx2, native"
+    assert ext.status() == (
+        "torch fallback (WORKBENCH_CPU_ISA='avx3' is not one of avx2, native)")
+
+
+def test_the_isa_limit_is_named_beside_every_figure(monkeypatch: pytest.MonkeyPatch) -> None:
+    from workbench.bench.roofline import ISA_LIMIT_VARS, cpu_summary
+
+    for var in ISA_LIMIT_VARS:
+        monkeypatch.delenv(var, raising=False)
+    assert "code paths limited" not in cpu_summary()
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    monkeypatch.setenv("WORKBENCH_CPU_ISA", "avx2")
+    assert cpu_summary().endswith(
+        "(code paths limited: ONEDNN_MAX_CPU_ISA=AVX2 WORKBENCH_CPU_ISA=avx2)")

@@ -128,10 +128,12 @@ def cpu_paths() -> str:
 
     from kernels.cpu import kernel_status
     from workbench.layers.cpu_gemm import unavailable_reason
+    from workbench.worker import hugepages
 
     packed = unavailable_reason(torch.float32, "cpu")
     kernels = ", ".join(f"{k}={v}" for k, v in kernel_status().items())
-    return f"packed GEMM {'on' if packed is None else f'off ({packed})'}; {kernels}"
+    return (f"packed GEMM {'on' if packed is None else f'off ({packed})'}; {kernels}; "
+            f"{hugepages.status()}")
 
 
 def run_hf(ckpt: Path, reqs: list[OfflineRequest], single: OfflineRequest,
@@ -232,7 +234,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--skip-engine", action="store_true")
     p.add_argument("--skip-hf", action="store_true")
     p.add_argument("--skip-vllm", action="store_true")
-    p.add_argument("--vllm-configs", default="best,default", help="comma list of best,default")
+    p.add_argument("--vllm-configs", default="best,default",
+                   help="comma list of best, best-thp, default (vllm_peer.CONFIGS)")
     p.add_argument("--hf-batch-size", type=int, default=16)
     p.add_argument("--gflops", type=float, default=None,
                    help="state fp32 GFLOP/s (else measured at start and end)")
@@ -246,7 +249,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     # the engine's knobs, as `workbench serve` spells them; vLLM peers get --max-num-seqs too
     add_engine_args(p, defaults={"max_num_seqs": 64, "dtype": "float32"}, exclude=ENGINE_FIXED,
                     title="engine knobs (the workbench engine's run)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    from workbench.bench.peers.vllm_peer import CONFIGS
+
+    bad = [c for c in args.vllm_configs.split(",") if c and c not in CONFIGS]
+    if bad:
+        p.error(f"--vllm-configs {args.vllm_configs!r}: {', '.join(bad)} is not one of "
+                f"{', '.join(CONFIGS)}")
+    return args
 
 
 def engine_schedule(args: argparse.Namespace) -> SchedulerConfig:

@@ -224,6 +224,11 @@ def check_machine(start: MachineRates, end: MachineRates, max_drift: float = MAX
                          max_drift=max_drift, max_others=max_others, reasons=tuple(reasons))
 
 
+# Environment variables that restrict the code paths torch, oneDNN, MKL and the C++ kernels take.
+ISA_LIMIT_VARS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS",
+                  "WORKBENCH_CPU_ISA")
+
+
 def cpu_summary() -> str:
     """'<model name>, <n> CPUs, <widest ISA>' from /proc/cpuinfo (figures differ by ISA:
     AVX2-only machines of this kind measure ~160 fp32 GFLOP/s, AVX-512 ones ~300)."""
@@ -241,4 +246,7 @@ def cpu_summary() -> str:
         pass
     isa = next((name for flag, name in (("amx_tile", "AVX-512 + AMX"), ("avx512f", "AVX-512"),
                                         ("avx2", "AVX2")) if flag in flags), "no AVX2")
+    limits = [f"{k}={os.environ[k]}" for k in ISA_LIMIT_VARS if os.environ.get(k)]
+    if limits:  # `make bench-avx2`: an AVX2-only CPU's code paths on this one
+        isa += f" (code paths limited: {' '.join(limits)})"
     return f"{model}, {os.cpu_count()} CPUs, {isa}"

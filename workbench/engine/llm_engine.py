@@ -47,6 +47,7 @@ from workbench.kv_transfer_config import kv_transfer_params
 from workbench.layers.linear_autotune import linear_backend_report
 from workbench.models.tokenizer import load_tokenizer
 from workbench.sampling_params import SamplingParams, is_int
+from workbench.worker import hugepages
 
 PromptType = str | list[int] | dict[str, Any]
 MAX_ERROR_RECORDS = 100
@@ -258,6 +259,9 @@ class LLMEngine:
             # from (autotuned now / cache / forced); rank 0's shards (layers.linear_autotune)
             "linear_backends": linear_backend_report(
                 *[r.model for r in (self.runner, self.runner.draft_runner) if r is not None]),
+            # CPU: 2 MB pages for the KV cache and torch's large buffers (worker.hugepages)
+            "huge_pages": (hugepages.status() if self.runner.device.type == "cpu"
+                           else "n/a (not a CPU run)"),
         }
 
     # ----------------------------------------------------------------- intake

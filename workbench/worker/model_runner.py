@@ -62,6 +62,7 @@ from workbench.models.loader import load_model
 from workbench.profiling import nvtx_range
 from workbench.spec_decode.draft_model import DraftModelProposer, draft_engine_config
 from workbench.spec_decode.ngram import NgramProposer
+from workbench.worker import hugepages
 from workbench.worker.cpu_malloc import keep_freed_memory
 from workbench.worker.cuda_graph import DecodeGraphRunner, GraphFactory, cudagraph_capture_sizes
 from workbench.worker.drafting import Drafter, propose_drafts
@@ -304,8 +305,8 @@ class ModelRunner:
         shape = (2, num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
         if calibrate is None:
             calibrate = self.config.cache_config.calculate_kv_scales
-        self.kv_caches = [
-            torch.zeros(shape, dtype=self.kv_cache_dtype, device=self.device)
+        self.kv_caches = [  # huge pages on CPU: decode reads it in scattered blocks
+            hugepages.zeros(shape, dtype=self.kv_cache_dtype, device=self.device)
             for _ in range(self.num_layers)
         ]
         self.kv_scales = [KVCacheScales(calibrate=calibrate) for _ in range(self.num_layers)]

@@ -10,8 +10,12 @@ Configurations:
     libraries must exist: without them "best" is refused with the missing one named (it
     would measure vLLM below its best; `make peer-vllm` installs them or fails). The worker
     reads its own memory map, so the result says which preload really ran (`preload`);
+  * "best-thp": "best" with `THP_MEM_ALLOC_ENABLE=1`, the huge pages our engine gets for its
+    weights (workbench/worker/hugepages.py), so the two can be compared on equal pages;
   * "default": neither (vLLM then leaves one core to its scheduler process).
-Both set `VLLM_CPU_KVCACHE_SPACE` (GiB; vLLM needs it on CPU). Startup takes ~30 s.
+All set `VLLM_CPU_KVCACHE_SPACE` (GiB; vLLM needs it on CPU). Startup takes ~30 s. The
+THP_MEM_ALLOC_ENABLE=1 `import workbench` sets for this process is not passed on (vLLM runs
+as shipped); one a user exported is.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.bench.offline_workload import OfflineRequest, to_json
+from workbench.worker import hugepages
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_VENV = REPO_ROOT / ".venv-vllm"
@@ -35,7 +40,7 @@ _TCMALLOC_CANDIDATES = (
     "/usr/lib/aarch64-linux-gnu/libtcmalloc_minimal.so.4",
     "/usr/lib64/libtcmalloc_minimal.so.4",
 )
-CONFIGS = ("best", "default")
+CONFIGS = ("best", "best-thp", "default")
 
 
 @dataclass
@@ -72,16 +77,18 @@ def worker_env(config: str, venv: Path = DEFAULT_VENV, kv_cache_gib: int = 2) ->
     """The environment for one configuration (see the module docstring)."""
     if config not in CONFIGS:
         raise ValueError(f"vLLM config ({config!r}) must be one of {', '.join(CONFIGS)}")
-    env = {k: v for k, v in os.environ.items()
+    env = {k: v for k, v in hugepages.child_env(dict(os.environ)).items()
            if k not in ("PYTHONPATH", "LD_PRELOAD", "VLLM_CPU_OMP_THREADS_BIND",
                         "OMP_NUM_THREADS", "VIRTUAL_ENV")}
     env["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib)
     env["VLLM_LOGGING_LEVEL"] = env.get("VLLM_LOGGING_LEVEL", "WARNING")
     env["TOKENIZERS_PARALLELISM"] = "false"
     env["PATH"] = f"{venv / 'bin'}:{env.get('PATH', '')}"
-    if config == "best":
+    if config in ("best", "best-thp"):
         env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{(os.cpu_count() or 1) - 1}"
         env["LD_PRELOAD"] = ":".join(preload_libs(venv))
+    if config == "best-thp":
+        env[hugepages.TORCH_ENV] = "1"
     return env
 
 
