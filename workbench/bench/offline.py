@@ -94,8 +94,14 @@ def _result(name: str, reqs: Sequence[OfflineRequest], single: OfflineRequest,
 
 def run_engine(ckpt: Path, reqs: list[OfflineRequest], single: OfflineRequest,
                policy: RunPolicy, engine_kwargs: dict[str, Any]) -> SystemResult:
-    """workbench.LLM with the vLLM-like API: token-id prompts, one SamplingParams each."""
+    """workbench.LLM with the vLLM-like API: token-id prompts, one SamplingParams each. Its
+    OpenMP threads are pinned ("auto", as vllm-best's are) unless
+    WORKBENCH_CPU_OMP_THREADS_BIND says otherwise; the hf runs after it share the pinning
+    (same thread)."""
     from workbench import LLM, SamplingParams
+    from workbench.worker import cpu_threads
+
+    os.environ.setdefault(cpu_threads.ENV, "auto")
 
     t0 = time.perf_counter()
     llm = LLM(model=str(ckpt), **{"dtype": "float32", **engine_kwargs})
@@ -128,12 +134,12 @@ def cpu_paths() -> str:
 
     from kernels.cpu import kernel_status
     from workbench.layers.cpu_gemm import unavailable_reason
-    from workbench.worker import hugepages
+    from workbench.worker import cpu_threads, hugepages
 
     packed = unavailable_reason(torch.float32, "cpu")
     kernels = ", ".join(f"{k}={v}" for k, v in kernel_status().items())
     return (f"packed GEMM {'on' if packed is None else f'off ({packed})'}; {kernels}; "
-            f"{hugepages.status()}")
+            f"{hugepages.status()}; {cpu_threads.status()}")
 
 
 def run_hf(ckpt: Path, reqs: list[OfflineRequest], single: OfflineRequest,

@@ -47,7 +47,7 @@ from workbench.kv_transfer_config import kv_transfer_params
 from workbench.layers.linear_autotune import linear_backend_report
 from workbench.models.tokenizer import load_tokenizer
 from workbench.sampling_params import SamplingParams, is_int
-from workbench.worker import hugepages
+from workbench.worker import cpu_threads, hugepages
 
 PromptType = str | list[int] | dict[str, Any]
 MAX_ERROR_RECORDS = 100
@@ -262,6 +262,9 @@ class LLMEngine:
             # CPU: 2 MB pages for the KV cache and torch's large buffers (worker.hugepages)
             "huge_pages": (hugepages.status() if self.runner.device.type == "cpu"
                            else "n/a (not a CPU run)"),
+            # CPU: whether the forward's OpenMP threads are pinned (worker.cpu_threads)
+            "cpu_threads": (cpu_threads.status() if self.runner.device.type == "cpu"
+                            else "n/a (not a CPU run)"),
         }
 
     # ----------------------------------------------------------------- intake

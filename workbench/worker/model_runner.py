@@ -62,7 +62,7 @@ from workbench.models.loader import load_model
 from workbench.profiling import nvtx_range
 from workbench.spec_decode.draft_model import DraftModelProposer, draft_engine_config
 from workbench.spec_decode.ngram import NgramProposer
-from workbench.worker import hugepages
+from workbench.worker import cpu_threads, hugepages
 from workbench.worker.cpu_malloc import keep_freed_memory
 from workbench.worker.cuda_graph import DecodeGraphRunner, GraphFactory, cudagraph_capture_sizes
 from workbench.worker.drafting import Drafter, propose_drafts
@@ -97,6 +97,7 @@ class ModelRunner:
         )
         if self.device.type == "cpu":
             keep_freed_memory()
+            cpu_threads.policy()  # a bad WORKBENCH_CPU_OMP_THREADS_BIND is refused here
         torch.manual_seed(mc.seed)
         self.attention_backend = attention_backend or config.attention_backend or "torch"
         with tensor_parallel_scope(self.tp_rank, self.tp_size):
@@ -388,6 +389,8 @@ class ModelRunner:
         `failed`, a request whose own sampling raises is recorded there (id -> message) and
         left out of the result; an error in the batched forward raises (nobody can be
         blamed); a failing proposer costs only the drafts (`spec_decode_error`)."""
+        if self.device.type == "cpu":  # once per calling thread (worker.cpu_threads)
+            cpu_threads.bind_this_thread(torch.get_num_threads(), self.tp_size)
         if out.finished_req_ids:  # (the input batch drops their rows when it updates)
             self.sampling_metadata_builder.remove_requests(out.finished_req_ids)
         connector = self.kv_connector if out.kv_connector_metadata is not None else None
