@@ -88,3 +88,22 @@ def test_tensor_parallel_ranks_are_not_pinned(monkeypatch: pytest.MonkeyPatch) -
     cpu_threads.bind_this_thread(2, tp_size=2)  # decided before anything is pinned
     assert cpu_threads.status() == (
         "nobind (tensor_parallel_size 2: ranks would share the CPUs)")
+
+
+SPAWN = """
+import subprocess, sys
+import torch
+from workbench.worker import cpu_threads
+cpu_threads.bind_this_thread(2)
+show = [sys.executable, "-c", "import os; print(sorted(os.sched_getaffinity(0)))"]
+print(subprocess.run(show, capture_output=True, text=True).stdout.strip())
+print(subprocess.run(show, capture_output=True, text=True,
+                     preexec_fn=cpu_threads.unpin).stdout.strip())
+"""
+
+
+def test_a_peer_spawned_from_a_pinned_thread_gets_every_cpu_back() -> None:
+    env = {**os.environ, cpu_threads.ENV: "auto"}
+    out = subprocess.run([sys.executable, "-c", SPAWN], cwd=ROOT, env=env, capture_output=True,
+                         text=True, check=True, timeout=300).stdout.strip().splitlines()
+    assert out[-2:] == [str(ALLOWED[:1]), str(ALLOWED)]  # inherited pin, then unpinned

@@ -90,6 +90,14 @@ def bind_this_thread(num_threads: int, tp_size: int = 1) -> None:
     _status = f"bound ({how}): OpenMP thread->CPU {pairs}"
 
 
+def unpin() -> None:
+    """Give the calling thread every CPU the process had at start. A child process inherits
+    its spawner's affinity, so a peer spawned from a pinned thread passes this as
+    `preexec_fn` (it runs in the child, before exec)."""
+    if _ALLOWED:
+        os.sched_setaffinity(0, _ALLOWED)
+
+
 def status() -> str:
     """The last binding decision in this process, for the engine's notes."""
     return _status

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.bench.offline_workload import OfflineRequest, to_json
-from workbench.worker import hugepages
+from workbench.worker import cpu_threads, hugepages
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_VENV = REPO_ROOT / ".venv-vllm"
@@ -144,8 +144,11 @@ def run_vllm(
         if max_num_batched_tokens:
             cmd += ["--max-num-batched-tokens", str(max_num_batched_tokens)]
         with open(log, "w") as logf:
+            # every CPU this process had before the engine pinned the spawning thread: a
+            # child inherits its spawner's affinity (vLLM on one core of two ran at 0.4x)
             proc = subprocess.run(cmd, env=worker_env(config, venv), cwd=tmp, stdout=logf,
-                                  stderr=subprocess.STDOUT, timeout=timeout_s, check=False)
+                                  stderr=subprocess.STDOUT, timeout=timeout_s, check=False,
+                                  preexec_fn=cpu_threads.unpin)
         if proc.returncode != 0 or not out.is_file():
             tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
             raise RuntimeError(f"vLLM worker ({config}) exited {proc.returncode}:\n{tail}")
