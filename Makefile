@@ -5,8 +5,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo demo-engine test lint notebooks notebooks-docs bench bench-avx2 bench-sched bench-spec \
-	peer-vllm screenshots clean
+.PHONY: venv demo demo-engine test lint notebooks notebooks-docs bench bench-avx2 bench-decode \
+	bench-sched bench-spec peer-vllm screenshots clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -56,6 +56,10 @@ bench: $(STAMP)
 bench-avx2: $(STAMP)
 	ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 \
 	WORKBENCH_CPU_ISA=avx2 $(BIN)/python -m workbench.bench.offline --skip-vllm $(ARGS)
+
+# The C++ paged-decode kernel against its torch twin (the bench and small models' shapes).
+bench-decode: $(STAMP)
+	$(BIN)/python -m workbench.bench.decode_kernel
 
 # Scheduler + KV manager cost per step with 256 running requests.
 bench-sched: $(STAMP)
