@@ -24,6 +24,7 @@ kernels are children of a raylet, in groups of their own).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import shutil
@@ -39,6 +40,8 @@ from pathlib import Path
 from types import TracebackType
 
 import psutil
+
+log = logging.getLogger(__name__)
 
 BIN = Path(sys.executable).parent
 AUTH_MODE = "RAY_AUTH_MODE"
@@ -133,10 +136,8 @@ class LocalCluster:
             f"sqlite:///{store / 'mlflow.db'}", "--artifacts-destination", str(store / "art"),
             "--host", "127.0.0.1", "--port", str(ui), "--workers", "1"]) \
             if self.tracking else None
-        head = self._spawn("head", self._ray_start("head", "--head", f"--port={port}",
-                                                   "--include-dashboard=false"))
         deadline = time.monotonic() + START_TIMEOUT_S
-        self._wait(head, "head", deadline)
+        port = self._start_head(port, deadline)
         ip = re.search(r"Local node IP: (\S+)", (self.root / "head.log").read_text())
         assert ip, (self.root / "head.log").read_text()
         self.address = f"{ip.group(1)}:{port}"
@@ -153,6 +154,25 @@ class LocalCluster:
                 assert mlflow.poll() is None, (self.root / "mlflow.log").read_text()[-3000:]
                 assert time.monotonic() < deadline, "mlflow server did not come up"
                 time.sleep(0.5)
+
+    def _start_head(self, port: int, deadline: float) -> int:
+        """`ray start --head`, tried once more on a fresh port when Ray's own start-up fails
+        (on a loaded 2-core machine its GCS can miss an RPC deadline: "The current node timed
+        out during startup"), after killing what the first try left. Returns the port."""
+        for attempt in (1, 2):
+            head = self._spawn("head", self._ray_start("head", "--head", f"--port={port}",
+                                                       "--include-dashboard=false"))
+            try:
+                self._wait(head, "head", deadline)
+                return port
+            except AssertionError as e:
+                if attempt == 2 or time.monotonic() >= deadline:
+                    raise
+                log.warning("`ray start --head` failed, trying once more: %s",
+                            str(e).strip().splitlines()[-1:])
+                self.kill("head")
+                port = free_port()
+        raise AssertionError("unreachable")
 
     def _wait(self, proc: subprocess.Popen[bytes], name: str, deadline: float) -> None:
         try:
