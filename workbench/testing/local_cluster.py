@@ -23,6 +23,7 @@ kernels are children of a raylet, in groups of their own).
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 import os
@@ -128,29 +129,31 @@ class LocalCluster:
                 "--disable-usage-stats"]
 
     def _start(self) -> None:
-        port, ui = free_port(), free_port()
-        store = self.root / "mlflow"
-        store.mkdir(exist_ok=True)
-        mlflow = self._spawn("mlflow", [
-            str(BIN / "mlflow"), "server", "--backend-store-uri",
-            f"sqlite:///{store / 'mlflow.db'}", "--artifacts-destination", str(store / "art"),
-            "--host", "127.0.0.1", "--port", str(ui), "--workers", "1"]) \
-            if self.tracking else None
         deadline = time.monotonic() + START_TIMEOUT_S
-        port = self._start_head(port, deadline)
+        if self.tracking:  # first, so that no Ray service takes its port before it binds
+            self._start_tracking(deadline)
+        port = self._start_head(free_port(), deadline)
         ip = re.search(r"Local node IP: (\S+)", (self.root / "head.log").read_text())
         assert ip, (self.root / "head.log").read_text()
         self.address = f"{ip.group(1)}:{port}"
         worker = self._spawn("worker", self._ray_start("worker", f"--address={self.address}"))
         self._wait(worker, "worker", deadline)
-        if mlflow is None:
-            return
+
+    def _start_tracking(self, deadline: float) -> None:
+        """The MLflow server, up and answering /health before anything else starts."""
+        ui = free_port()
+        store = self.root / "mlflow"
+        store.mkdir(exist_ok=True)
+        mlflow = self._spawn("mlflow", [
+            str(BIN / "mlflow"), "server", "--backend-store-uri",
+            f"sqlite:///{store / 'mlflow.db'}", "--artifacts-destination", str(store / "art"),
+            "--host", "127.0.0.1", "--port", str(ui), "--workers", "1"])
         self.tracking_uri = f"http://127.0.0.1:{ui}"
         while True:
             try:
                 urllib.request.urlopen(f"{self.tracking_uri}/health", timeout=2).read()
                 break
-            except OSError:
+            except (OSError, http.client.HTTPException):
                 assert mlflow.poll() is None, (self.root / "mlflow.log").read_text()[-3000:]
                 assert time.monotonic() < deadline, "mlflow server did not come up"
                 time.sleep(0.5)
