@@ -1,6 +1,7 @@
-"""LocalCluster's head start (workbench.testing.local_cluster): when Ray's own start-up fails
-once (its GCS missing an RPC deadline on a loaded machine), what the first try left is killed
-and the head is started once more on a fresh port; a second failure is raised."""
+"""LocalCluster's node starts (workbench.testing.local_cluster): when Ray's own start-up fails
+(its GCS missing an RPC deadline, a raylet not registering within Ray's fixed 30 s on a loaded
+machine), what the try left is killed and the node is started again (the head on a fresh
+port), up to START_ATTEMPTS tries; the last failure is raised."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ def fake_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failures: int
     events: list[Any] = []
 
     def spawn(name: str, cmd: list[str]) -> subprocess.Popen[bytes]:
-        events.append(("spawn", next(a for a in cmd if a.startswith("--port="))))
+        events.append(("spawn", next(a for a in cmd if a.startswith(("--port=", "--address=")))))
         c.groups[name] = FakeProc.pid
         return FakeProc()  # type: ignore[return-value]
 
@@ -39,7 +40,7 @@ def fake_cluster(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failures: int
     return c, events
 
 
-def test_a_failed_head_start_is_tried_once_more_on_a_fresh_port(
+def test_a_failed_head_start_is_tried_again_on_a_fresh_port(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     c, events = fake_cluster(tmp_path, monkeypatch, failures=1)
     assert c._start_head(7001, deadline=float("inf")) == 7002
@@ -47,8 +48,26 @@ def test_a_failed_head_start_is_tried_once_more_on_a_fresh_port(
                       ("spawn", "--port=7002"), ("wait", "head")]
 
 
-def test_a_second_failure_is_raised(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_failed_worker_start_is_tried_again(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
     c, events = fake_cluster(tmp_path, monkeypatch, failures=2)
+    c.address = "192.0.2.2:7001"
+    c._start_worker(deadline=float("inf"))
+    assert events == [("spawn", "--address=192.0.2.2:7001"), ("wait", "worker"),
+                      ("kill", "worker")] * 2 + [("spawn", "--address=192.0.2.2:7001"),
+                                                  ("wait", "worker")]
+
+
+def test_the_last_failure_is_raised(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert lc.START_ATTEMPTS == 3
+    c, events = fake_cluster(tmp_path, monkeypatch, failures=3)
     with pytest.raises(AssertionError, match="timed out during startup"):
         c._start_head(7001, deadline=float("inf"))
-    assert [e[0] for e in events] == ["spawn", "wait", "kill", "spawn", "wait"]
+    assert [e[0] for e in events] == ["spawn", "wait", "kill"] * 2 + ["spawn", "wait"]
+
+
+def test_no_new_try_past_the_deadline(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    c, events = fake_cluster(tmp_path, monkeypatch, failures=1)
+    with pytest.raises(AssertionError, match="timed out during startup"):
+        c._start_head(7001, deadline=0.0)
+    assert [e[0] for e in events] == ["spawn", "wait"]

@@ -85,7 +85,7 @@ def test_done_with_nothing_arrived_ends_the_wait_and_the_read_pulls() -> None:
     box.take(done_msg(0, ok=False), [])  # the producer's slices were all dropped
     t.join(LONG)
     assert got[0] is None and got[1] < LONG
-    assert not box._refused  # the read cleared it
+    assert list(box._refused) == [("P", "r1")]  # kept until it expires, past the read
 
 
 def test_a_push_refused_for_room_ends_the_wait() -> None:
@@ -94,9 +94,19 @@ def test_a_push_refused_for_room_ends_the_wait() -> None:
     waiting(box)
     box.take(*slice_msg(0, 0, 2, 1.0))  # no room: refused, counted, the read pulls
     t.join(LONG)
-    assert got[0] is None and box.take_dropped() == 1
-    box.take(done_msg(1), [])  # the producer's "done" after: still nothing kept
+    assert got[0] is None
+    box.take(*slice_msg(1, 0, 2, 1.0))  # a slice still on the wire after the read: no 2nd drop
+    box.take(done_msg(2), [])  # the producer's "done" after: still nothing kept
+    assert box.take_dropped() == 1  # one prefill refused, however many of its slices land
     assert not box._entries and box.used == 0
+
+
+def test_a_refused_prefill_is_forgotten_when_it_expires() -> None:
+    box = PushInbox(LAYOUT, torch.float32, 1, expiry_s=5.0)
+    box.take(*slice_msg(0, 0, 2, 1.0))
+    assert box.take_dropped() == 1 and list(box._refused) == [("P", "r1")]
+    box._expire(time.monotonic() + 5.0)  # an injected "later" (no waiting)
+    assert not box._refused
 
 
 def test_a_lost_slice_fails_the_entry() -> None:

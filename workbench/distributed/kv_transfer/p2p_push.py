@@ -59,7 +59,9 @@ class PushInbox:
         self.expiry_s = expiry_s
         self.used = 0
         self._entries: dict[tuple[str, str], _Entry] = {}
-        self._refused: set[tuple[str, str]] = set()
+        # prefills refused here -> when to forget them; kept past the read, because slices
+        # still on the wire after it must not open an entry (and count a second drop)
+        self._refused: dict[tuple[str, str], float] = {}
         self._cond = threading.Condition()
         self.dropped = 0  # prefills whose push was refused here (no room, other layout)
 
@@ -68,12 +70,12 @@ class PushInbox:
         key = (str(header.get("engine_id")), str(header.get("request_id")))
         with self._cond:
             self._expire(time.monotonic())
-            if key in self._refused:  # kept until the read (or the cap) clears it
+            if key in self._refused:  # kept until it expires (or the cap clears it)
                 return
             entry = self._entries.get(key)
             if header.get("kind") == "done":
                 if entry is None:  # nothing of it arrived: a waiting read pulls now
-                    self._refused.add(key)
+                    self._refused[key] = time.monotonic() + self.expiry_s
                 else:
                     entry.done = True
                     entry.failed = entry.failed or not header.get("ok") \
@@ -105,7 +107,7 @@ class PushInbox:
         return entry
 
     def _refuse(self, key: tuple[str, str]) -> None:
-        self._refused.add(key)
+        self._refused[key] = time.monotonic() + self.expiry_s
         self.dropped += 1
         self._cond.notify_all()
         return None
@@ -136,7 +138,6 @@ class PushInbox:
 
         with self._cond:
             self._cond.wait_for(settled, timeout=wait_s)
-            self._refused.discard(key)
             entry = self._entries.pop(key, None)
             if entry is None:
                 return None
@@ -158,7 +159,7 @@ class PushInbox:
             if entry is not None:
                 self.used -= entry.nbytes
             if entry is None or not entry.done:
-                self._refused.add(key)
+                self._refused[key] = time.monotonic() + self.expiry_s
 
     def expire(self) -> None:
         with self._cond:
@@ -169,6 +170,9 @@ class PushInbox:
             if now >= entry.deadline:
                 del self._entries[key]
                 self.used -= entry.nbytes
+        for key, until in list(self._refused.items()):
+            if now >= until:
+                del self._refused[key]
         if len(self._refused) > 4096:
             self._refused.clear()
 
