@@ -16,6 +16,12 @@ once, and tests that share a fixed port live in one file). Most of the suite wai
 processes (servers, routers, notebook kernels, torchrun), so two workers on 2 cores took the
 main run from ~15 to ~10 minutes (AMD EPYC, 2 cores, 2026-12-02). `WORKBENCH_TEST_WORKERS=0`
 runs it in one process.
+
+Both runs get WORKBENCH_HUGEPAGES=0 unless it is set: 4 KB pages in every process the suite
+starts. Huge pages change no result, only speed, and on this project's VMs faulting in huge
+pages of memory the guest has not touched recently costs seconds of system time per process
+(notebook 01's test: 59 s with them, 46 s without, 27 s against 9 s of system time);
+tests/worker/test_hugepages.py sets what it checks itself.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ def xdist_args() -> list[str]:
 def main(argv: list[str]) -> int:
     root = Path(__file__).resolve().parent.parent
     workers = xdist_args()  # a bad value stops here, before anything starts
+    os.environ.setdefault("WORKBENCH_HUGEPAGES", "0")  # inherited by both runs (see above)
     with tempfile.TemporaryFile("w+") as log:
         t0 = time.monotonic()
         cluster = subprocess.Popen([sys.executable, "-m", "pytest", CLUSTER], cwd=root,

@@ -44,18 +44,32 @@ def vm_flags(addr: int) -> set[str]:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise is Linux's")
-def test_kv_cache_buffers_are_marked_before_their_first_touch(
+def test_kv_cache_buffers_are_marked_before_their_first_touch_when_asked(
         monkeypatch: pytest.MonkeyPatch) -> None:
     shape = (2, 64, 16, 4, 64)  # 4 MiB of fp32
+    monkeypatch.setenv("WORKBENCH_HUGEPAGES", "all")
     t = hugepages.zeros(shape, torch.float32, "cpu")
     assert t.shape == shape and t.dtype == torch.float32 and not t.any()
     middle = t.data_ptr() + t.numel() * t.element_size() // 2
     assert "hg" in vm_flags(middle)  # MADV_HUGEPAGE landed on the buffer's pages
     small = torch.empty(1000)  # under 2 MB: nothing to gain, left alone
     assert hugepages.advise(small) is False
-    monkeypatch.setenv("WORKBENCH_HUGEPAGES", "0")
-    off = hugepages.zeros(shape, torch.float32, "cpu")
-    assert not off.any() and off.shape == shape
+    advised: list[torch.Tensor] = []
+    monkeypatch.setattr(hugepages, "advise", advised.append)
+    for value in ("0", "1"):  # off, and the default: torch's allocations only
+        monkeypatch.setenv("WORKBENCH_HUGEPAGES", value)
+        off = hugepages.zeros(shape, torch.float32, "cpu")
+        assert not off.any() and off.shape == shape
+    assert advised == []  # the KV cache is not marked (torch's allocator may mark it itself)
+
+
+def test_a_bad_setting_is_refused_naming_the_choices(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("WORKBENCH_HUGEPAGES", "yes")
+    with pytest.raises(ValueError, match=r"WORKBENCH_HUGEPAGES \('yes'\) must be one of "
+                                         r"0, 1, all"):
+        hugepages.setting()
+    monkeypatch.setenv("WORKBENCH_HUGEPAGES", "ALL")
+    assert hugepages.setting() == "all" and hugepages.kv_enabled()
 
 
 def run_python(code: str, **env: str) -> str:
@@ -79,11 +93,16 @@ def test_import_workbench_first_turns_on_torchs_huge_pages() -> None:
 
 def test_status_says_what_this_process_gets(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(hugepages, "thp_mode", lambda: "madvise")
+    monkeypatch.delenv("WORKBENCH_HUGEPAGES", raising=False)
     monkeypatch.setenv("THP_MEM_ALLOC_ENABLE", "1")
+    assert hugepages.status() == "huge pages: torch allocations >= 2 MB (THP_MEM_ALLOC_ENABLE=1)"
+    monkeypatch.setenv("WORKBENCH_HUGEPAGES", "all")
     assert hugepages.status() == (
         "huge pages: KV cache + torch allocations >= 2 MB (THP_MEM_ALLOC_ENABLE=1)")
     monkeypatch.delenv("THP_MEM_ALLOC_ENABLE")
-    assert hugepages.status().startswith("huge pages: KV cache only (torch was imported")
+    assert hugepages.status() == "huge pages: KV cache"
+    monkeypatch.delenv("WORKBENCH_HUGEPAGES")
+    assert hugepages.status().startswith("huge pages: none (torch was imported before")
     monkeypatch.setattr(hugepages, "thp_mode", lambda: "never")
     assert hugepages.status() == "huge pages unavailable (kernel THP never)"
     monkeypatch.setenv("WORKBENCH_HUGEPAGES", "0")

@@ -8,13 +8,21 @@ pages to memory marked MADV_HUGEPAGE when /sys/kernel/mm/transparent_hugepage/en
 "madvise" (the usual default) and to all anonymous memory when it is "always"; "never" turns
 them off.
 
-Two ways in, both used:
+Two ways in:
 - `THP_MEM_ALLOC_ENABLE=1` makes torch's CPU allocator mark every allocation of 2 MB or more
   (weights, packed weights, activations). torch reads it once, at its first allocation, so it
   only takes effect when set before torch is imported: `workbench/__init__.py` sets it when it
-  is imported first (`prepare_torch_env`), unless WORKBENCH_HUGEPAGES=0.
+  is imported first (`prepare_torch_env`), unless WORKBENCH_HUGEPAGES=0. On by default: this
+  is where the gain above came from.
 - buffers the engine allocates itself (the KV cache) are marked before their first touch
-  (`zeros`), whatever the import order was.
+  (`zeros`), whatever the import order was: only with WORKBENCH_HUGEPAGES=all. Off by
+  default because it measured no gain (635 tok/s with only the KV cache marked) and costs at
+  start: on a VM whose host backs guest memory lazily (this project's machines), faulting in
+  huge pages of memory the guest has not touched recently costs ~4 s of system time per GiB
+  against ~0.3 s with 4 KB pages, and the default CPU KV cache is up to 4 GiB.
+
+WORKBENCH_HUGEPAGES: "0" keeps 4 KB pages everywhere (for A/B runs), "1" (the default) torch's
+allocations, "all" torch's allocations and the KV cache.
 """
 
 from __future__ import annotations
@@ -31,13 +39,29 @@ if TYPE_CHECKING:  # torch is imported inside the functions: prepare_torch_env r
 MADV_HUGEPAGE = 14
 PAGE = 4096
 THP_ENABLED = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-ENV = "WORKBENCH_HUGEPAGES"  # "0" keeps 4 KB pages everywhere (for A/B runs)
+ENV = "WORKBENCH_HUGEPAGES"  # "0" | "1" (default) | "all": see the module's docstring
+CHOICES = ("0", "1", "all")
 TORCH_ENV = "THP_MEM_ALLOC_ENABLE"
 
 
+def setting() -> str:
+    """WORKBENCH_HUGEPAGES ("1" when unset); a value outside CHOICES is refused."""
+    value = os.environ.get(ENV, "1").strip().lower()
+    if value not in CHOICES:
+        raise ValueError(f"{ENV} ({os.environ[ENV]!r}) must be one of {', '.join(CHOICES)}: "
+                         "0 = 4 KB pages, 1 = torch's allocations >= 2 MB, "
+                         "all = those and the KV cache")
+    return value
+
+
 def enabled() -> bool:
-    """Whether the engine asks for huge pages (WORKBENCH_HUGEPAGES is not "0")."""
-    return os.environ.get(ENV, "1") != "0"
+    """Whether the engine asks for huge pages at all (WORKBENCH_HUGEPAGES is not "0")."""
+    return os.environ.get(ENV, "1").strip() != "0"
+
+
+def kv_enabled() -> bool:
+    """Whether the KV cache is marked too (WORKBENCH_HUGEPAGES=all)."""
+    return setting() == "all"
 
 
 def thp_mode(path: Path = THP_ENABLED) -> str:
@@ -78,10 +102,11 @@ def advise(t: torch.Tensor) -> bool:
 
 
 def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
-    """torch.zeros, with a CPU buffer marked for huge pages before it is first written."""
+    """torch.zeros; with WORKBENCH_HUGEPAGES=all a CPU buffer is marked for huge pages before
+    it is first written."""
     import torch
 
-    if torch.device(device).type != "cpu" or not enabled():
+    if torch.device(device).type != "cpu" or not kv_enabled():
         return torch.zeros(shape, dtype=dtype, device=device)
     t = torch.empty(shape, dtype=dtype, device=device)
     advise(t)
@@ -118,6 +143,10 @@ def status() -> str:
     if mode == "always":
         return "huge pages: kernel THP always (every large buffer)"
     torch_env = os.environ.get(TORCH_ENV) == "1"
-    return ("huge pages: KV cache" + (" + torch allocations >= 2 MB (THP_MEM_ALLOC_ENABLE=1)"
-                                      if torch_env else " only (torch was imported before "
-                                      "workbench: set THP_MEM_ALLOC_ENABLE=1 for the weights)"))
+    parts = ["torch allocations >= 2 MB (THP_MEM_ALLOC_ENABLE=1)"] if torch_env else []
+    if kv_enabled():
+        parts.insert(0, "KV cache")
+    if not parts:
+        return ("huge pages: none (torch was imported before workbench: set "
+                "THP_MEM_ALLOC_ENABLE=1 for the weights)")
+    return "huge pages: " + " + ".join(parts)

@@ -98,6 +98,7 @@ class ModelRunner:
         if self.device.type == "cpu":
             keep_freed_memory()
             cpu_threads.policy()  # a bad WORKBENCH_CPU_OMP_THREADS_BIND is refused here
+            hugepages.setting()  # and a bad WORKBENCH_HUGEPAGES
         torch.manual_seed(mc.seed)
         self.attention_backend = attention_backend or config.attention_backend or "torch"
         with tensor_parallel_scope(self.tp_rank, self.tp_size):
