@@ -94,7 +94,7 @@ def test_worker_exception_is_reraised_on_rank0_with_its_traceback(model: Path) -
     pids = _worker_pids(llm)
     # break rank 1 only: its next forward raises while rank 0 waits in the first all-reduce
     llm.engine.runner.collective_rpc(  # type: ignore[attr-defined]
-        "_unbind_kv_cache", include_driver=False)
+        "unbind_kv_cache", include_driver=False)
     with pytest.raises(WorkerError) as info:
         llm.generate(PROMPT, GREEDY)
     text = str(info.value)
@@ -108,7 +108,7 @@ def test_worker_exception_is_reraised_on_rank0_with_its_traceback(model: Path) -
 def test_rank0_exception_stops_the_workers(model: Path) -> None:
     llm = LLM(model, **ENGINE)
     pids = _worker_pids(llm)
-    llm.engine.runner._unbind_kv_cache()  # rank 0 raises; rank 1 is left in a collective
+    llm.engine.runner.unbind_kv_cache()  # rank 0 raises; rank 1 is left in a collective
     with pytest.raises(RuntimeError, match="Attention.kv_cache is not bound") as info:
         llm.generate(PROMPT, GREEDY)
     assert not isinstance(info.value, WorkerError)

@@ -38,7 +38,7 @@ from workbench.config import EngineConfig
 from workbench.layers.linear import LinearBase
 from workbench.layers.linear_backend import BACKEND_ENV, available_backends
 from workbench.testing import tiny_checkpoint
-from workbench.worker.model_runner import LiveTensorPeak
+from workbench.worker.memory_profile import LiveTensorPeak
 
 BUDGET = 4 << 20
 BS, MAX_LEN = 16, 128

@@ -18,7 +18,8 @@ decoding the runner owns the proposer (`drafter`) and drafts right after samplin
 
 KV cache dtype: the model dtype, or float8_e4m3fn with kv_cache_dtype="fp8" (one
 `KVCacheScales` per layer, bound to its cache tensor; see workbench.attention.metadata).
-`profile_run` measures the activation peak of a dummy forward for the memory budget.
+`profile_run` measures the activation peak of a dummy forward for the memory budget
+(`memory_profile.py`).
 
 Tensor parallelism (`tensor_parallel_size` > 1): the model is built as this process's TP rank
 (its shard of every layer) and the KV cache holds this rank's KV heads
@@ -28,13 +29,8 @@ every rank. The ranks are started by `workbench.executor.tp_runner.create_model_
 
 from __future__ import annotations
 
-import weakref
-from typing import Any
-
 import numpy as np
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from workbench.attention.metadata import (
     FP8_KV_DTYPE,
@@ -67,6 +63,7 @@ from workbench.worker.cpu_malloc import keep_freed_memory
 from workbench.worker.cuda_graph import DecodeGraphRunner, GraphFactory, cudagraph_capture_sizes
 from workbench.worker.drafting import Drafter, propose_drafts
 from workbench.worker.input_batch import InputBatch
+from workbench.worker.memory_profile import activation_peak
 from workbench.worker.phase_clock import PhaseClock
 from workbench.worker.prompt_logprobs import compute_prompt_logprobs
 from workbench.worker.sampling_metadata_builder import SamplingMetadataBuilder
@@ -238,7 +235,7 @@ class ModelRunner:
             used = torch.cuda.memory_reserved(self.device) - before
             del runner
         finally:
-            self._unbind_kv_cache()
+            self.unbind_kv_cache()
             torch.cuda.empty_cache()
         return int(used)
 
@@ -318,7 +315,7 @@ class ModelRunner:
         self.num_blocks = num_blocks
         self.model.bind_kv_cache(self.kv_caches)
 
-    def _unbind_kv_cache(self) -> None:
+    def unbind_kv_cache(self) -> None:
         self.kv_caches, self.kv_scales, self.num_blocks = [], [], 0
         self.graph_runner = None  # its graphs point at the old cache
         for m in self.model.modules():
@@ -333,52 +330,9 @@ class ModelRunner:
 
     @torch.inference_mode()
     def profile_run(self, num_tokens: int, max_num_seqs: int) -> int:
-        """Activation peak (bytes) of one dummy forward of `num_tokens` tokens, vLLM-style.
-
-        The batch is min(num_tokens, max_num_seqs x max_model_len) tokens of fresh prefills,
-        max_model_len tokens each (the last one shorter), written into a temporary KV cache
-        (scales not calibrated; allocated before measuring, so not counted), then the logits
-        of min(max_num_seqs, tokens) rows. CUDA: torch.cuda.max_memory_allocated() minus the
-        allocated bytes before the forward. CPU: the peak of the bytes of tensor storages the
-        forward creates while they are alive (`LiveTensorPeak`, a TorchDispatchMode); buffers
-        kernels allocate internally without a tensor are not seen. Must run before
-        allocate_kv_cache (the temporary cache is unbound afterwards).
-        """
-        max_len = self.config.model_config.max_model_len
-        assert max_len is not None
-        tokens = min(num_tokens, max_num_seqs * max_len)
-        seq_len = min(max_len, tokens)
-        lens = [seq_len] * (tokens // seq_len) + ([tokens % seq_len] if tokens % seq_len else [])
-        tables, nxt = [], 1
-        for n in lens:
-            nb = cdiv(n, self.block_size)
-            tables.append(list(range(nxt, nxt + nb)))
-            nxt += nb
-        self.allocate_kv_cache(nxt, calibrate=False)
-        input_ids, positions, meta = self.build_batch([0] * tokens, [0] * len(lens), lens, tables)
-        num_rows = min(max_num_seqs, tokens)
-
-        def forward() -> None:
-            hidden = self.model(input_ids, positions, meta)
-            self.model.compute_logits(hidden[-num_rows:])
-
-        try:
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
-                torch.cuda.reset_peak_memory_stats(self.device)
-                base = torch.cuda.memory_allocated(self.device)
-                forward()
-                torch.cuda.synchronize(self.device)
-                peak = torch.cuda.max_memory_allocated(self.device) - base
-            else:
-                with LiveTensorPeak(self.device.type) as tracker:
-                    forward()
-                peak = tracker.peak
-        finally:
-            self._unbind_kv_cache()
-            if self.device.type == "cuda":
-                torch.cuda.empty_cache()
-        return int(peak)
+        """Activation peak (bytes) of one dummy forward of `num_tokens` tokens, vLLM-style
+        (`memory_profile.activation_peak`). Must run before allocate_kv_cache."""
+        return activation_peak(self, num_tokens, max_num_seqs)
 
     # ---------------------------------------------------------------- execute
     @torch.inference_mode()
@@ -539,48 +493,3 @@ def batch_tensors(
         max_seq_len=max(seq_lens_cpu),
     )
     return torch.from_numpy(input_ids).to(device), torch.from_numpy(positions).to(device), meta
-
-
-class LiveTensorPeak(TorchDispatchMode):
-    """Peak bytes of the tensor storages created while active and still alive (CPU profiling).
-
-    Every op's outputs on `device_type` whose storage is new (not one of the op's inputs, so
-    views and in-place / out= writes into existing tensors do not count) are added when they
-    appear and subtracted when their storage is freed (a weakref finalizer on the storage).
-    So `peak` is the most bytes of tensors the traced code held at once, beyond what existed
-    before (weights, the KV cache, inputs)."""
-
-    def __init__(self, device_type: str = "cpu") -> None:
-        super().__init__()
-        self.device_type = device_type
-        self.current = 0
-        self.peak = 0
-        self._live: dict[int, int] = {}
-        self._finalizers: list[weakref.finalize] = []
-
-    def _free(self, key: int) -> None:
-        self.current -= self._live.pop(key, 0)
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        inputs = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0]
-                  if isinstance(t, torch.Tensor) and not t.is_mkldnn}  # packed: opaque
-        for t in tree_flatten(out)[0]:
-            if not isinstance(t, torch.Tensor) or t.device.type != self.device_type:
-                continue
-            storage = t.untyped_storage()
-            key, nbytes = id(storage), storage.nbytes()
-            if nbytes == 0 or key in self._live or storage.data_ptr() in inputs:
-                continue
-            self._finalizers.append(weakref.finalize(storage, self._free, key))
-            self._live[key] = nbytes
-            self.current += nbytes
-            self.peak = max(self.peak, self.current)
-        return out
-
-    def __exit__(self, *exc: Any) -> None:
-        for f in self._finalizers:
-            f.detach()
-        self._finalizers.clear()
-        return super().__exit__(*exc)
