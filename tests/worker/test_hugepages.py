@@ -46,7 +46,7 @@ def vm_flags(addr: int) -> set[str]:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="madvise is Linux's")
 def test_kv_cache_buffers_are_marked_before_their_first_touch_when_asked(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    shape = (2, 64, 16, 4, 64)  # 4 MiB of fp32
+    shape = (2, 128, 16, 4, 64)  # 4 MiB of fp32: whole 2 MB pages inside, whatever its offset
     monkeypatch.setenv("WORKBENCH_HUGEPAGES", "all")
     t = hugepages.zeros(shape, torch.float32, "cpu")
     assert t.shape == shape and t.dtype == torch.float32 and not t.any()
