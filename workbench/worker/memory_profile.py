@@ -15,19 +15,35 @@ Activation peak (bytes) of one dummy forward of `num_tokens` tokens, vLLM-style.
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from workbench.attention.metadata import AttentionMetadata
 from workbench.calc import cdiv
-
-if TYPE_CHECKING:
-    from workbench.worker.model_runner import ModelRunner
+from workbench.config import EngineConfig
 
 
-def activation_peak(runner: ModelRunner, num_tokens: int, max_num_seqs: int) -> int:
+class ProfiledRunner(Protocol):
+    """What the profile run needs of a ModelRunner (no import of it: no cycle)."""
+
+    config: EngineConfig
+    block_size: int
+    device: torch.device
+    model: Any
+
+    def allocate_kv_cache(self, num_blocks: int, calibrate: bool | None = None) -> None: ...
+
+    def unbind_kv_cache(self) -> None: ...
+
+    def build_batch(self, token_ids: list[int], starts: list[int], q_lens: list[int],
+                    block_ids: list[list[int]]
+                    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]: ...
+
+
+def activation_peak(runner: ProfiledRunner, num_tokens: int, max_num_seqs: int) -> int:
     """Peak bytes of one dummy forward of `num_tokens` tokens on `runner` (see above)."""
     max_len = runner.config.model_config.max_model_len
     assert max_len is not None
