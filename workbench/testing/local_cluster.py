@@ -160,23 +160,26 @@ class LocalCluster:
                 time.sleep(0.5)
 
     def _start_head(self, port: int, deadline: float) -> int:
-        """`ray start --head`, on a fresh port at each new try. Returns the port."""
-        ports = [port]
-        self._start_node("head", lambda: self._ray_start(
-            "head", "--head", f"--port={ports[-1]}", "--include-dashboard=false"),
-            deadline, lambda: ports.append(free_port()))
+        """`ray start --head` on `port`, on a fresh port at each new try. Returns the port."""
+        ports: list[int] = []
+
+        def command() -> list[str]:
+            ports.append(free_port() if ports else port)
+            return self._ray_start("head", "--head", f"--port={ports[-1]}",
+                                   "--include-dashboard=false")
+        self._start_node("head", command, deadline)
         return ports[-1]
 
     def _start_worker(self, deadline: float) -> None:
         self._start_node("worker", lambda: self._ray_start(
-            "worker", f"--address={self.address}"), deadline, lambda: None)
+            "worker", f"--address={self.address}"), deadline)
 
-    def _start_node(self, name: str, command: Callable[[], list[str]], deadline: float,
-                    before_retry: Callable[[], None]) -> None:
-        """`ray start` of one node, tried again (up to START_ATTEMPTS) when Ray's own start-up
-        fails, after killing what the failed try left: on a loaded 2-core machine its GCS can
-        miss an RPC deadline, or a raylet not register within Ray's fixed 30 s ("The current
-        node timed out during startup"; both seen in CI while the main suite ran beside)."""
+    def _start_node(self, name: str, command: Callable[[], list[str]], deadline: float) -> None:
+        """`ray start` of one node (`command()` gives each try's command line), tried again
+        (up to START_ATTEMPTS) when Ray's own start-up fails, after killing what the failed
+        try left: on a loaded 2-core machine its GCS can miss an RPC deadline, or a raylet not
+        register within Ray's fixed 30 s ("The current node timed out during startup"; both
+        seen in CI while the main suite ran beside)."""
         for attempt in range(1, START_ATTEMPTS + 1):
             proc = self._spawn(name, command())
             try:
@@ -188,7 +191,6 @@ class LocalCluster:
                 log.warning("`ray start` (%s) failed, trying again: %s", name,
                             str(e).strip().splitlines()[-1:])
                 self.kill(name)
-                before_retry()
 
     def _wait(self, proc: subprocess.Popen[bytes], name: str, deadline: float) -> None:
         try:

@@ -44,9 +44,13 @@ CHOICES = ("0", "1", "all")
 TORCH_ENV = "THP_MEM_ALLOC_ENABLE"
 
 
+def _raw() -> str:
+    return os.environ.get(ENV, "1").strip().lower()
+
+
 def setting() -> str:
     """WORKBENCH_HUGEPAGES ("1" when unset); a value outside CHOICES is refused."""
-    value = os.environ.get(ENV, "1").strip().lower()
+    value = _raw()
     if value not in CHOICES:
         raise ValueError(f"{ENV} ({os.environ[ENV]!r}) must be one of {', '.join(CHOICES)}: "
                          "0 = 4 KB pages, 1 = torch's allocations >= 2 MB, "
@@ -56,7 +60,7 @@ def setting() -> str:
 
 def enabled() -> bool:
     """Whether the engine asks for huge pages at all (WORKBENCH_HUGEPAGES is not "0")."""
-    return os.environ.get(ENV, "1").strip() != "0"
+    return _raw() != "0"  # never raises: `import workbench` asks (setting() refuses later)
 
 
 def kv_enabled() -> bool:

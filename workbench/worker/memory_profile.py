@@ -1,15 +1,14 @@
-"""The activation peak of a dummy forward, for the memory budget (`ModelRunner.profile_run`).
+"""The activation peak of a dummy forward, for the memory budget (`ModelRunner.profile_run`),
+vLLM-style.
 
-Activation peak (bytes) of one dummy forward of `num_tokens` tokens, vLLM-style.
-
-        The batch is min(num_tokens, max_num_seqs x max_model_len) tokens of fresh prefills,
-        max_model_len tokens each (the last one shorter), written into a temporary KV cache
-        (scales not calibrated; allocated before measuring, so not counted), then the logits
-        of min(max_num_seqs, tokens) rows. CUDA: torch.cuda.max_memory_allocated() minus the
-        allocated bytes before the forward. CPU: the peak of the bytes of tensor storages the
-        forward creates while they are alive (`LiveTensorPeak`, a TorchDispatchMode); buffers
-        kernels allocate internally without a tensor are not seen. Must run before
-        allocate_kv_cache (the temporary cache is unbound afterwards).
+The batch is min(num_tokens, max_num_seqs x max_model_len) tokens of fresh prefills,
+max_model_len tokens each (the last one shorter), written into a temporary KV cache (scales
+not calibrated; allocated before measuring, so not counted), then the logits of
+min(max_num_seqs, tokens) rows. CUDA: torch.cuda.max_memory_allocated() minus the allocated
+bytes before the forward. CPU: the peak of the bytes of tensor storages the forward creates
+while they are alive (`LiveTensorPeak`, a TorchDispatchMode); buffers kernels allocate
+internally without a tensor are not seen. Must run before allocate_kv_cache (the temporary
+cache is unbound afterwards).
 """
 
 from __future__ import annotations

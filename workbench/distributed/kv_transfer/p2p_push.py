@@ -59,8 +59,9 @@ class PushInbox:
         self.expiry_s = expiry_s
         self.used = 0
         self._entries: dict[tuple[str, str], _Entry] = {}
-        # prefills refused here -> when to forget them; kept past the read, because slices
-        # still on the wire after it must not open an entry (and count a second drop)
+        # prefills refused here -> when to forget them, oldest first; kept past the read,
+        # because slices still on the wire after it must not open an entry (and count a
+        # second drop)
         self._refused: dict[tuple[str, str], float] = {}
         self._cond = threading.Condition()
         self.dropped = 0  # prefills whose push was refused here (no room, other layout)
@@ -75,7 +76,7 @@ class PushInbox:
             entry = self._entries.get(key)
             if header.get("kind") == "done":
                 if entry is None:  # nothing of it arrived: a waiting read pulls now
-                    self._refused[key] = time.monotonic() + self.expiry_s
+                    self._remember_refused(key)
                 else:
                     entry.done = True
                     entry.failed = entry.failed or not header.get("ok") \
@@ -106,8 +107,12 @@ class PushInbox:
         self._entries[key] = entry
         return entry
 
-    def _refuse(self, key: tuple[str, str]) -> None:
+    def _remember_refused(self, key: tuple[str, str]) -> None:
+        self._refused.pop(key, None)  # re-inserted at the end: the dict stays in expiry order
         self._refused[key] = time.monotonic() + self.expiry_s
+
+    def _refuse(self, key: tuple[str, str]) -> None:
+        self._remember_refused(key)
         self.dropped += 1
         self._cond.notify_all()
         return None
@@ -159,7 +164,7 @@ class PushInbox:
             if entry is not None:
                 self.used -= entry.nbytes
             if entry is None or not entry.done:
-                self._refused[key] = time.monotonic() + self.expiry_s
+                self._remember_refused(key)
 
     def expire(self) -> None:
         with self._cond:
@@ -170,9 +175,11 @@ class PushInbox:
             if now >= entry.deadline:
                 del self._entries[key]
                 self.used -= entry.nbytes
-        for key, until in list(self._refused.items()):
-            if now >= until:
-                del self._refused[key]
+        while self._refused:  # oldest first: stop at the first one still to keep
+            key, until = next(iter(self._refused.items()))
+            if now < until:
+                break
+            del self._refused[key]
         if len(self._refused) > 4096:
             self._refused.clear()
 
