@@ -175,7 +175,9 @@ def test_a_lost_node_loses_no_request_and_its_replica_comes_back(
         futures = {p: ex.submit(streamed_ids, url, p, started) for p in PROMPTS}
         for _ in PROMPTS:  # every stream has begun: two on each replica (round robin)
             assert started.acquire(timeout=60)
-        assert lost.outstanding == 2 and not any(f.done() for f in futures.values())
+        # the lost replica holds its two streams; one of the kept replica's may already be
+        # done on a loaded machine (seen in CI) without changing what this test checks
+        assert lost.outstanding == 2
         nodes.kill("worker")
         results = {p: f.result(timeout=180) for p, f in futures.items()}
     assert results == reference  # resumed or restarted on the head's replica: same tokens
