@@ -384,6 +384,40 @@ def default_cpu_watch() -> CpuWatch:
     return FixedCpuWatch(value)
 
 
+LOAD_CHECK_S = 1.0  # how long `load_before_start` watches the machine
+
+
+def load_before_start(watch: CpuWatch, window_s: float = LOAD_CHECK_S,
+                      wait: Callable[[float], None] = time.sleep) -> float:
+    """The share of all CPUs other processes take now, watched for `window_s` before a
+    measured series starts (NaN: not measurable). A `FixedCpuWatch` (a stated share, tests)
+    answers at once."""
+    with watch.measure() as share:
+        if not isinstance(watch, FixedCpuWatch):
+            wait(window_s)
+    return share.others
+
+
+def busy_machine_line(share: float, threshold: float, flag: str = "--max-other-cpu-share"
+                      ) -> str | None:
+    """The warning before a series starts when other processes already take more than
+    `threshold` of the CPUs; None when the machine is quiet enough (or not measured)."""
+    if math.isnan(share) or share <= threshold:
+        return None
+    return (f"other processes already use {share:.0%} of the CPUs (threshold "
+            f"{threshold:.0%}): runs measured now will likely be INVALID; wait for a "
+            f"quieter machine, or raise {flag}")
+
+
+def invalid_advice(invalid: int, total: int, flag: str = "--max-other-cpu-share"
+                   ) -> str | None:
+    """The closing line when runs came back INVALID ("3/3 invalid: rerun on a quieter
+    machine, or raise --max-other-cpu-share"); None when none did."""
+    if invalid <= 0:
+        return None
+    return f"{invalid}/{total} invalid: rerun on a quieter machine, or raise {flag}"
+
+
 def local_server_pids(base_url: str) -> list[int] | None:
     """The processes listening on `base_url`'s port when its host is this machine (their
     CPU use is the system under test, not a disturbance); [] for a remote host; None when
