@@ -27,8 +27,8 @@ class SamplingParams:
     min_tokens: EOS and stop tokens are suppressed until this many tokens exist.
     stop_token_ids: extra token ids that finish the request (the stop token is kept).
     ignore_eos: keep generating past EOS (benchmarks).
-    n: number of output sequences for the prompt (forked after prefill, blocks shared
-       copy-on-write).
+    n: number of output sequences for the prompt (independent siblings added with the
+       request, sharing the prompt's KV through the prefix cache, as in vLLM V1).
     seed: per-request seed; the same seed gives the same tokens.
     prompt_logprobs: None (default) or k: for every prompt position after the first, the
        logprob and rank of the actual prompt token plus the k most likely tokens; 0 = the

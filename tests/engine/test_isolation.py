@@ -379,11 +379,11 @@ def test_a_failing_proposer_costs_only_drafts(
 
 
 @pytest.mark.parametrize("how", ["max_tokens", "stop_token"])
-def test_n_children_are_forked_when_the_parent_ends_on_its_first_token(
+def test_n_siblings_all_finish_when_each_ends_on_its_first_token(
     llm: LLM, how: str
 ) -> None:
-    """Found by the server's fuzzer: the children were forked only when the parent went on,
-    so a parent ending on its first token left the request waiting for n sequences forever."""
+    """Found by the server's fuzzer (when siblings were forked after the first token): a
+    parent ending on its first token left the request waiting for n sequences forever."""
     prompt = [11, 12, 13, 14, 15, 16]
     first = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=1))[0]
     tok = first.outputs[0].token_ids[0]

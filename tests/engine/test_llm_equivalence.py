@@ -60,7 +60,7 @@ def test_greedy_equals_transformers(
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_n2_copy_on_write_both_sequences_equal_reference(
+def test_n2_both_sequences_equal_reference(
     arch: str, checkpoints: dict[str, Path], references: dict[str, Any]
 ) -> None:
     prompts, expected = references[arch]

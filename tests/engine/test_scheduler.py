@@ -202,21 +202,56 @@ def test_max_model_len_caps_generation() -> None:
     assert r.num_output_tokens == 2 and r.status == RequestStatus.FINISHED_LENGTH_CAPPED
 
 
-def test_n2_fork_shares_prompt_blocks_and_copies_on_write() -> None:
+def test_n2_fans_out_and_shares_only_full_blocks_through_the_prefix_cache() -> None:
+    # vLLM V1's parallel sampling: two independent requests; the second hits the full
+    # block the first cached at allocation (same step) and computes its partial tail into
+    # a block of its own: nothing is copied, ever.
     s = make_scheduler(block_size=4)
     r = make_request("r", 6, max_tokens=3, n=2)  # blocks: [t0..t3] full, [t4 t5 _ _] partial
     s.add_request(r)
-    fake_step(s)
-    parent_blocks = s.kv_cache_manager.get_block_ids("r")
-    assert parent_blocks == [1, 2]
     child = s.requests["r#1"]
-    assert child.num_computed_tokens == 5 and child.parent_id == "r"
-    out = s.schedule()
-    # The parent writes position 6 into shared block 2 -> copy; the child then writes
-    # position 5 into block 2, which only it holds now -> in place.
+    assert (child.parent_id, child.index, child.sampling_params.n) == ("r", 1, 1)
+    out = fake_step(s)
+    assert out.num_scheduled_tokens == {"r": 6, "r#1": 2}
+    assert out.blocks_to_copy == []
+    assert out.block_ids == {"r": [1, 2], "r#1": [1, 3]}
+    assert child.num_cached_tokens == 4
+    out = fake_step(s)
     assert out.num_scheduled_tokens == {"r": 1, "r#1": 1}
-    assert out.blocks_to_copy == [(2, 3)]
-    assert out.block_ids == {"r": [1, 3], "r#1": [1, 2]}
+    assert out.blocks_to_copy == []
+    assert out.block_ids == {"r": [1, 2], "r#1": [1, 3]}
+
+
+def test_n2_on_a_block_aligned_cached_prompt_recomputes_the_last_block_without_a_copy() -> None:
+    # Seed 000's pair Q: the prompt fills its blocks exactly (8 tokens, block size 4) and is
+    # already in the prefix cache. A hit is capped at (8 - 1) // 4 = 1 block, so each
+    # sample recomputes the last full block into its own block; the first output token goes
+    # to a fresh block; no shared block is ever written, so nothing is copied.
+    s = make_scheduler(block_size=4)
+    first = make_request("a", 8, max_tokens=1)
+    s.add_request(first)
+    fake_step(s)
+    assert first.is_finished() and s.kv_cache_manager.get_block_ids("a") == []
+    r = make_request("r", 8, max_tokens=2, n=2)
+    s.add_request(r)
+    out = fake_step(s)
+    assert out.num_scheduled_tokens == {"r": 4, "r#1": 4}
+    assert r.num_cached_tokens == 4 and s.requests["r#1"].num_cached_tokens == 4
+    assert out.blocks_to_copy == []
+    ids = out.block_ids
+    assert ids["r"][0] == ids["r#1"][0] and ids["r"][1] != ids["r#1"][1]
+    out = fake_step(s)
+    assert out.num_scheduled_tokens == {"r": 1, "r#1": 1}
+    assert out.blocks_to_copy == []
+    assert len(set(out.block_ids["r"][1:]) | set(out.block_ids["r#1"][1:])) == 4
+
+
+def test_n2_without_prefix_caching_computes_the_prompt_twice() -> None:
+    s = make_scheduler(block_size=4, caching=False)
+    s.add_request(make_request("r", 6, max_tokens=2, n=2))
+    out = fake_step(s)
+    assert out.num_scheduled_tokens == {"r": 6, "r#1": 6}
+    assert out.block_ids == {"r": [1, 2], "r#1": [3, 4]} and out.blocks_to_copy == []
 
 
 def test_every_config_policy_has_a_queue_and_back() -> None:

@@ -135,7 +135,7 @@ def test_preemption_and_prefix_hits_keep_the_draft_kv_valid(target: Path) -> Non
     assert accepted == drafted > 0
 
 
-def test_n2_copy_on_write_copies_the_draft_kv_too(target: Path) -> None:
+def test_n2_siblings_each_draft_with_their_own_draft_kv(target: Path) -> None:
     params = SamplingParams(n=2, temperature=0.0, max_tokens=12, ignore_eos=True)
     ps = prompts()[:4]
     ref, _ = run(target, None, params, ps)

@@ -345,7 +345,8 @@ def test_prepare_inputs_equals_the_rebuild_on_a_crowded_schedule() -> None:
     seen = drive(s, InputBatch(8, 128, BS), add={0: reqs[:3], 6: reqs[3:]})
     hits = sum(max(r.num_cached_tokens, 0) for r in reqs)
     assert (seen["steps"], seen["chunks"], seen["preemptions"], seen["copies"], hits) == (
-        43, 3, 3, 1, 60)  # steps, prefill chunks, preemptions, copies, hit tokens
+        42, 3, 6, 0, 60)  # steps, prefill chunks, preemptions, copies (n > 1 shares through
+    # the prefix cache, vLLM V1: never a copy), hit tokens
     assert all(r.is_finished() for r in reqs)
 
 
@@ -353,7 +354,7 @@ def test_prepare_inputs_equals_the_rebuild_with_speculative_decoding() -> None:
     s = scheduler(num_blocks=16, budget=16, lookahead=3)
     reqs = prompts()
     seen = drive(s, InputBatch(8, 128, BS), add={0: reqs[:4], 3: reqs[4:]}, drafts=3)
-    assert (seen["steps"], seen["drafts"], seen["preemptions"], seen["copies"]) == (21, 84, 6, 1)
+    assert (seen["steps"], seen["drafts"], seen["preemptions"], seen["copies"]) == (20, 81, 5, 0)
     assert all(r.is_finished() for r in reqs)
 
 

@@ -336,7 +336,7 @@ class AsyncEngine:
             self._deliver(req)
         with self._cond:
             stream = self._streams.get(request_id)
-        if stream is not None:  # e.g. a request whose add failed, or children never forked
+        if stream is not None:  # e.g. a request whose add failed
             stream._put(_END)
             self._finish_stream(request_id, None)
 

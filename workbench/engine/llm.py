@@ -84,7 +84,6 @@ class LLM:
                 p.get("prompt") if isinstance(p, dict) else None))
         for req in requests:
             engine.add_request(req)
-        # n is read now: the scheduler sets a parent's n to 1 once it has forked its children.
         remaining = sum(r.sampling_params.n for r in requests)
         done: dict[str, list[Request]] = {r.request_id: [] for r in requests}
         try:

@@ -11,7 +11,16 @@
        prefill) or the whole prompt if it fits (no chunked prefill: the request waits).
 
 `update_from_output()` is the one place state changes after a forward: tokens appended,
-stop conditions, blocks freed, `n > 1` children forked (sharing blocks copy-on-write).
+stop conditions, blocks freed.
+
+`n > 1` (vLLM V1's parallel sampling): `add_request` fans the request out into n independent
+requests (the request itself is index 0, `id#1` ... `id#n-1` the others). They share the
+prompt's KV only through the prefix cache, like any two requests: the later ones hit the
+full blocks the first one offered to the cache (blocks are cached when allocated, so a
+sibling scheduled in the same step hits them too), capped at (num_tokens - 1) // block_size
+blocks, and recompute the rest into blocks of their own. Nothing is ever copied: a full
+block is never written again (seed 000's copy-on-write question), and a partial block is
+never shared. Without prefix caching each sibling computes the whole prompt, as in vLLM.
 
 With a KV connector (`kv_transfer_config`, vLLM's flow): a waiting request's prefix lookup is
 the device cache, then the connector's tiers (`get_num_new_matched_tokens`), then compute; an
@@ -86,6 +95,10 @@ class Scheduler:
     def add_request(self, request: Request) -> None:
         self.requests[request.request_id] = request
         self.waiting.add(request)
+        if request.sampling_params.n > 1 and request.parent_id is None:
+            for child in self._fan_out(request):
+                self.requests[child.request_id] = child
+                self.waiting.add(child)
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.running) or len(self.waiting) > 0 or bool(self.loading) or (
@@ -224,7 +237,7 @@ class Scheduler:
             req = self.waiting.peek()
             if req.num_computed_tokens == 0:
                 computed_blocks, num_computed = kv.get_computed_blocks(req)
-            else:  # a forked n > 1 child (blocks shared with the parent) or a loaded request
+            else:  # a loaded request
                 computed_blocks, num_computed = [], 0
             if self.connector is not None and req.num_computed_tokens == 0:
                 ext, load_async = self.connector.get_num_new_matched_tokens(req, num_computed)
@@ -411,11 +424,6 @@ class Scheduler:
                 if req.times.first_token is None:
                     req.times.first_token = now
                 progressed.append(req)
-                if req.sampling_params.n > 1 and req.parent_id is None:
-                    # fork first: the children share the parent's blocks, and a parent that
-                    # ends on its first token (max_tokens 1, EOS, a stop id) must still have
-                    # its n - 1 siblings
-                    self._fork_children(req)
                 if req.status >= RequestStatus.FINISHED_STOPPED:
                     req.times.finished = now
                     self.running.remove(req)
@@ -446,23 +454,19 @@ class Scheduler:
             req.spec_token_ids = drafts
             req.spec_token_probs = spec_token_probs.get(rid) if spec_token_probs else None
 
-    def _fork_children(self, parent: Request) -> None:
-        """After the parent's prefill, start n - 1 children sharing its prompt blocks.
-
-        Each child recomputes only the last prompt token (so it samples its own first token
-        with its own generator); writing that token's KV into the shared last block is what
-        triggers copy-on-write in the KV cache manager.
-        """
+    @staticmethod
+    def _fan_out(parent: Request) -> list[Request]:
+        """The n - 1 siblings of an `n > 1` request (vLLM's ParentRequest.get_child_info):
+        same prompt, n = 1, seed + index when seeded, in index order. Prompt logprobs belong
+        to index 0's output only."""
         params = parent.sampling_params
-        for idx in reversed(range(1, params.n)):  # prepended: end up in index order
-            child_params = replace(  # prompt logprobs belong to the parent's output
-                params, n=1, seed=None if params.seed is None else params.seed + idx,
-                prompt_logprobs=None,
-            )
-            child = Request(
+        return [
+            Request(
                 request_id=f"{parent.request_id}#{idx}",
                 prompt_token_ids=parent.prompt_token_ids,
-                sampling_params=child_params,
+                sampling_params=replace(
+                    params, n=1, seed=None if params.seed is None else params.seed + idx,
+                    prompt_logprobs=None),
                 eos_token_id=parent.eos_token_id,
                 arrival_time=parent.times.arrival,
                 priority=parent.priority,
@@ -471,11 +475,5 @@ class Scheduler:
                 parent_id=parent.request_id,
                 index=idx,
             )
-            child.times.first_scheduled = parent.times.first_scheduled
-            self.kv_cache_manager.fork(parent, child)
-            child.num_computed_tokens = parent.num_prompt_tokens - 1
-            child.num_draft_computed_tokens = child.num_computed_tokens
-            child.num_cached_tokens = parent.num_cached_tokens
-            self.requests[child.request_id] = child
-            self.waiting.prepend(child)
-        parent.sampling_params = replace(params, n=1)  # forked: never again
+            for idx in range(1, params.n)
+        ]
