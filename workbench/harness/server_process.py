@@ -33,6 +33,7 @@ import httpx
 import psutil
 
 from workbench.harness.prom import root_url
+from workbench.harness.redact import redact, redact_argv, redact_text, secret_values
 
 logger = logging.getLogger(__name__)
 
@@ -93,10 +94,10 @@ class ServerProcess:
             )
         except OSError as e:
             self._close_log()
-            raise RuntimeError(f"cannot start server command {self.command}: {e}") from e
+            raise RuntimeError(f"cannot start server command {self.shown_command}: {e}") from e
         atexit.register(self.stop)
         logger.info("started server pid %d: %s (log %s)", self.proc.pid,
-                    shlex.join(self.command), self.log_path)
+                    self.shown_command, self.log_path)
         try:
             self._wait_ready(t_launch)
         except BaseException:  # not ready, or Ctrl-C while waiting: no orphan either way
@@ -111,14 +112,14 @@ class ServerProcess:
             code = self.proc.poll()
             if code is not None:
                 raise RuntimeError(f"server command exited with code {code} before it was "
-                                   f"ready: {shlex.join(self.command)}\n{self.log_tail()}")
+                                   f"ready: {self.shown_command}\n{self.log_tail()}")
             if _healthy(self.health_url):
                 self.ready_s = time.perf_counter() - t_launch
                 return
             if time.perf_counter() > deadline:
                 raise RuntimeError(f"server not ready at {self.health_url} after "
                                    f"{self.ready_timeout_s} s (stopped it): "
-                                   f"{shlex.join(self.command)}\n{self.log_tail()}")
+                                   f"{self.shown_command}\n{self.log_tail()}")
             time.sleep(0.1)
 
     def stop(self) -> int | None:
@@ -161,11 +162,18 @@ class ServerProcess:
         if self.log_path is None or not self.log_path.exists():
             return ""
         text = self.log_path.read_bytes()[-64_000:].decode("utf-8", "replace")
-        return "\n".join(text.splitlines()[-lines:])
+        tail = "\n".join(text.splitlines()[-lines:])
+        return redact_text(tail, secret_values(self.command))  # a key the server echoed
+
+    @property
+    def shown_command(self) -> str:
+        """The command as logged and in errors: secret flags' values redacted (redact.py)."""
+        return redact_text(shlex.join(redact_argv(self.command)), secret_values(self.command))
 
     def describe(self) -> dict[str, Any]:
-        return {"command": self.command, "base_url": self.base_url, "pid": self.pid,
-                "ready_s": self.ready_s, "log_path": str(self.log_path), "env": self.env}
+        return {"command": redact_argv(self.command), "base_url": self.base_url,
+                "pid": self.pid, "ready_s": self.ready_s, "log_path": str(self.log_path),
+                "env": redact(self.env)}
 
     def _close_log(self) -> None:
         if self._log is not None:

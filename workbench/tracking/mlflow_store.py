@@ -19,6 +19,12 @@ Every experiment this package creates or opens carries the tag `mlflow.experimen
 custom_model_development` (`EXPERIMENT_KIND`), so MLflow 3's UI opens it on the runs table
 with metric columns rather than the GenAI "Evaluation runs" view. A run's description (the
 UI's "Description" box) is its `mlflow.note.content` tag (`Store.set_description`).
+
+Secrets never reach the store (`harness.redact`): a param or tag under a secret-named key
+(`target.api_key`, `hf_token`, ...) is logged as "***", a command line's `--api-key X` as
+`--api-key ***`, and every secret value the store has seen is replaced in later tags, files
+and descriptions (the template's YAML, an error message). Artifact names stay inside the run
+(no absolute path, no `..`).
 """
 
 from __future__ import annotations
@@ -26,11 +32,14 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import tempfile
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
+
+from workbench.harness.redact import redact, redact_text, secret_values
 
 
 def tracking_uri(uri: str | None = None) -> str:
@@ -46,12 +55,26 @@ def tracking_uri(uri: str | None = None) -> str:
 
 
 def artifact_location(uri: str, experiment_name: str) -> str | None:
-    """For a sqlite store, artifacts live beside the database (`<db dir>/artifacts/<name>`);
+    """For a sqlite store, artifacts live beside the database (`<db dir>/artifacts/<name>`,
+    the name as one folder: `/` and `\\` become `_`, a name of dots is prefixed with `_`);
     otherwise (a server) the server decides."""
     if not uri.startswith("sqlite:///"):
         return None
     db = Path(uri[len("sqlite:///"):])
-    return (db.parent / "artifacts" / experiment_name).resolve().as_uri()
+    folder = re.sub(r"[/\\\x00]", "_", experiment_name) or "_"
+    if set(folder) == {"."}:
+        folder = "_" + folder
+    return (db.parent / "artifacts" / folder).resolve().as_uri()
+
+
+def artifact_name(name: str) -> str:
+    """`name` if it is a relative path that stays inside the run's artifacts, else
+    ValueError naming it."""
+    p = Path(name)
+    if not name or p.is_absolute() or ".." in p.parts or name.startswith("~"):
+        raise ValueError(f"artifact name ({name!r}) must be a relative path inside the run "
+                         "(no leading /, no '..')")
+    return name
 
 
 KIND_TAG = "mlflow.experimentKind"  # read by MLflow 3's UI to pick the experiment's view
@@ -97,11 +120,22 @@ class Store:
         else:
             self.experiment_id = exp.experiment_id
         ensure_kind(self.client, self.experiment_id)
+        self.secrets: set[str] = set()  # secret values seen: redacted in any later text
+
+    def _clean(self, value: Any) -> Any:
+        """`value` redacted (secret-named keys, secret flags, the secrets seen so far)."""
+        self.secrets |= secret_values(value)
+        out = redact(value)
+        return redact_text(out, self.secrets) if isinstance(out, str) else out
+
+    def _text(self, text: str) -> str:
+        return redact_text(text, self.secrets)
 
     def create_run(
         self, name: str, tags: dict[str, str] | None = None, parent_id: str | None = None
     ) -> str:
-        all_tags = dict(tags or {})
+        all_tags = {k: self._text(v) if isinstance(v, str) else v
+                    for k, v in self._clean(dict(tags or {})).items()}
         if parent_id:
             all_tags["mlflow.parentRunId"] = parent_id
         run = self.client.create_run(self.experiment_id, run_name=name, tags=all_tags)
@@ -110,18 +144,18 @@ class Store:
     def log_params(self, run_id: str, params: dict[str, Any]) -> None:
         from mlflow.entities import Param
 
-        flat = flatten(params)
-        items = [Param(k[:250], v[:6000]) for k, v in sorted(flat.items())]
+        flat = flatten(self._clean(params))
+        items = [Param(k[:250], self._text(v)[:6000]) for k, v in sorted(flat.items())]
         for i in range(0, len(items), 100):
             self.client.log_batch(run_id, params=items[i : i + 100])
 
     def set_tags(self, run_id: str, tags: dict[str, Any]) -> None:
-        for k, v in tags.items():
-            self.client.set_tag(run_id, k, v if isinstance(v, str) else json.dumps(v))
+        for k, v in self._clean(tags).items():
+            self.client.set_tag(run_id, k, self._text(v if isinstance(v, str) else json.dumps(v)))
 
     def set_description(self, run_id: str, text: str) -> None:
         """The run's description in the MLflow UI (markdown)."""
-        self.client.set_tag(run_id, NOTE_TAG, text)
+        self.client.set_tag(run_id, NOTE_TAG, self._text(text))
 
     def log_metrics(self, run_id: str, metrics: dict[str, float], step: int = 0) -> None:
         from mlflow.entities import Metric
@@ -152,15 +186,27 @@ class Store:
         """Write {relative name: content} to a temp dir and upload it as artifacts."""
         with tempfile.TemporaryDirectory() as tmp:
             for name, content in files.items():
-                p = Path(tmp) / name
+                p = Path(tmp) / artifact_name(name)
                 p.parent.mkdir(parents=True, exist_ok=True)
                 if isinstance(content, bytes):
                     p.write_bytes(content)
                 else:
-                    p.write_text(content)
+                    p.write_text(self._text(content))
             self.client.log_artifacts(run_id, tmp)
 
     def log_artifact(self, run_id: str, path: str | Path, subdir: str | None = None) -> None:
+        """Upload the file at `path` (a text file with a secret seen: a redacted copy)."""
+        if subdir is not None:
+            artifact_name(subdir)
+        path = Path(path)
+        if self.secrets and path.is_file() and path.suffix in _TEXT_SUFFIXES:
+            text = path.read_text(errors="replace")
+            if self._text(text) != text:
+                with tempfile.TemporaryDirectory() as tmp:
+                    copy = Path(tmp) / path.name
+                    copy.write_text(self._text(text))
+                    self.client.log_artifact(run_id, str(copy), subdir)
+                return
         self.client.log_artifact(run_id, str(path), subdir)
 
     def log_validity(self, run_id: str, valid: bool, reasons: Sequence[str] = (),
@@ -180,6 +226,11 @@ class Store:
     def finish(self, run_id: str, failed: bool = False) -> None:
         self.client.set_terminated(run_id, status="FAILED" if failed else "FINISHED")
 
+    def kill(self, run_id: str, error: str) -> None:
+        """End a run KILLED (interrupted: its numbers are incomplete), tag `error` why."""
+        self.client.set_tag(run_id, "error", error[:5000])
+        self.client.set_terminated(run_id, status="KILLED")
+
     def kill_running(self, tag: str, value: str, error: str) -> list[str]:
         """Mark KILLED (tag `error`) the runs of this experiment still RUNNING whose `tag`
         is `value` (a try whose node died: tag executor_attempt); their ids."""
@@ -191,6 +242,9 @@ class Store:
             self.client.set_tag(r.info.run_id, "error", error[:5000])
             self.client.set_terminated(r.info.run_id, status="KILLED")
         return [r.info.run_id for r in runs]
+
+
+_TEXT_SUFFIXES = (".md", ".txt", ".json", ".yaml", ".yml", ".csv", ".log", ".ipynb", ".html")
 
 
 def _metric_name(name: str) -> str:
