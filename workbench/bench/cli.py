@@ -155,17 +155,27 @@ def _target_spec(args: argparse.Namespace) -> dict[str, Any]:
     return spec
 
 
-def server_report(side: dict[str, Any]) -> str:
-    """The server side of an HTTP run as a Markdown table."""
+def server_report(side: dict[str, Any], show_unchanged: bool = True) -> str:
+    """The server side of an HTTP run as a Markdown table. `show_unchanged=False` (the
+    console) leaves out the counters that did not move (a server exports dozens for features
+    the run never used: KV transfer, offload tiers, speculation) and says how many; the
+    results folder's summary.md keeps every row."""
     d, series = side["delta"], side["series"]
     lines = ["| Server side (/metrics, this run) | |", "|---|---:|"]
     for key in sorted(d):
         if key.endswith(":mean_delta") or key.endswith(":delta"):
             scale, unit = (1000.0, " (ms)") if "_seconds" in key else (1.0, "")
             lines.append(f"| {key}{unit} | {d[key] * scale:.2f} |")
+    unchanged = 0
     for key in sorted(d):
         if key.endswith("_total") and "{" not in key:
+            if d[key] == 0 and not show_unchanged:
+                unchanged += 1
+                continue
             lines.append(f"| Δ {key} | {d[key]:g} |")
+    if unchanged:
+        lines.append(f"| counters unchanged (Δ 0, listed in the results folder's summary.md) "
+                     f"| {unchanged} |")
     for field in ("running", "waiting", "kv_cache_usage_perc"):
         vals = [r[field] for r in series if field in r]
         if vals:
@@ -199,7 +209,7 @@ def main(argv: list[str] | None = None, cpu_watch: Any = None) -> None:
     if (late := lateness_table(result.validity)) is not None:
         print(late)
     if side is not None:
-        print("\n" + server_report(side))
+        print("\n" + server_report(side, show_unchanged=False))
     if not result.validity.valid:
         print(f"\nINVALID run ({result.target.get('kind', '?')} {workload.name}): "
               + "; ".join(result.validity.reasons))
