@@ -6,11 +6,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+from fastapi import FastAPI
+from starlette.routing import Route
 
 from tests.server.conftest import ServerHandle, make_app, start_server, stop_server
+from workbench.server.auth import OPEN_PATHS
 
 KEY = "s3cret"
 
@@ -22,13 +26,31 @@ def keyed_server(model_dir: Path) -> Iterator[ServerHandle]:
     stop_server(handle)
 
 
-ROUTES = [("GET", "/v1/models"), ("POST", "/v1/completions"), ("POST", "/v1/chat/completions"),
-          ("POST", "/reset_prefix_cache"), ("GET", "/openapi.json"), ("GET", "/no/such/route")]
+def served_routes(app: FastAPI) -> list[tuple[str, str]]:
+    """(method, path) of every route the app serves, included routers' too (so a new route is
+    covered the day it is added), and one unknown path."""
+
+    def flat(routes: list[Any]) -> Iterator[Route]:
+        for r in routes:
+            if hasattr(r, "original_router"):  # FastAPI >= 0.165: an included APIRouter
+                yield from flat(r.original_router.routes)
+            elif isinstance(r, Route):
+                yield r
+
+    found = sorted((m, r.path) for r in flat(app.routes) for m in (r.methods or ())
+                   if m != "HEAD")
+    return [*found, ("GET", "/no/such/route")]
 
 
 def test_every_route_but_health_and_metrics_needs_the_key(keyed_server: ServerHandle) -> None:
     url = keyed_server.base_url
-    for method, path in ROUTES:
+    all_routes = served_routes(keyed_server.app)
+    assert {p for _, p in all_routes} >= {
+        "/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics",
+        "/reset_prefix_cache", "/kv_transfer_info", "/openapi.json"}
+    for method, path in all_routes:
+        if path in OPEN_PATHS:
+            continue
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
             r = httpx.request(method, url + path, headers=headers, json={}, timeout=30)
             assert r.status_code == 401, (method, path, headers)

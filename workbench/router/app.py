@@ -23,6 +23,11 @@ Routes:
 
 With `config.disaggregated` (num_prefill, num_decode >= 1) the router is a
 `disagg.DisaggRouter`: a prefill leg on a prefill replica, then the decode leg.
+
+With `api_key` (`workbench router --api-key KEY`, the replicas' key too) every route but
+/health and /metrics needs `Authorization: Bearer KEY` (401 otherwise, `server.auth`), and the
+router sends the key on its own calls to the replicas (health checks, scrapes,
+/kv_transfer_info); clients' requests go on with the client's own header.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from workbench.router.metrics import RouterCollector
 from workbench.router.pool import Replica, ReplicaPool
 from workbench.router.prompts import routed_request
 from workbench.server.app import DEFAULT_MAX_BODY_BYTES
+from workbench.server.auth import APIKeyMiddleware
 from workbench.server.openai_routes import decode_json, read_body
 from workbench.server.protocol import APIError
 
@@ -57,10 +63,12 @@ SCRAPE_TIMEOUT_S = 5.0
 
 def build_router_app(config: RouterConfig, pool: ReplicaPool, tokenizer: Any,
                      max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-                     transport: httpx.AsyncBaseTransport | None = None) -> FastAPI:
+                     transport: httpx.AsyncBaseTransport | None = None,
+                     api_key: str | None = None) -> FastAPI:
     """An app whose lifespan starts `pool` and routes to it with `config.policy` (or, when
     disaggregated, `config.prefill_policy` and `config.decode_policy`). `transport`: how the
-    replicas are reached (default: HTTP; tests pass a mock)."""
+    replicas are reached (default: HTTP; tests pass a mock). `api_key`: the key every route
+    but /health and /metrics needs, and that the router sends to the replicas."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -70,6 +78,8 @@ def build_router_app(config: RouterConfig, pool: ReplicaPool, tokenizer: Any,
             router = DisaggRouter(pool, config, tokenizer, transport=transport)
         else:
             router = Router(pool, config.make_policy(), config, tokenizer, transport=transport)
+        if api_key:  # the router's own calls (a client's request carries the client's header)
+            router.client.headers["Authorization"] = f"Bearer {api_key}"
         app.state.router = router
         registry = CollectorRegistry()
         registry.register(RouterCollector(router))
@@ -167,6 +177,8 @@ def build_router_app(config: RouterConfig, pool: ReplicaPool, tokenizer: Any,
         return JSONResponse({"requests": [dataclasses.asdict(r) for r in records]})
 
     _add_error_handlers(app)
+    if api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=api_key)
     return app
 
 

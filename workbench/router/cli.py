@@ -9,7 +9,10 @@ round_robin | least_outstanding | prefix_aware), --prefix-blocks K, --prefix-blo
 (default: the replicas' --block-size), --load-bound-min, --load-bound-frac,
 --replica-threads (OMP_NUM_THREADS per replica process and per TP rank, default 1),
 --replica-ready-timeout-s, --replica-log-dir, --replica-log-level (default warning),
---max-attempts, --host (default 127.0.0.1), --port (default 8000), --log-level.
+--max-attempts, --host (default 127.0.0.1), --port (default 8000; a busy port is one error
+line before any replica starts), --log-level. `--api-key KEY` (a `workbench serve` flag, so
+every replica gets it) also guards the router: every route but /health and /metrics needs
+`Authorization: Bearer KEY`. Logged command lines show `--api-key ***`.
 `--replica-url URL` (repeatable) routes to servers already running instead of starting
 replicas (`--model` still names the folder whose tokenizer keys the requests).
 
@@ -237,7 +240,8 @@ def parse_args(argv: list[str], disaggregated: bool = False
     if args.scheduling_policy is not None:
         serve_args += ["--policy", args.scheduling_policy]
     serve_args += ["--log-level", args.replica_log_level]
-    _, engine = serve_parse_args([*serve_args, "--port", "0"])  # exits 2 on a bad flag
+    serve_ns, engine = serve_parse_args([*serve_args, "--port", "0"])  # exits 2 on a bad flag
+    args.api_key = serve_ns.api_key  # the replicas' key guards the router too
     tp = engine.parallel_config.tensor_parallel_size
     args.device = engine.device
     args.tp_backend = engine.parallel_config.distributed_executor_backend
@@ -266,6 +270,9 @@ def parse_args(argv: list[str], disaggregated: bool = False
 def main(argv: list[str] | None = None, disaggregated: bool = False) -> None:
     args, config, serve_args, model = parse_args(list(sys.argv[1:] if argv is None else argv),
                                                   disaggregated)
+    from workbench.harness.ports import check_port_free
+
+    check_port_free(args.host, args.port, "the router")  # before minutes of replica start-up
     logging.basicConfig(level=args.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # not a line per forwarded request
@@ -293,7 +300,7 @@ def main(argv: list[str] | None = None, disaggregated: bool = False) -> None:
     else:
         pool = ReplicaPool(serve_args, config.num_replicas, threads=config.replica_threads,
                            ready_timeout_s=config.ready_timeout_s, log_dir=args.replica_log_dir)
-    app = build_router_app(config, pool, load_tokenizer(model))
+    app = build_router_app(config, pool, load_tokenizer(model), api_key=args.api_key)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level,
                 timeout_graceful_shutdown=5)
 

@@ -14,9 +14,9 @@ and every other route but /openapi.json answers 503 `{"error": ...}`. Ready: /he
 `{"status": "ready"}` while the engine loop runs, 503 `{"status": "stopped"}` after.
 
 With `api_key`, every route but /health and /metrics needs `Authorization: Bearer <key>` (401
-otherwise): /v1/*, /reset_prefix_cache, /openapi.json and unknown paths too. /health and
-/metrics stay open, as in vLLM (a load balancer and Prometheus poll them without
-credentials); vLLM exposes /reset_prefix_cache only in its dev mode, so it is protected here.
+otherwise; auth.py): /v1/*, /reset_prefix_cache, /kv_transfer_info, /openapi.json and unknown
+paths too. /health and /metrics stay open, as in vLLM (a load balancer and Prometheus poll
+them without credentials); vLLM guards only /v1/*, this server every other path as well.
 Every error is `{"error": {"message", "type", "param", "code"}}`; an unexpected exception is
 a 500 for that request only. `app.state.engine` is the AsyncEngine once ready (tests read the
 KV pool through `app.state.engine.submit(fn)`), `app.state.serving` the routes' shared state,
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -43,6 +42,7 @@ from workbench.engine.async_engine import AsyncEngine
 from workbench.engine.llm_engine import LLMEngine
 from workbench.engine.stat_logger import LoggingStatLogger
 from workbench.server import openapi
+from workbench.server.auth import APIKeyMiddleware
 from workbench.server.metrics import ServerMetrics
 from workbench.server.openai_routes import ServingState, router, serving_state
 from workbench.server.protocol import MAX_ITEMS, APIError
@@ -102,7 +102,7 @@ def build_app(
     openapi.install(app, api_key=bool(api_key))
     app.add_middleware(_ReadinessGate)
     if api_key:
-        app.add_middleware(_APIKeyMiddleware, api_key=api_key)
+        app.add_middleware(APIKeyMiddleware, api_key=api_key)
     return app
 
 
@@ -189,24 +189,3 @@ class _ReadinessGate:
                 await JSONResponse(err.body(), status_code=503)(scope, receive, send)
                 return
         await self.app(scope, receive, send)
-
-
-class _APIKeyMiddleware:
-    """401 without `Authorization: Bearer <api_key>` on every path but /health and /metrics
-    (pure ASGI: streams untouched)."""
-
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
-        self.app = app
-        self.expected = f"Bearer {api_key}".encode()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope.get("path") in openapi.OPEN_PATHS:
-            await self.app(scope, receive, send)
-            return
-        given = dict(scope.get("headers") or []).get(b"authorization", b"")
-        if secrets.compare_digest(given, self.expected):
-            await self.app(scope, receive, send)
-            return
-        body = APIError("missing or wrong API key; send 'Authorization: Bearer <key>'", 401)
-        response = JSONResponse(body.body(), status_code=401)
-        await response(scope, receive, send)

@@ -23,6 +23,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel, ConfigDict
 from pydantic.json_schema import models_json_schema
 
+from workbench.server.auth import OPEN_PATHS
 from workbench.server.inputs import MAX_PROMPTS
 from workbench.server.protocol import (
     _UNSUPPORTED,
@@ -280,5 +281,3 @@ def install(app: FastAPI, api_key: bool) -> None:
 
     app.openapi = openapi  # type: ignore[method-assign]
 
-
-OPEN_PATHS = ("/health", "/metrics")  # answered without the API key, as in vLLM
