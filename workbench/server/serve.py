@@ -8,7 +8,9 @@ their help), spelled as vLLM does: `--max-num-batched-tokens`, `--block-size`,
 `--enable-prefix-caching` / `--no-enable-prefix-caching`, `--max-num-seqs`,
 `--scheduling-policy` (or `--policy`), ... (`--speculative-config` takes JSON). A knob left
 out keeps the engine's default; a bad value is one error line naming it (exit status 2).
-Binds 127.0.0.1:8000 unless told otherwise.
+Binds 127.0.0.1:8000 unless told otherwise; a port already in use is one error line naming it
+(exit status 2) before anything starts. `--api-key KEY`: every route but /health and /metrics
+needs `Authorization: Bearer KEY` (server/auth.py).
 
 The port is open at once; /health answers 503 until the engine is built, the kernels loaded
 and a warm-up request has run (see startup.py; the log says what start-up spent its time on).
@@ -33,7 +35,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--model", default=None, help="a local Hugging Face folder")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
-    ap.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1")
+    ap.add_argument("--api-key", default=None,
+                    help="require 'Authorization: Bearer KEY' on every route but /health and "
+                         "/metrics")
     ap.add_argument("--served-model-name", default=None, help="default: the --model value")
     ap.add_argument("--max-body-bytes", type=int, default=None,
                     help="largest request body (default 4 MiB)")
@@ -61,6 +65,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, EngineConfig]:
 
 def main(argv: list[str] | None = None) -> None:
     args, config = parse_args(list(sys.argv[1:] if argv is None else argv))
+    from workbench.harness.ports import check_port_free
+
+    check_port_free(args.host, args.port, "workbench serve")  # one line, before start-up
     import uvicorn
 
     from workbench.server.app import DEFAULT_MAX_BODY_BYTES, build_app
