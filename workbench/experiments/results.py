@@ -27,6 +27,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from workbench.experiments.path_names import check_path_name
+
 RESULTS_ENV = "WORKBENCH_RESULTS_DIR"
 RUNS_CSV, RUNS_JSON = "runs.csv", "runs.json"
 
@@ -49,7 +51,9 @@ def slug(name: str) -> str:
 
 def new_results_dir(name: str, root: str | Path | None = None,
                     now: datetime | None = None) -> Path:
-    """Create and return <root>/<name>/<UTC timestamp>/ (root: `default_root()`)."""
+    """Create and return <root>/<name>/<UTC timestamp>/ (root: `default_root()`);
+    ValueError for a name that is a path (`path_names`: `..`, `a/b`, `/x`)."""
+    check_path_name("experiment name", name)
     base = (Path(root) if root is not None else default_root()) / slug(name)
     stamp = (now or datetime.now(UTC)).strftime("%Y%m%dT%H%M%SZ")
     base.mkdir(parents=True, exist_ok=True)
