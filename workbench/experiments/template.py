@@ -50,6 +50,7 @@ from typing import Any
 import yaml
 
 from workbench.errors import UserError
+from workbench.experiments.path_names import check_path_name
 from workbench.experiments.rate_sweep import RateSweep, parse_rate_sweep
 from workbench.experiments.template_keys import (  # noqa: F401 - re-exported names
     _TOP_KEYS,
@@ -102,6 +103,7 @@ class Template:
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
+        check_path_name("name", self.name)  # it names results/<name>/: never a path
         if not isinstance(self.repeats, int) or self.repeats < 1:
             raise ValueError(f"repeats ({self.repeats}) must be an integer >= 1")
         if self.cache_state not in CACHE_STATES:
