@@ -1,7 +1,9 @@
-"""Verdicts against the baseline's noise band, and the adoption rule, on hand-made numbers."""
+"""Verdicts (better / worse / no change / undecided from the effect's interval), and the
+adoption rule, on hand-made numbers."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -17,8 +19,9 @@ def runs(**series: list[float]) -> list[dict[str, float]]:
     return [{k: v[i] for k, v in series.items()} for i in range(n)]
 
 
-def test_spread_band_counts_only_changes_larger_than_the_baseline_range() -> None:
-    # Baseline repeats 10, 11, 13 (range 3). Variant median 8: delta -3, not beyond.
+def test_legacy_spread_band_still_serves_rerun_drift() -> None:
+    # The older rule, kept for `workbench rerun`'s drift check: baseline range 3, median
+    # delta -3 is not beyond it.
     m = compare_metric("p95_itl_ms", [10, 11, 13], [8, 8, 9], "spread")
     assert (m.baseline_median, m.variant_median, m.delta) == (11, 8, -3)
     assert (m.noise_low, m.noise_high, m.verdict) == (-6, 0, "no change")
@@ -36,12 +39,85 @@ def test_bootstrap_band_is_deterministic_and_excludes_zero_for_a_clear_shift() -
     assert compare_metric("p95_ttft_ms", base, var, "bootstrap").verdict == "better"
 
 
+def test_non_overlapping_repeats_are_better_where_the_spread_band_said_no_change() -> None:
+    # The issue's prefix-caching run: every "on" repeat below every baseline repeat.
+    base, var = [74.0, 123.0, 90.0], [41.0, 52.0, 45.0]
+    assert compare_metric("p95_ttft_ms", base, var, "spread").verdict == "no change"  # old
+    m = compare_metric("p95_ttft_ms", base, var)
+    assert m.verdict == "better" and m.relative_effect == pytest.approx(45 / 90 - 1)
+    # Welch t on the logs (as scipy's ttest_ind(equal_var=False) gives it), df 2.83
+    assert (m.effect_low, m.effect_high) == (pytest.approx(-0.71416, abs=1e-5),
+                                             pytest.approx(-0.16256, abs=1e-5))
+    assert (m.n_baseline, m.n_variant, m.repeats_needed) == (3, 3, None)
+    assert m.noise_low == pytest.approx(m.effect_low * 90) and m.noise_high < 0
+    assert compare_metric("output_throughput", base, var).verdict == "worse"
+    assert compare_metric("duration", base, var).verdict == "lower"  # no direction
+
+
+def test_one_repeat_per_side_is_undecided_and_never_adopted() -> None:
+    # repeats: 1 and -1.5% p95 TTFT: the old band was 0 wide and adopted it.
+    t = _template(objective={"metric": "p95_ttft_ms", "direction": "minimize"}, repeats=1,
+                  slo={})
+    base, var = runs(p95_ttft_ms=[100.0]), runs(p95_ttft_ms=[98.5])
+    (v,) = decide(t, base, {64: var})
+    m = v.metrics["p95_ttft_ms"]
+    assert (m.verdict, m.effect_low, m.effect_high) == ("undecided", -math.inf, math.inf)
+    assert not v.adopted and v.undecided and v.decision == "undecided"
+    assert v.reason == ("undecided: objective p95_ttft_ms (-1.5%, interval -inf .. +inf); "
+                        "1 valid repeat(s) per side decide nothing: at least 2 are needed "
+                        "(raise repeats, e.g. repeats: 3 and max_repeats: 10)")
+
+
+def test_equivalence_inside_the_smallest_effect_is_no_change_and_rejects() -> None:
+    t = _template(objective={"metric": "p95_ttft_ms", "direction": "minimize"}, slo={},
+                  repeats=5)
+    base = runs(p95_ttft_ms=[100.0, 100.5, 99.5, 100.2, 99.8])
+    same = runs(p95_ttft_ms=[100.1, 99.9, 100.3, 99.7, 100.0])
+    (v,) = decide(t, base, {64: same})
+    m = v.metrics["p95_ttft_ms"]
+    assert m.verdict == "no change" and -0.02 < m.effect_low < 0 < m.effect_high < 0.02
+    assert not v.adopted and not v.undecided and v.decision == "reject"
+    assert v.reason.startswith("objective p95_ttft_ms no change (+0.0%, interval -0.")
+    assert v.reason.endswith(", inside +-2.0%)")
+    # A 0.3% smallest effect is narrower than this interval: undecided, with a count.
+    (v,) = decide(_template(objective={"metric": "p95_ttft_ms", "direction": "minimize"},
+                            slo={}, repeats=5, smallest_effect=0.003), base, {64: same})
+    assert v.decision == "undecided" and v.metrics["p95_ttft_ms"].repeats_needed == 10
+    assert v.reason.endswith("about 10 repeats per side would likely decide it (now 5; "
+                             "raise max_repeats)")
+
+
+def test_worse_rejects_and_an_error_rate_of_zero_needs_no_log() -> None:
+    t = _template(objective={"metric": "p95_ttft_ms", "direction": "minimize"}, slo={})
+    base = runs(p95_ttft_ms=[50.0, 51, 52], error_rate=[0.0, 0, 0])
+    slow = runs(p95_ttft_ms=[80.0, 81, 82], error_rate=[0.0, 0, 0])
+    (v,) = decide(t, base, {64: slow})
+    assert v.decision == "reject" and v.reason.startswith("objective p95_ttft_ms worse (+")
+    e = v.metrics["error_rate"]
+    assert (e.verdict, e.effect_low, e.effect_high) == ("no change", 0.0, 0.0)
+
+
+def test_adaptive_looks_split_alpha_so_the_same_runs_decide_later() -> None:
+    base, var = runs(p95_ttft_ms=[74.0, 123, 90]), runs(p95_ttft_ms=[41.0, 52, 45])
+    obj = {"metric": "p95_ttft_ms", "direction": "minimize"}
+    (v,) = decide(_template(objective=obj, slo={}), base, {64: var})
+    assert v.adopted and v.reason.startswith("objective p95_ttft_ms improves -50.0% (interval")
+    # max_repeats 10: 8 planned looks at 0.05 / 8 each; 3 + 3 repeats are not enough yet.
+    t = _template(objective=obj, slo={}, max_repeats=10)
+    assert (t.planned_looks, t.repeat_cap) == (8, 10)
+    (v,) = decide(t, base, {64: var})
+    assert v.decision == "undecided" and v.metrics["p95_ttft_ms"].repeats_needed == 4
+    assert v.reason.endswith("about 4 repeats per side would likely decide it (now 3; raise "
+                             "max_repeats)")
+
+
 def _template(**changes: Any) -> Any:
-    return parse_template(make(objective={"metric": "p95_itl_ms", "direction": "minimize"},
-                               slo={"p95_ttft_ms": 100, "max_error_rate": 0.0}, **changes))
+    return parse_template(make(**{"objective": {"metric": "p95_itl_ms", "direction": "minimize"},
+                                  "slo": {"p95_ttft_ms": 100, "max_error_rate": 0.0},
+                                  **changes}))
 
 
-def test_adoption_needs_objective_beyond_noise_and_every_gate() -> None:
+def test_adoption_needs_objective_better_and_every_gate() -> None:
     t = _template()
     base = runs(p95_itl_ms=[10, 11, 12], p95_ttft_ms=[50, 50, 50], error_rate=[0, 0, 0])
     good = runs(p95_itl_ms=[5, 5, 6], p95_ttft_ms=[60, 61, 62], error_rate=[0, 0, 0])
@@ -51,13 +127,68 @@ def test_adoption_needs_objective_beyond_noise_and_every_gate() -> None:
     by = {x.value: x for x in v}
     assert by[64].adopted and by[64].reason.startswith("objective p95_itl_ms improves")
     assert not by[128].adopted and by[128].slo_failures == ["p95_ttft_ms 151 > 100"]
-    assert not by[256].adopted and "no change" in by[256].reason
+    # The same numbers again: not "no change" at +-9% noise, undecided (needs > 100 repeats)
+    assert by[256].decision == "undecided" and by[256].reason == (
+        "undecided: objective p95_itl_ms (+0.0%, interval -18.7% .. +23.0%); more than 100 "
+        "repeats per side would be needed at this spread and effect: the effect, if any, is "
+        "smaller than the noise")
     v = decide(t, base, {64: good}, quality={64: ["greedy token agreement 0.9 < 1.0"]})
     assert not v[0].adopted and v[0].reason.startswith("quality:")
     v = decide(t, base, {64: good}, invalid={64: 1})
     assert not v[0].adopted and "invalid" in v[0].reason
     v = decide(t, base, {64: good}, failed={64: 2})
     assert not v[0].adopted and v[0].reason == "2 run(s) failed"
+
+
+def test_table_and_summary_show_the_rule_the_interval_and_a_baseline_row() -> None:
+    from workbench.experiments.verdict import rule_text, verdict_summary, verdict_table
+
+    t = _template(objective={"metric": "p95_ttft_ms", "direction": "minimize"}, slo={},
+                  max_repeats=10)
+    base = runs(p95_ttft_ms=[74.0, 123, 90])
+    v = decide(t, base, {64: runs(p95_ttft_ms=[41.0, 52, 45])})
+    table = verdict_table(v, "p95_ttft_ms", [], baseline="baseline (512)")
+    assert table.splitlines()[:3] == [
+        "| value | p95_ttft_ms | decision | why |", "|---|---|---|---|",
+        "| baseline (512) | 90 | baseline | 3 valid repeat(s); medians |"]
+    assert table.splitlines()[3].startswith(
+        "| budget=64 | 45 (-50.0% [-85.3%, +63.1%], undecided) | undecided | undecided: ")
+    assert rule_text(t) == (
+        "Rule: a 95% Welch t interval of the relative effect on log values (alpha 0.05, split "
+        "over 8 looks: 0.00625 each); better/worse: it excludes 0; no change: it lies inside "
+        "+-2.0% (smallest_effect); undecided: neither; repeats 3, up to 10 while undecided.")
+    assert verdict_summary(v, "p95_ttft_ms", "baseline (512)").splitlines()[:3] == [
+        "**Verdict: undecided**: keep baseline (512) for now; 1 variant(s) need more repeats",
+        "", "- budget=64: undecided, p95_ttft_ms -50.0% (undecided)"]
+
+
+def test_verdict_keys_are_validated_and_noise_is_deprecated() -> None:
+    from workbench.errors import TemplateError
+    from workbench.experiments.validate import check_template
+
+    for changes, message in [
+        ({"smallest_effect": 0}, "smallest_effect (0) must be a relative effect in (0, 1), "
+                                 "e.g. 0.02 for +-2%"),
+        ({"alpha": 0.7}, "alpha (0.7) must be an error rate in (0, 0.5), e.g. 0.05"),
+        ({"max_repeats": "ten"}, "max_repeats ('ten') must be an integer >= repeats (1), "
+                                 "e.g. 10; leave it out for no extra rounds"),
+    ]:
+        with pytest.raises(ValueError) as e:
+            parse_template(make(**changes))
+        assert str(e.value) == message
+    with pytest.raises(ValueError, match=r"^max_repeats \(2\) must be >= repeats \(3\)"):
+        parse_template(make(max_repeats=2))
+    with pytest.raises(TemplateError) as err:
+        check_template(make(max_repeats=2, alpha=0, smallest_effect="2%"), source="t.yaml")
+    text = str(err.value)
+    assert "max_repeats (2) must be an integer >= repeats (3)" in text
+    assert "alpha (0) must be an error rate in (0, 0.5)" in text
+    assert "smallest_effect ('2%') must be a relative effect in (0, 1)" in text
+    with pytest.warns(FutureWarning, match=r"template key noise \('bootstrap'\) is deprecated"):
+        t = parse_template(make(noise="bootstrap"))
+    assert t.noise == "bootstrap" and t.as_data()["noise"] == "bootstrap"
+    assert "noise" not in parse_template(make()).as_data()
+    assert parse_template(make(max_repeats=10)).as_data()["max_repeats"] == 10
 
 
 def _record(label: str, value: Any, repeat: int, itl: float, *, valid: bool = True,

@@ -9,9 +9,10 @@ per experiment or sweep and one child run per (value, repeat); these functions r
         tags.<key>    (MLflow's own "mlflow.*" tags left out)
     parent_runs(experiment)           the same columns for top-level runs, newest first
     compare_frame(parent_run_id, ms)  one row per (variant value, metric): medians over the
-        FINISHED repeats, delta, relative effect, the noise band of the difference and the
+        FINISHED repeats, delta, relative effect, the interval of the difference and the
         verdict, computed by `workbench.experiments.verdict.compare_metric` (the same rule the
-        experiment's adopt/reject decision used)
+        experiment's decision used: the Welch interval at the template's alpha over its
+        planned looks; a run logged with a `noise` band is read with that band)
 
 Children are grouped by their `value` tag; the baseline's label is "baseline".
 """
@@ -155,16 +156,23 @@ def compare_frame(
 ) -> pd.DataFrame:
     """Baseline vs each variant of one experiment, per metric (columns: COMPARE_COLUMNS).
 
-    `metric_list` defaults to the metrics the verdict reports; `noise` ("spread" or
-    "bootstrap") defaults to the template's. Only FINISHED child runs count.
+    `metric_list` defaults to the metrics the verdict reports; `noise` ("welch", "spread"
+    or "bootstrap") defaults to the template's `noise` if it logged one, else "welch" with
+    the template's alpha (split over its planned looks) and smallest_effect. Only FINISHED
+    child runs count.
     """
     from workbench.experiments.verdict import REPORTED, compare_metric, direction
 
     client = _client(uri)
     parent = client.get_run(parent_run_id)
-    method = noise or str(parent.data.params.get("template.noise", "spread"))
-    if method not in ("spread", "bootstrap"):
-        raise ValueError(f"noise ({method!r}) must be 'spread' or 'bootstrap'")
+    params = parent.data.params
+    method = noise or str(params.get("template.noise", "welch"))
+    if method not in ("welch", "spread", "bootstrap"):
+        raise ValueError(f"noise ({method!r}) must be 'welch', 'spread' or 'bootstrap'")
+    repeats = int(params.get("template.repeats", 3))
+    looks = max(repeats, int(params.get("template.max_repeats", repeats))) - repeats + 1
+    alpha = float(params.get("template.alpha", 0.05)) / looks  # `sequential`
+    smallest = float(params.get("template.smallest_effect", 0.02))
     children = [r for r in _search(client, [parent.info.experiment_id],
                                    f"tags.`{PARENT_TAG}` = '{parent_run_id}'")
                 if r.info.status == "FINISHED" and "value" in r.data.tags]
@@ -183,7 +191,7 @@ def compare_frame(
             var = [r[m] for r in groups[label] if m in r]
             if not base or not var:
                 continue
-            v = compare_metric(m, base, var, method)
+            v = compare_metric(m, base, var, method, alpha, smallest)
             rows.append([variable, _parse(label), m, direction(m), len(base), len(var),
                          v.baseline_median, v.variant_median, v.delta, v.relative_effect,
                          v.noise_low, v.noise_high, v.verdict])

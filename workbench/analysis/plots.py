@@ -471,7 +471,8 @@ def compare_plot(compare: pd.DataFrame, *, title: str | None = None) -> Figure |
               colors=[palette[v] for v in data["value"]], linewidth=2, alpha=0.6)
     sns.scatterplot(data=data, x="delta_pct", y="pos", hue="value", style="verdict",
                     palette=palette, s=60, ax=ax,
-                    style_order=[v for v in ("better", "no change", "worse")
+                    style_order=[v for v in ("better", "no change", "worse", "undecided",
+                                             "lower", "higher")
                                  if v in set(data["verdict"])])
     ax.set_yticks(range(len(metrics)), [_label(m) for m in metrics])
     ax.set_ylim(len(metrics) - 0.5, -0.5)

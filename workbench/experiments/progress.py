@@ -77,6 +77,13 @@ class RunProgress:
         self.line(text)
         return text
 
+    def add(self, n: int) -> None:
+        """`n` more runs than planned (adaptive repeats: `sequential`)."""
+        self.total += n
+        if self.bar is not None:
+            self.bar.total = self.total
+            self.bar.refresh()
+
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()

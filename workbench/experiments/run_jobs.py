@@ -74,16 +74,20 @@ def run_plan(executor: Executor, template: Template, store: Any, parent: str, mo
              profile: str | None, threshold: float, cpu_watch: Any, progress: bool,
              out: Path | None, run_point: Callable[..., RunRecord],
              setup: Callable[..., tuple[str, Any, Any, Any]],
-             kept: dict[tuple[str, int], RunRecord] | None = None) -> list[RunRecord]:
+             kept: dict[tuple[str, int], RunRecord] | None = None,
+             rounds: Sequence[int] | None = None) -> list[RunRecord]:
     """Every (value, repeat) of `plan` on `executor`; the records in the interleaved order.
     Local runs print as they always did; a cluster's lines name the node of each run.
     `run_point`, `setup`: the runner's `run_one` and `replay_setup`. `kept`: records of
-    (label, repeat) pairs an earlier run finished (`--resume`): not measured again."""
+    (label, repeat) pairs an earlier run finished (`--resume`): not measured again.
+    `rounds`: the repeats to measure (default all the template's; `sequential`: one more)."""
     kept = kept or {}
-    order = [(label, value, repeat) for repeat in range(template.repeats)
-             for label, value in plan]
+    order = [(label, value, repeat) for repeat in (
+        range(template.repeats) if rounds is None else rounds) for label, value in plan]
     jobs = [job for job in order if (job[0], job[2]) not in kept]
-    names = [f"{run_label(template, v)} repeat {r + 1}/{template.repeats}" for _, v, r in jobs]
+    names = [f"{run_label(template, v)} repeat {r + 1}/"
+             f"{template.repeats if r < template.repeats else template.repeat_cap}"
+             for _, v, r in jobs]
     local = executor.kind == "local"
 
     def here(job: tuple[str, Any, int], attempt: str) -> RunRecord:

@@ -4,7 +4,9 @@
         for value in [baseline, v1, v2, ...]:
             fresh in-process engine -> run_benchmark(workload, arrivals, cache_state)
             -> MLflow child run (params = whole config, metrics, step series, artifacts)
-    verdict per variant (noise band of the baseline repeats), SLO + quality gates, adoption
+    while a variant's objective is undecided: one more round (`sequential`, up to max_repeats)
+    verdict per variant (better/worse/no change/undecided: `verdict`), SLO + quality gates,
+    adoption
 
 A run during which other processes took more than `max_other_cpu_share` of the CPUs is
 invalid ("disturbed"): one console line says so, MLflow tags it run_valid=false (metric
@@ -42,11 +44,13 @@ from workbench.experiments.progress import RunProgress
 from workbench.experiments.quality import gate_reports
 from workbench.experiments.results import VERDICT_MD, new_results_dir, write_experiment_results
 from workbench.experiments.run_record import RunRecord, run_label  # noqa: F401 - re-exported
+from workbench.experiments.sequential import add_rounds
 from workbench.experiments.template import Template
 from workbench.experiments.verdict import (
     VariantVerdict,
     disturbance_threshold,
     judge_runs,
+    rule_text,
     verdict_summary,
     verdict_table,
 )
@@ -183,7 +187,7 @@ def _run_experiment(template: Template, ex: Executor, setup: tuple[str, Any, Any
         parent = earlier.info.run_id
         store.client.update_run(parent, status="RUNNING")
         store.set_tags(parent, {**resuming.driver_tags(), "resumed": "true"})
-        kept, lines = resuming.kept_runs(store, parent, plan, template.repeats)
+        kept, lines = resuming.kept_runs(store, parent, plan, template.repeat_cap)
         if progress:
             print(f"resuming experiment run {parent}: {len(kept)} of "
                   f"{template.repeats * len(plan)} runs kept", flush=True)
@@ -216,7 +220,7 @@ def _run_experiment(template: Template, ex: Executor, setup: tuple[str, Any, Any
     runs: list[RunRecord] = []
     sweep = None  # a rate sweep (`rate_sweep_run`): one point per (repeat, value, rate)
     points = len(template.rate_sweep.rates) if template.rate_sweep is not None else 1
-    total = template.repeats * len(plan) * points - len(kept)
+    total = template.repeats * len(plan) * points - sum(r < template.repeats for _, r in kept)
     out = new_results_dir(template.name, results_dir) if results_dir is not None else None
     bar = RunProgress(total, enabled=progress, desc=template.name)
     try:
@@ -231,6 +235,16 @@ def _run_experiment(template: Template, ex: Executor, setup: tuple[str, Any, Any
                             preflight, checksum, bar, profile=profile, threshold=threshold,
                             cpu_watch=watch, progress=progress, out=out, run_point=run_one,
                             setup=replay_setup, kept=kept)
+
+            def one_round(repeat: int, sub: list[tuple[str, Any]]) -> list[RunRecord]:
+                bar.add(sum((label, repeat) not in kept for label, _ in sub))
+                return run_plan(ex, template, store, parent, model, workload, arrival, slo,
+                                sub, preflight, checksum, bar, profile=profile,
+                                threshold=threshold, cpu_watch=watch, progress=progress,
+                                out=out, run_point=run_one, setup=replay_setup, kept=kept,
+                                rounds=[repeat])
+
+            runs = add_rounds(template, runs, plan, one_round, say=bar.line)  # undecided
     finally:
         bar.close()
     # The quality gate replays golden prompts through the in-process engine on the same
@@ -242,9 +256,10 @@ def _run_experiment(template: Template, ex: Executor, setup: tuple[str, Any, Any
     mixed = None if allow_mixed else mixed_runs(runs)  # runs from other hardware: no verdict
     verdicts = judge_runs(template, runs, quality, BASELINE) if base and not mixed else []
     no_verdict = mixed or (None if base else "every baseline run failed: no verdict")
-    table = verdict_table(verdicts, template.objective.metric,
-                          None if sweep is None else rate_sweep_run.SWEEP_COLUMNS
-                          ) if verdicts else str(no_verdict)
+    table = rule_text(template) + "\n\n" + verdict_table(
+        verdicts, template.objective.metric,
+        None if sweep is None else rate_sweep_run.SWEEP_COLUMNS,
+        baseline=run_label(template, None)) if verdicts else str(no_verdict)
     if sweep is not None:
         table += "\n\n" + rate_sweep_run.sweep_summary(sweep)
     adopted = next((v.value for v in verdicts if v.adopted), None)
@@ -312,19 +327,19 @@ def replay_setup(template: Template, check: bool = True, sweep: bool = False
 
 
 VERDICT_CODES = {"better": 1.0, "no change": 0.0, "worse": -1.0, "inconclusive": 2.0,
-                 "invalid": -2.0}
+                 "invalid": -2.0, "undecided": 3.0}
 
 
 def variant_verdict(template: Template, vv: VariantVerdict) -> str:
-    """One word for a variant: better | no change | worse (its objective against the
-    baseline's noise band), inconclusive (too few valid runs left), invalid (runs failed or
+    """One word for a variant: better | no change | worse | undecided (its objective's
+    interval, `verdict`), inconclusive (too few valid runs left), invalid (runs failed or
     invalid, or the objective was not measured)."""
     if vv.inconclusive:
         return "inconclusive"
     obj = vv.metrics.get(template.objective.metric)
     if vv.failed_runs or vv.invalid_runs or obj is None:
         return "invalid"
-    if obj.verdict in ("better", "no change", "worse"):
+    if obj.verdict in ("better", "no change", "worse", "undecided"):
         return obj.verdict
     return "better" if template.objective.better(obj.delta) else "worse"
 

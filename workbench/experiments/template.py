@@ -13,12 +13,20 @@ and the baseline engine config, then names exactly ONE variable:
     baseline: {max_num_batched_tokens: 512, dtype: float32}
     variable: {name: max_num_batched_tokens, values: [64, 128, 256, 1024]}
     repeats: 3
+    max_repeats: 10            # optional: add repeat rounds while undecided (sequential.py)
+    smallest_effect: 0.02      # optional: +-2% counts as "no change" (default 0.02)
+    alpha: 0.05                # optional: the verdict's error rate (default 0.05)
     cache_state: warm-model
     quality_gate: {min_token_agreement: 1.0, num_prompts: 4}   # optional
 
 `objective.metric` and the `slo` keys are names of the metric registry
 (`workbench.harness.metric_registry`, docs/metrics.md); `objective.direction` defaults to the
 registry's direction for the metric.
+
+The verdict (workbench.experiments.verdict, verdict_rule): per metric better / worse /
+no change / undecided from a Welch t interval of the relative effect on log values. `noise`
+(spread | bootstrap) is deprecated: the verdict ignores it (a FutureWarning says so); it
+still sets `workbench rerun`'s drift band.
 
 `quality_gate` (workbench.experiments.quality): thresholds `min_token_agreement`,
 `max_ppl_increase_pct`, `max_mean_kl`, `min_top1_agreement` and options `num_prompts`,
@@ -43,6 +51,7 @@ from __future__ import annotations
 
 import copy
 import json
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -98,7 +107,10 @@ class Template:
     cache_state: str = "warm-model"
     quality_gate: dict[str, Any] | None = None
     warmup_requests: int = 2
-    noise: str = "spread"  # "spread" (min..max of the baseline repeats) | "bootstrap"
+    noise: str = "spread"  # deprecated for the verdict: `workbench rerun`'s drift band only
+    smallest_effect: float = 0.02  # |relative effect| inside this: "no change" (0.02 = +-2%)
+    alpha: float = 0.05  # the verdict's error rate (two-sided), over all planned looks
+    max_repeats: int | None = None  # repeat rounds while undecided up to this; None: repeats
     rate_sweep: RateSweep | None = None  # goodput per value over a rate sweep (rate_sweep.py)
     raw: dict[str, Any] = field(default_factory=dict, repr=False)
 
@@ -112,6 +124,11 @@ class Template:
             )
         if self.noise not in ("spread", "bootstrap"):
             raise ValueError(f"noise ({self.noise!r}) must be 'spread' or 'bootstrap'")
+        problem = verdict_key_problem("smallest_effect", self.smallest_effect) or \
+            verdict_key_problem("alpha", self.alpha) or \
+            verdict_key_problem("max_repeats", self.max_repeats, 1)
+        if problem:
+            raise ValueError(problem)
         unknown = sorted(set(self.slo) - set(SLO_KEYS))
         if unknown:
             raise ValueError(
@@ -129,6 +146,16 @@ class Template:
             from workbench.experiments.quality_report import check_gate
 
             check_gate(self.quality_gate)
+
+    @property
+    def repeat_cap(self) -> int:
+        """The most repeats per side: `max_repeats` (never below `repeats`)."""
+        return max(self.repeats, self.max_repeats or self.repeats)
+
+    @property
+    def planned_looks(self) -> int:
+        """Verdicts the adaptive design may take: after `repeats`, then after each round."""
+        return self.repeat_cap - self.repeats + 1
 
     def variant_config(self, value: Any) -> dict[str, Any]:
         """The baseline engine config with the one variable set to `value`."""
@@ -150,7 +177,12 @@ class Template:
                          "values": [dict(v) if isinstance(v, dict) else v
                                     for v in self.variable_values]},
             "repeats": self.repeats, "cache_state": self.cache_state,
-            "warmup_requests": self.warmup_requests, "noise": self.noise}))
+            "warmup_requests": self.warmup_requests, "noise": self.noise,
+            "smallest_effect": self.smallest_effect, "alpha": self.alpha}))
+        if self.max_repeats is not None:
+            data["max_repeats"] = self.max_repeats
+        if "noise" not in self.raw and self.noise == "spread":
+            data.pop("noise")  # the default, not written (it is deprecated)
         if self.quality_gate is not None:
             data["quality_gate"] = copy.deepcopy(self.quality_gate)
         else:
@@ -168,6 +200,22 @@ class Template:
         return raw
 
 
+
+
+def verdict_key_problem(key: str, value: Any, repeats: int = 1) -> str | None:
+    """What is wrong with the verdict key `key` (smallest_effect, alpha, max_repeats), or
+    None; `repeats`: what max_repeats must reach."""
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if key == "smallest_effect" and not (number and 0 < value < 1):
+        return (f"smallest_effect ({value!r}) must be a relative effect in (0, 1), "
+                "e.g. 0.02 for +-2%")
+    if key == "alpha" and not (number and 0 < value < 0.5):
+        return f"alpha ({value!r}) must be an error rate in (0, 0.5), e.g. 0.05"
+    if key == "max_repeats" and value is not None and not (
+            isinstance(value, int) and not isinstance(value, bool) and value >= repeats):
+        return (f"max_repeats ({value!r}) must be an integer >= repeats ({repeats}), "
+                "e.g. 10; leave it out for no extra rounds")
+    return None
 
 
 class KnobValue(dict):  # type: ignore[type-arg]
@@ -214,6 +262,16 @@ def parse_template(data: dict[str, Any]) -> Template:
             f"variable {name} value {baseline[name]!r} equals the baseline; list only the "
             "changed values (the baseline is always run)"
         )
+    if "noise" in data:
+        warnings.warn(f"template key noise ({data['noise']!r}) is deprecated: the verdict "
+                      "ignores it and uses a Welch t interval (keys alpha, smallest_effect, "
+                      "max_repeats; docs/experiments.md); it only sets `workbench rerun`'s "
+                      "drift band. Remove it to silence this.", FutureWarning, stacklevel=2)
+    repeats = int(data.get("repeats", 3))
+    cap = data.get("max_repeats")
+    if isinstance(cap, int) and not isinstance(cap, bool) and cap < repeats:
+        raise ValueError(f"max_repeats ({cap}) must be >= repeats ({repeats}); leave it out "
+                         "for no extra rounds")
     sweep = parse_rate_sweep(data)  # None without `rate_sweep`; its rules in rate_sweep.py
     if sweep is None:
         objective = Objective(**(data.get("objective") or {}))
@@ -233,11 +291,14 @@ def parse_template(data: dict[str, Any]) -> Template:
         baseline=baseline,
         variable_name=name,
         variable_values=values,
-        repeats=int(data.get("repeats", 3)),
+        repeats=repeats,
         cache_state=str(data.get("cache_state", "warm-model")),
         quality_gate=data.get("quality_gate"),
         warmup_requests=int(data.get("warmup_requests", 2)),
         noise=str(data.get("noise", "spread")),
+        smallest_effect=data.get("smallest_effect", 0.02),
+        alpha=data.get("alpha", 0.05),
+        max_repeats=cap,
         rate_sweep=sweep,
         raw=copy.deepcopy(data),
     )

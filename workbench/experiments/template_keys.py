@@ -14,6 +14,7 @@ _TOP_KEYS = {
     "name", "question", "objective", "slo", "workload", "arrivals", "target", "baseline",
     "variable", "variants", "repeats", "cache_state", "quality_gate", "warmup_requests",
     "noise", "percentiles", "sampling", "description", "max_other_cpu_share", "rate_sweep",
+    "smallest_effect", "alpha", "max_repeats",  # the verdict's rule (verdict_rule, sequential)
     "cluster",  # where runs execute on a cluster (`executors.config`: num_cpus, num_gpus, ...)
 }
 

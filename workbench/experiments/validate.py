@@ -115,6 +115,13 @@ def _check_scalars(data: dict[str, Any], out: list[str]) -> None:
     noise = data.get("noise", "spread")
     if noise not in ("spread", "bootstrap"):
         out.append(f"noise ({noise!r}) must be 'spread' or 'bootstrap'")
+    from workbench.experiments.template import verdict_key_problem
+
+    for key, default in (("smallest_effect", 0.02), ("alpha", 0.05), ("max_repeats", None)):
+        problem = verdict_key_problem(key, data.get(key, default),
+                                      repeats if _is_int(repeats) else 1)
+        if problem:
+            out.append(problem)
     share = data.get("max_other_cpu_share", 0.0)
     if not _number(share) or not 0 <= share <= 1:
         out.append(f"max_other_cpu_share ({share!r}) must be a share of the CPUs in [0, 1]")

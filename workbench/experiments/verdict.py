@@ -1,12 +1,19 @@
-"""The verdict: better / no change / worse against the baseline's noise band, and adoption.
+"""The verdict: better / worse / no change / undecided per metric, and adoption.
 
-For each variant and metric, the medians over repeats are compared. The noise band is
-- "spread": the baseline repeats' range (max - min); a change counts only when the medians
-  differ by more than that range;
-- "bootstrap": a 95% bootstrap interval (2,000 resamples, fixed seed) of the difference of
-  medians; a change counts only when the interval excludes 0.
-A variant is adopted only if the objective is better beyond noise, every SLO bound holds (on
-the median over its repeats), the quality gate (if any) passes, and all its runs were valid.
+For each variant and metric, the valid repeats of both sides give an interval of the relative
+effect (variant vs baseline): a Welch t interval on the log values at the template's `alpha`
+(split over the planned looks of adaptive repeats, `sequential`), `verdict_rule`'s docstring
+says why. With the template's `smallest_effect` e:
+
+    the interval excludes 0                 -> "better" | "worse" (by the metric's direction;
+                                               "lower" | "higher" for a metric without one)
+    the interval lies inside [-e, +e]       -> "no change" (an equivalence claim)
+    neither, or one repeat on a side        -> "undecided" (too wide at this many repeats)
+
+A variant is ADOPTed only if its objective is "better", every SLO bound holds (on the median
+over its repeats), the quality gate (if any) passes, and all its runs were valid. An
+undecided objective is neither adopted nor rejected (decision "undecided"; the reason says
+about how many repeats per side would likely decide it); "worse" and "no change" reject.
 
 Invalid runs never enter the comparison: the caller passes only valid runs' metrics and counts
 the rest. A run disturbed by other processes (CPU share above the threshold) says nothing
@@ -14,6 +21,11 @@ about the variant, so it is only left out; when fewer than `min_valid_repeats(re
 runs remain on either side, the decision is "inconclusive: runs disturbed" (neither adopted
 nor rejected: rerun on a quieter machine). A variant run that is invalid for another reason
 (the client fell behind its schedule) rejects the variant, as before.
+
+The older bands ("spread": the baseline's range; "bootstrap" of the difference of medians)
+are kept as `compare_metric(..., method="spread"|"bootstrap")` for `workbench rerun`'s drift
+check and for reading old runs (`analysis.frames.compare_frame`); the template key `noise`
+sets only those (deprecated for the verdict).
 """
 
 from __future__ import annotations
@@ -24,6 +36,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from workbench.experiments import verdict_rule as rule
 from workbench.experiments.labels import value_label
 from workbench.experiments.template import Template
 from workbench.harness import metric_registry
@@ -60,9 +73,14 @@ class MetricVerdict:
     variant_median: float
     delta: float
     relative_effect: float  # delta / baseline median
-    noise_low: float  # the band the delta must leave to count
+    noise_low: float  # the interval of the delta (absolute: effect_* x baseline median)
     noise_high: float
-    verdict: str  # "better" | "no change" | "worse"; "higher" | "lower" without a direction
+    verdict: str  # "better" | "worse" | "no change" | "undecided"; "higher" | "lower"
+    effect_low: float = 0.0  # the interval of the relative effect (welch); legacy: band / b
+    effect_high: float = 0.0
+    n_baseline: int = 0
+    n_variant: int = 0
+    repeats_needed: int | None = None  # undecided: about this many per side would decide
 
 
 @dataclass
@@ -80,11 +98,13 @@ class VariantVerdict:
     baseline_valid_runs: int = 0
     adopted: bool = False
     inconclusive: bool = False  # too few valid runs left: neither adopted nor rejected
+    undecided: bool = False  # the objective's interval too wide: neither adopted nor rejected
     reason: str = ""
 
     @property
     def decision(self) -> str:
-        return "ADOPT" if self.adopted else "inconclusive" if self.inconclusive else "reject"
+        return ("ADOPT" if self.adopted else "inconclusive" if self.inconclusive
+                else "undecided" if self.undecided else "reject")
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -108,21 +128,36 @@ def noise_band(
     return delta - spread, delta + spread
 
 
-def compare_metric(metric: str, base: list[float], var: list[float], method: str) -> MetricVerdict:
+def _word(metric: str, lower: bool) -> str:
+    way = direction(metric)
+    if way == "none":
+        return "lower" if lower else "higher"
+    return "better" if lower == (way == "minimize") else "worse"
+
+
+def compare_metric(metric: str, base: list[float], var: list[float], method: str = "welch",
+                   alpha: float = 0.05, smallest_effect: float = 0.02) -> MetricVerdict:
+    """One metric of one variant against the baseline: `method` "welch" is the verdict's
+    rule (module docstring, `verdict_rule`); "spread" | "bootstrap" the older bands, whose
+    outcomes are "no change" (inside the band) or a direction."""
     b, v = statistics.median(base), statistics.median(var)
     delta = v - b
-    lo, hi = noise_band(base, var, method)
-    beyond = lo > 0 or hi < 0  # the band around the difference excludes zero
-    way = direction(metric)
-    if not beyond:
-        verdict = "no change"
-    elif way == "none":
-        verdict = "lower" if delta < 0 else "higher"
-    elif (delta < 0) == (way == "minimize"):
-        verdict = "better"
-    else:
-        verdict = "worse"
-    return MetricVerdict(metric, b, v, delta, delta / b if b else 0.0, lo, hi, verdict)
+    rel = delta / b if b else 0.0
+    if method != "welch":
+        lo, hi = noise_band(base, var, method)
+        verdict = ("no change" if not (lo > 0 or hi < 0)  # the band excludes zero
+                   else _word(metric, delta < 0))
+        return MetricVerdict(metric, b, v, delta, rel, lo, hi, verdict,
+                             lo / b if b else 0.0, hi / b if b else 0.0, len(base), len(var))
+    iv = rule.effect_interval(base, var, alpha)
+    outcome = rule.classify(iv, smallest_effect)
+    verdict = (outcome if outcome in (rule.NO_CHANGE, rule.UNDECIDED)
+               else _word(metric, outcome == rule.DECREASE))
+    need = (rule.repeats_to_decide(base, var, alpha, smallest_effect)
+            if verdict == rule.UNDECIDED else None)
+    scale = abs(b)
+    return MetricVerdict(metric, b, v, delta, rel, iv.low * scale, iv.high * scale, verdict,
+                         iv.low, iv.high, len(base), len(var), need)
 
 
 def decide(
@@ -138,6 +173,7 @@ def decide(
     """One VariantVerdict per variable value. `*_runs` are the per-repeat metric dicts of
     the VALID runs only; `invalid`, `failed`, `disturbed` count the others per value."""
     metrics = list(dict.fromkeys([template.objective.metric, *REPORTED]))
+    alpha = rule.look_alpha(template.alpha, template.planned_looks)  # `sequential`
     out = []
     for value, runs in variant_runs.items():
         mv = {}
@@ -145,7 +181,7 @@ def decide(
             base = [r[m] for r in baseline_runs if m in r]
             var = [r[m] for r in runs if m in r]
             if base and var:
-                mv[m] = compare_metric(m, base, var, template.noise)
+                mv[m] = compare_metric(m, base, var, "welch", alpha, template.smallest_effect)
         vv = VariantVerdict(template.variable_name, value, mv)
         for key, bound in template.slo.items():
             metric = SLO_BOUNDS[key]
@@ -161,6 +197,7 @@ def decide(
         vv.valid_runs, vv.baseline_valid_runs = len(runs), len(baseline_runs)
         vv.adopted, vv.reason = _adopt(template, vv)
         vv.inconclusive = vv.reason.startswith("inconclusive")
+        vv.undecided = vv.reason.startswith("undecided")
         out.append(vv)
     return out
 
@@ -226,28 +263,75 @@ def _adopt(template: Template, vv: VariantVerdict) -> tuple[bool, str]:
         return False, "SLO: " + "; ".join(vv.slo_failures)
     if vv.quality_failures:
         return False, "quality: " + "; ".join(vv.quality_failures)
-    # Beyond noise and the way the template asks (for a registered direction this is
+    interval = f"interval {rule.percent(obj.effect_low)} .. {rule.percent(obj.effect_high)}"
+    effect = f"{obj.relative_effect:+.1%}, {interval}"
+    if obj.verdict == rule.UNDECIDED:
+        return False, f"undecided: objective {obj.metric} ({effect}); {_to_decide(obj)}"
+    # Beyond the interval and the way the template asks (for a registered direction this is
     # "better" when the template agrees with the registry, which validation requires).
-    if obj.verdict == "no change" or not template.objective.better(obj.delta):
-        return False, f"objective {obj.metric} {obj.verdict} ({obj.relative_effect:+.1%})"
-    return True, f"objective {obj.metric} improves {obj.relative_effect:+.1%} beyond noise"
+    if obj.verdict == rule.NO_CHANGE:
+        return False, (f"objective {obj.metric} no change ({effect}, inside "
+                       f"+-{template.smallest_effect:.1%})")
+    if not template.objective.better(obj.effect_high if obj.effect_high < 0 else obj.effect_low):
+        return False, f"objective {obj.metric} {obj.verdict} ({effect})"
+    return True, f"objective {obj.metric} improves {obj.relative_effect:+.1%} ({interval})"
+
+
+def _to_decide(obj: MetricVerdict) -> str:
+    """How many repeats per side would likely decide an undecided objective."""
+    have = min(obj.n_baseline, obj.n_variant)
+    if obj.repeats_needed is None:
+        return (f"{have} valid repeat(s) per side decide nothing: at least 2 are needed "
+                "(raise repeats, e.g. repeats: 3 and max_repeats: 10)")
+    if obj.repeats_needed > rule.MAX_REPEATS_HINT:
+        return (f"more than {rule.MAX_REPEATS_HINT} repeats per side would be needed at this "
+                "spread and effect: the effect, if any, is smaller than the noise")
+    return (f"about {max(obj.repeats_needed, have + 1)} repeats per side would likely decide "
+            f"it (now {have}; raise max_repeats)")
+
+
+def rule_text(template: Template) -> str:
+    """One line that states the verdict's rule for this template (VERDICT.md, the console)."""
+    looks = template.planned_looks
+    alpha = rule.look_alpha(template.alpha, looks)
+    split = f", split over {looks} looks: {alpha:.3g} each" if looks > 1 else ""
+    rounds = (f"repeats {template.repeats}, up to {template.repeat_cap} while undecided"
+              if looks > 1 else f"repeats {template.repeats}")
+    return (f"Rule: a {1 - template.alpha:.0%} Welch t interval of the relative effect on "
+            f"log values (alpha {template.alpha:g}{split}); better/worse: it excludes 0; "
+            f"no change: it lies inside +-{template.smallest_effect:.1%} (smallest_effect); "
+            f"undecided: neither; {rounds}.")
+
+
+def _cell(m: MetricVerdict) -> str:
+    return (f"{m.variant_median:.4g} ({m.relative_effect:+.1%} "
+            f"[{rule.percent(m.effect_low)}, {rule.percent(m.effect_high)}], {m.verdict})")
 
 
 def verdict_table(verdicts: list[VariantVerdict], objective: str,
-                  columns: Sequence[str] | None = None) -> str:
-    """Markdown: one row per variant with the objective, the tails (or `columns`) and the
-    decision."""
+                  columns: Sequence[str] | None = None, *, baseline: str | None = None
+                  ) -> str:
+    """Markdown: a baseline row (`baseline`: its label; the medians over its valid repeats),
+    then one row per variant with the objective, the tails (or `columns`) as median (effect
+    [interval], verdict), and the decision."""
     cols = list(dict.fromkeys([objective, *(columns if columns is not None else (
         "p95_ttft_ms", "p95_tpot_ms", "p95_itl_ms", "output_throughput"))]))
     head = ["value", *cols, "decision", "why"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     values = [v.value for v in verdicts]
+    if baseline is not None and verdicts:
+        cells = [baseline]
+        for c in cols:
+            m = next((v.metrics[c] for v in verdicts if c in v.metrics), None)
+            cells.append("-" if m is None else f"{m.baseline_median:.4g}")
+        n = max(v.baseline_valid_runs for v in verdicts)
+        cells += ["baseline", f"{n} valid repeat(s); medians"]
+        lines.append("| " + " | ".join(cells) + " |")
     for v in verdicts:
         cells = [value_label(v.variable, v.value, values)]  # never a dict's repr
         for c in cols:
             m = v.metrics.get(c)
-            cells.append("-" if m is None else
-                         f"{m.variant_median:.4g} ({m.relative_effect:+.1%}, {m.verdict})")
+            cells.append("-" if m is None else _cell(m))
         cells += [v.decision, v.reason]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -266,10 +350,14 @@ def verdict_summary(verdicts: list[VariantVerdict], objective: str, baseline: st
                 f"{objective} {m.relative_effect:+.1%} ({m.verdict})")
 
     adopted = [v for v in verdicts if v.adopted]
+    undecided = [v for v in verdicts if v.undecided]
     if adopted:
         best = adopted[0]
         head = (f"**Verdict: adopt {value_label(best.variable, best.value, values)}**: "
                 f"{effect(best)} vs {baseline}")
+    elif undecided:
+        head = (f"**Verdict: undecided**: keep {baseline} for now; "
+                f"{len(undecided)} variant(s) need more repeats")
     elif verdicts:
         head = f"**Verdict: keep {baseline}**: no variant adopted"
     else:
