@@ -5,8 +5,11 @@
 runs `mlflow ui --backend-store-uri <store> --default-artifact-root <db folder>/artifacts
 --host 127.0.0.1 --port 5000` (the store and artifact folder `Store` writes; an absolute
 path, so starting it from another folder never creates an empty `mlflow.db` there) as a child
-in its own session (setsid), and on Ctrl-C stops that whole process group (SIGTERM, then
-SIGKILL after `STOP_TIMEOUT_S`).
+in its own session (setsid). On Ctrl-C (SIGINT) or SIGTERM (`kill`, a service manager, a
+terminal closing: SIGHUP) it stops that whole process group (SIGTERM, then SIGKILL after
+`STOP_TIMEOUT_S`); if `workbench ui` itself is killed (SIGKILL), the kernel sends MLflow
+SIGTERM (Linux: PR_SET_PDEATHSIG), which MLflow forwards to its server. A port already in use
+is one error line naming it, before MLflow starts.
 
 `runs_url` opens an experiment's runs table on one parent's children sorted by the objective
 (the "compare view": the children are the values, named by their labels, the knob a param
@@ -17,14 +20,18 @@ knob's param as x and the objective as y) on a list of runs.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from types import FrameType
 from urllib.parse import quote, urlencode
+
+from workbench.harness.ports import check_port_free
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 5000
@@ -119,6 +126,29 @@ def stop_group(proc: subprocess.Popen[bytes], timeout: float = STOP_TIMEOUT_S) -
     return proc.wait()
 
 
+PR_SET_PDEATHSIG = 1  # prctl(2)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)  # besides SIGINT (KeyboardInterrupt)
+
+
+def die_with_parent(parent_pid: int) -> Callable[[], None] | None:
+    """A `preexec_fn` that has the kernel SIGTERM the child when `parent_pid` dies (Linux;
+    None elsewhere), and ends the child at once if the parent is already gone."""
+    if not sys.platform.startswith("linux"):
+        return None
+
+    def preexec() -> None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent_pid:  # the parent died before the prctl
+            os._exit(1)
+
+    return preexec
+
+
+def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="workbench ui",
@@ -137,17 +167,24 @@ def main(argv: list[str] | None = None) -> int:
 
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     argv_ui = ui_command(tracking_uri(args.tracking_uri), args.host, args.port)
-    print(f"workbench ui: {base_url(args.host, args.port)} (Ctrl-C stops it)", flush=True)
-    proc = subprocess.Popen(argv_ui, start_new_session=True)  # setsid: its own group
+    check_port_free(args.host, args.port, "workbench ui")
+    previous = {sig: signal.signal(sig, _raise_interrupt) for sig in STOP_SIGNALS}
     try:
-        return proc.wait()
-    except KeyboardInterrupt:
-        stop_group(proc)
-        print("workbench ui: stopped", flush=True)
-        return 0
-    finally:
-        if proc.poll() is None:
+        print(f"workbench ui: {base_url(args.host, args.port)} (Ctrl-C stops it)", flush=True)
+        proc = subprocess.Popen(argv_ui, start_new_session=True,  # setsid: its own group
+                                preexec_fn=die_with_parent(os.getpid()))
+        try:
+            return proc.wait()
+        except KeyboardInterrupt:
             stop_group(proc)
+            print("workbench ui: stopped", flush=True)
+            return 0
+        finally:
+            if proc.poll() is None:
+                stop_group(proc)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 if __name__ == "__main__":
