@@ -146,3 +146,11 @@ def test_layout_names() -> None:
 
     assert layout_names(2) == {1: "2 replicas (TP=1)", 2: "1 replica, TP=2"}
     assert layout_names(4)[4] == "1 replica, TP=4"
+
+
+def test_override_template_repeats_turn_the_adaptive_rounds_off() -> None:
+    raw = raw_template("", "prefix_caching.yaml")  # repeats 3, max_repeats 10
+    assert raw["max_repeats"] == 10
+    assert "max_repeats" not in override_template(raw, repeats=12)  # 12 > 10 stays valid
+    assert override_template(raw, repeats=2, max_repeats=4)["max_repeats"] == 4
+    assert override_template(raw, seed=1)["max_repeats"] == 10  # repeats untouched: kept

@@ -138,11 +138,14 @@ def override_template(
     repeats: int | None = None,
     values: list[Any] | None = None,
     drop: tuple[str, ...] = (),
+    max_repeats: int | None = None,
 ) -> dict[str, Any]:
     """A copy of a raw template with a notebook's overrides: experiment `name`, workload
     `seed`, `workload_params` merged into the workload's params, `arrivals` replaced,
     `repeats`, the variable's `values` (when non-empty), and the top-level keys in `drop`
-    removed (e.g. "quality_gate"). None leaves a field as the template has it."""
+    removed (e.g. "quality_gate"). None leaves a field as the template has it. A notebook
+    that sets `repeats` runs that many: the template's adaptive rounds (`max_repeats`) are
+    dropped unless `max_repeats` is given too."""
     out = copy.deepcopy(dict(raw))
     for key in drop:
         out.pop(key, None)
@@ -156,6 +159,9 @@ def override_template(
         out["arrivals"] = dict(arrivals)
     if repeats is not None:
         out["repeats"] = repeats
+        out.pop("max_repeats", None)
+    if max_repeats is not None:
+        out["max_repeats"] = max_repeats
     if values:
         out["variable"] = {**out["variable"], "values": list(values)}
     return out
