@@ -132,6 +132,10 @@ class P2pConfig:
     # consumer: a read whose KV was pushed here waits this long for the pushes to complete
     # (they may still be on the wire when the decode request comes), then pulls
     push_wait_s: float = 1.0
+    # consumer: the producers whose side channels it reads from ("host" or "host:port",
+    # IPv6 as "[addr]:port"); None: this host only (loopback, localhost, its own names and
+    # addresses). A decode request naming another producer is refused (400)
+    trusted_producers: list[str] | None = None
 
     WHERE = "kv_transfer_config kv_connector_extra_config"
 
@@ -159,6 +163,13 @@ class P2pConfig:
                              "<= 65535")
         for name in ("abort_timeout_s", "load_timeout_s", "push_wait_s"):
             _positive_number(w, name, getattr(self, name))
+        if self.trusted_producers is not None:
+            if not isinstance(self.trusted_producers, list) or not self.trusted_producers:
+                raise ValueError(f"{w} trusted_producers ({self.trusted_producers!r}) must be "
+                                 'a non-empty list such as ["10.0.0.5", "prefill-1:5600"] '
+                                 "(omit it to trust this host only)")
+            for entry in self.trusted_producers:
+                parse_peer(f"{w} trusted_producers", entry)
 
     @classmethod
     def from_dict(cls, extra: dict[str, Any]) -> P2pConfig:
@@ -237,8 +248,10 @@ REMOTE_FIELDS = ("remote_engine_id", "remote_request_id", "remote_block_ids", "r
                  "remote_port")
 # the workbench's own addition: a layerwise producer that pushed the KV names the decode
 # side channel it pushed to ("host:port"), so that consumer waits for the pushes to land
+# `prompt_digest` (also the workbench's): sha256 of the prefill's prompt (`p2p_trust`); the
+# decode instance reads only a hold whose digest is its own prompt's
 KV_TRANSFER_PARAM_KEYS = ("max_load_tokens", "do_remote_decode", "do_remote_prefill",
-                          *REMOTE_FIELDS, "tp_size", "pushed_to")
+                          *REMOTE_FIELDS, "tp_size", "pushed_to", "prompt_digest")
 
 
 def kv_transfer_params(extra_args: dict[str, Any] | None) -> dict[str, Any]:
@@ -279,12 +292,41 @@ def kv_transfer_params(extra_args: dict[str, Any] | None) -> dict[str, Any]:
         if pushed is not None and (not isinstance(pushed, str) or ":" not in pushed):
             raise ValueError(f"kv_transfer_params pushed_to ({pushed!r}) must be "
                              "'host:port' (the side channel the producer pushed to) or null")
+        digest = params.get("prompt_digest")
+        if digest is not None and not _is_digest(digest):
+            raise ValueError(f"kv_transfer_params prompt_digest ({digest!r}) must be 64 "
+                             "lowercase hex digits (the prefill's sha256) or null")
         ids = params["remote_block_ids"]
         if not isinstance(ids, list) or not ids or any(
                 isinstance(b, bool) or not isinstance(b, int) or b < 0 for b in ids):
             raise ValueError(f"kv_transfer_params remote_block_ids ({ids!r}) must be a "
                              "non-empty list of block ids (integers >= 0)")
     return params
+
+
+def _is_digest(value: Any) -> bool:
+    return isinstance(value, str) and len(value) == 64 and all(
+        c in "0123456789abcdef" for c in value)
+
+
+def parse_peer(where: str, entry: Any) -> tuple[str, int | None]:
+    """("host", port or None) of a "host", "host:port" or "[v6 address]:port" entry; the
+    host lowercased, without brackets."""
+    ok = isinstance(entry, str) and entry.strip() == entry and entry != ""
+    host, port = (entry, None) if ok else ("", None)
+    if ok and entry.startswith("["):  # [v6] or [v6]:port
+        end = entry.find("]")
+        host, rest = entry[1:end], entry[end + 1:]
+        ok = end > 1 and (rest == "" or rest.startswith(":"))
+        port = rest[1:] if ok and rest else None
+    elif ok and entry.count(":") == 1:  # host:port (a bare v6 address has several colons)
+        host, port = entry.split(":")
+    if ok and port is not None:
+        ok = port.isdigit() and 0 < int(port) <= 65535
+    if not ok or not host or any(c.isspace() or c in "/@[]" for c in host):
+        raise ValueError(f"{where} entry ({entry!r}) must be \"host\", \"host:port\" or "
+                         "\"[IPv6 address]:port\" with a port in 1..65535")
+    return host.lower(), None if port is None else int(port)
 
 
 def _check_port(port: Any) -> None:

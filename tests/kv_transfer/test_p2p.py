@@ -323,7 +323,8 @@ def test_an_aborted_staged_leg_gives_its_buffer_back(ckpt: Path,
 @pytest.mark.parametrize(("extra", "message"), [
     ({"bogus": 1}, "kv_connector_extra_config has unknown key(s) bogus; allowed: "
      "abort_timeout_s, layerwise, load_timeout_s, push_inbox_bytes, push_wait_s, "
-     "send_buffer_bytes, side_channel_host, side_channel_port, torch_dist_backend, transport"),
+     "send_buffer_bytes, side_channel_host, side_channel_port, torch_dist_backend, transport, "
+     "trusted_producers"),
     ({"transport": "nixl"}, "transport ('nixl') must be one of zmq"),
     ({"side_channel_port": 70000}, "side_channel_port (70000) must be <= 65535"),
     ({"abort_timeout_s": 0}, "abort_timeout_s (0) must be a number > 0"),
@@ -337,3 +338,174 @@ def test_bad_p2p_config_is_one_named_error(extra: dict[str, Any], message: str) 
         KVTransferConfig.from_dict({"kv_connector": "P2pConnector", "kv_role": "kv_producer",
                                     "kv_connector_extra_config": extra})
     assert message in str(e.value)
+
+
+# ------------------------------------------------------------------ whose KV, from whom
+def test_a_handshake_is_read_only_by_a_request_with_its_prompt(
+        ckpt: Path, prompts: list[list[int]], reference: list[list[int]]) -> None:
+    """Request B carrying request A's handshake: B's own tokens (recomputed, a failed load,
+    nothing contacted), and A's hold is still there for A, whose read succeeds."""
+    from workbench.distributed.kv_transfer.p2p_trust import prompt_digest
+
+    prod, cons = engine(ckpt, "kv_producer"), engine(ckpt, "kv_consumer")
+    a, b = prompts[0], prompts[1]
+    kvp_a = prod.generate([a], PREFILL)[0].kv_transfer_params
+    out = cons.generate([b], decode_params(kvp_a))[0]
+    assert list(out.outputs[0].token_ids) == reference[1]  # B's, not A's continuation
+    assert kvp_a is not None and kvp_a["prompt_digest"] == prompt_digest(a)
+    c = cons.stats()
+    assert c["workbench:kv_transfer_failed_recvs"] == 1
+    assert c["workbench:kv_transfer_recv_bytes"] == 0
+    assert "is another prompt's; not read" in cons.engine.errors[-1]["message"]
+    prod.engine.poll_kv_transfers()
+    assert prod.engine.scheduler.sending.keys() == {"0"}  # still held for A
+    out = cons.generate([a], decode_params(kvp_a))[0]
+    assert list(out.outputs[0].token_ids) == reference[0]
+    c = cons.stats()  # cumulative: A's read did not fail, and read A's 36 tokens
+    assert c["workbench:kv_transfer_failed_recvs"] == 1
+    assert c["workbench:kv_transfer_recv_bytes"] == 9 * cons.engine.bytes_per_block
+
+
+def test_the_producer_refuses_a_read_for_another_prompt(
+        ckpt: Path, prompts: list[list[int]], reference: list[list[int]]) -> None:
+    """A handshake whose digest was changed to B's passes the decode side's check; the
+    producer compares the read's digest with the held prompt's and refuses: B recomputes."""
+    from workbench.distributed.kv_transfer.p2p_trust import prompt_digest
+
+    prod, cons = engine(ckpt, "kv_producer"), engine(ckpt, "kv_consumer")
+    kvp_a = dict(prod.generate(prompts[:1], PREFILL)[0].kv_transfer_params or {})
+    forged = {**kvp_a, "prompt_digest": prompt_digest(prompts[1])}
+    out = cons.generate(prompts[1:2], decode_params(forged))[0]
+    assert list(out.outputs[0].token_ids) == reference[1]
+    assert cons.stats()["workbench:kv_transfer_failed_recvs"] == 1
+    assert f"is not the prompt held for '{kvp_a['remote_request_id']}': refused" in \
+        cons.engine.errors[-1]["message"]
+    assert prod.stats()["workbench:kv_transfer_send_bytes"] == 0
+
+
+def test_the_cache_salt_is_part_of_the_prompt_digest() -> None:
+    from workbench.distributed.kv_transfer.p2p_trust import prompt_digest
+
+    assert prompt_digest([1, 2, 3]) == prompt_digest([1, 2, 3], None) == \
+        prompt_digest([1, 2, 3], "")
+    assert len({prompt_digest([1, 2, 3]), prompt_digest([1, 2, 3], "tenant-a"),
+                prompt_digest([1, 2, 4]), prompt_digest([1, 2])}) == 4
+
+
+def handshake(host: str, port: int) -> dict[str, Any]:
+    return {"do_remote_prefill": True, "remote_engine_id": "e", "remote_request_id": "r",
+            "remote_block_ids": [1], "remote_host": host, "remote_port": port}
+
+
+@pytest.mark.parametrize("host", ["10.1.2.3", "evil.example", "169.254.169.254"])
+def test_a_producer_on_another_host_is_not_trusted_by_default(ckpt: Path, host: str) -> None:
+    cons = engine(ckpt, "kv_consumer")
+    trust = cons.engine.scheduler.connector.trust
+    assert trust.describe().startswith("this host only (loopback, ")
+    assert "localhost" in trust.describe()
+    with pytest.raises(ValueError) as e:
+        cons.generate([[11, 12, 13]], decode_params(handshake(host, 5600)))
+    assert str(e.value) == (
+        f"prompts[0]: kv_transfer_params remote_host ({host!r}, remote_port 5600) is not a "
+        f"producer this decode instance trusts ({trust.describe()}); list it in "
+        "kv_transfer_config kv_connector_extra_config trusted_producers")
+    assert cons.stats()["workbench:kv_transfer_recv_queries"] == 0  # refused before work
+
+
+def test_trusted_producers_is_the_allow_list(ckpt: Path) -> None:
+    """Listed: a host at any port, or a host:port; 127.0.0.1 no longer trusted unless
+    listed. A trusted producer that is not there fails the read (recompute), nothing more."""
+    cons = engine(ckpt, "kv_consumer", trusted_producers=["10.1.2.3", "[::1]:5601",
+                                                          "LOCALHOST:5602"])
+    trust = cons.engine.scheduler.connector.trust
+    assert trust.allows("10.1.2.3", 1) and trust.allows("10.1.2.3", 65535)
+    assert trust.allows("::1", 5601) and trust.allows("0:0:0:0:0:0:0:1", 5601)
+    assert not trust.allows("::1", 5600)
+    assert trust.allows("localhost", 5602) and not trust.allows("127.0.0.1", 5602)
+    assert not trust.allows("10.1.2.30", 1)
+    with pytest.raises(ValueError, match=r"trusts \(10\.1\.2\.3, ::1:5601, localhost:5602\)"):
+        cons.generate([[11, 12, 13]], decode_params(handshake("127.0.0.1", 5600)))
+
+
+def test_this_host_is_trusted_by_default(ckpt: Path) -> None:
+    import socket
+
+    trust = engine(ckpt, "kv_consumer").engine.scheduler.connector.trust
+    for host in ("127.0.0.1", "127.0.0.2", "::1", "localhost", "0.0.0.0",
+                 socket.gethostname()):
+        assert trust.allows(host, 5600), host
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ([], "trusted_producers ([]) must be a non-empty list"),
+    ("10.0.0.1", "trusted_producers ('10.0.0.1') must be a non-empty list"),
+    (["10.0.0.1:99999"], "trusted_producers entry ('10.0.0.1:99999') must be"),
+    (["h:"], "trusted_producers entry ('h:') must be"),
+    ([" h"], "trusted_producers entry (' h') must be"),
+    (["[::1"], "trusted_producers entry ('[::1') must be"),
+    (["http://h"], "trusted_producers entry ('http://h') must be"),
+    ([5], "trusted_producers entry (5) must be"),
+])
+def test_bad_trusted_producers_are_one_named_error(value: Any, message: str) -> None:
+    from workbench.kv_transfer_config import KVTransferConfig
+
+    with pytest.raises(ValueError) as e:
+        KVTransferConfig.from_dict({"kv_connector": "P2pConnector", "kv_role": "kv_consumer",
+                                    "kv_connector_extra_config": {"trusted_producers": value}})
+    assert str(e.value).startswith("kv_transfer_config kv_connector_extra_config " + message)
+
+
+# ------------------------------------------------------------------------- fail fast
+def read_header(conn: Any, rid: str, digest: str = "0" * 64) -> dict[str, Any]:
+    return {"op": "read", "engine_id": conn.engine_id, "namespace": conn.namespace,
+            "request_id": rid, "block_ids": [1], "prompt_digest": digest}
+
+
+def test_an_unknown_request_is_refused_at_once_not_parked(ckpt: Path,
+                                                          prompts: list[list[int]]) -> None:
+    """The producer's answer to a read of a request it never had is a refusal (a Reply),
+    not None (which parks the read until load_timeout_s)."""
+    prod = engine(ckpt, "kv_producer")
+    conn = prod.engine.runner.kv_connector
+    reply = conn._serve(read_header(conn, "999"))
+    assert reply is not None and reply.header == {
+        "ok": False, "error": "unknown request '999': no prefill leg of that id on this "
+        "instance (never registered, or from before a restart)"}
+
+
+def test_a_running_prefill_leg_is_parked_and_an_ended_one_refused(
+        ckpt: Path, prompts: list[list[int]]) -> None:
+    """A leg still prefilling (chunked: 4 steps of 16) is known to the worker from its first
+    step: its read waits. Aborted, it is refused at once."""
+    from workbench.distributed.kv_transfer.p2p_trust import prompt_digest
+
+    prod = LLM(str(ckpt), block_size=BLOCK, num_gpu_blocks_override=64, max_num_seqs=4,
+               max_num_batched_tokens=16, max_model_len=128,
+               kv_transfer_config={"kv_connector": "P2pConnector", "kv_role": "kv_producer"})
+    eng = prod.engine
+    req = eng.make_request(prompts[1], PREFILL)
+    eng.add_request(req)
+    eng.step()
+    conn = eng.runner.kv_connector
+    digest = prompt_digest(prompts[1])
+    assert conn._serve(read_header(conn, req.request_id, digest)) is None  # parked
+    wrong = conn._serve(read_header(conn, req.request_id))
+    assert wrong is not None and "is not the prompt held for" in wrong.header["error"]
+    eng.abort_request([req.request_id])
+    eng.step()
+    reply = conn._serve(read_header(conn, req.request_id, digest))
+    assert reply is not None and reply.header["error"] == (
+        f"the blocks of {req.request_id!r} were not handed over (its prefill did not finish "
+        "by length: aborted, stopped or failed)")
+    assert conn._legs == {}
+
+
+def test_a_decode_read_of_an_unknown_request_fails_and_recomputes(
+        ckpt: Path, prompts: list[list[int]], reference: list[list[int]]) -> None:
+    prod, cons = engine(ckpt, "kv_producer"), engine(ckpt, "kv_consumer")
+    kvp = dict(prod.generate(prompts[:1], PREFILL)[0].kv_transfer_params or {})
+    kvp["remote_request_id"] = "999"
+    out = cons.generate(prompts[:1], decode_params(kvp))[0]
+    assert list(out.outputs[0].token_ids) == reference[0]
+    assert cons.stats()["workbench:kv_transfer_failed_recvs"] == 1
+    assert "unknown request '999'" in cons.engine.errors[-1]["message"]

@@ -147,3 +147,32 @@ def test_a_bad_push_target_is_named(kvp: dict[str, Any], message: str) -> None:
         kv_transfer_params({"kv_transfer_params": kvp})
     assert kv_transfer_params({"kv_transfer_params": {  # vLLM's proxy sends them as null
         "do_remote_decode": True, "remote_host": None, "remote_port": None}})
+
+
+def test_pushed_kv_is_not_taken_by_a_request_with_another_prompt(
+        ckpt: Path, prompts: list[list[int]], reference: list[list[int]]) -> None:
+    """B names A's pushed prefill with B's digest: the inbox keeps A's KV, the pull is
+    refused by the producer (A's prompt is held), B recomputes; A then decodes from its
+    push."""
+    from workbench.distributed.kv_transfer.p2p_trust import prompt_digest
+
+    cons = engine(ckpt, "kv_consumer")
+    info = cons.engine.kv_transfer_info()
+    assert info is not None
+    prod = layerwise_engine(ckpt)
+    kvp_a = prod.generate(prompts[:1], push_prefill(info["side_channel_host"],
+                                                    info["side_channel_port"]))[0]
+    assert kvp_a.kv_transfer_params is not None
+    assert inbox_done(cons, 1) == 1
+    forged = {**kvp_a.kv_transfer_params, "prompt_digest": prompt_digest(prompts[1])}
+    out = cons.generate(prompts[1:2], decode_params(forged))[0]
+    assert list(out.outputs[0].token_ids) == reference[1]
+    c = cons.stats()
+    assert c["workbench:kv_transfer_failed_recvs"] == 1
+    assert c["workbench:kv_transfer_pushed_loads"] == 0
+    assert "is not the prompt held for" in cons.engine.errors[-1]["message"]
+    out = cons.generate(prompts[:1], decode_params(kvp_a.kv_transfer_params))[0]
+    assert list(out.outputs[0].token_ids) == reference[0]
+    c = cons.stats()
+    assert c["workbench:kv_transfer_pushed_loads"] == 1
+    assert c["workbench:kv_transfer_failed_recvs"] == 1

@@ -15,6 +15,7 @@ from workbench.distributed.kv_transfer.p2p_push import PushInbox
 
 LAYOUT = {"num_layers": 2, "block_shape": [2, 4, 1, 2]}  # [K/V, block_size, Hkv, D]
 LONG = 60.0  # a wait that reaching would fail the test (the outcome arrives long before)
+DIGEST = "a" * 64  # the pushed prompt's digest (p2p_trust.prompt_digest)
 
 
 def inbox(capacity: int = 1 << 20) -> PushInbox:
@@ -25,7 +26,8 @@ def slice_msg(layer: int, first: int, n: int, fill: float, rid: str = "r1"
               ) -> tuple[dict[str, Any], list[memoryview]]:
     half = torch.full((n, 4, 1, 2), fill, dtype=torch.float32)
     header = {"op": "push", "engine_id": "P", "request_id": rid, "layer": layer,
-              "first": first, "n": n, "num_blocks": 2, "layout": LAYOUT}
+              "first": first, "n": n, "num_blocks": 2, "layout": LAYOUT,
+              "prompt_digest": DIGEST}
     return header, [memoryview(half.numpy().tobytes()), memoryview((-half).numpy().tobytes())]
 
 
@@ -40,7 +42,7 @@ def read_in_thread(box: PushInbox, expected: bool, rid: str = "r1") -> tuple[thr
 
     def run() -> None:
         t0 = time.monotonic()
-        got.append(box.wait_complete("P", rid, expected, LONG))
+        got.append(box.wait_complete("P", rid, expected, LONG, DIGEST))
         got.append(time.monotonic() - t0)
 
     t = threading.Thread(target=run)
@@ -75,7 +77,7 @@ def test_a_read_that_comes_before_its_pushes_waits_for_them() -> None:
 
 def test_a_read_not_told_of_a_push_does_not_wait() -> None:
     box = inbox()
-    assert box.wait_complete("P", "r1", False, LONG) is None
+    assert box.wait_complete("P", "r1", False, LONG, DIGEST) is None
 
 
 def test_done_with_nothing_arrived_ends_the_wait_and_the_read_pulls() -> None:
@@ -113,7 +115,7 @@ def test_a_lost_slice_fails_the_entry() -> None:
     box = inbox()
     box.take(*slice_msg(0, 0, 2, 1.0))
     box.take(done_msg(2), [])  # two sent, one arrived
-    assert box.wait_complete("P", "r1", True, LONG) is None
+    assert box.wait_complete("P", "r1", True, LONG, DIGEST) is None
     assert box.used == 0
 
 
@@ -123,3 +125,16 @@ def test_discarded_before_its_slices_land_keeps_nothing() -> None:
     box.take(*slice_msg(0, 0, 2, 1.0))
     box.take(done_msg(1), [])
     assert not box._entries and box.used == 0 and box.take_dropped() == 0
+
+
+def test_another_prompts_push_is_not_taken_and_stays_for_its_own_read() -> None:
+    """A decode request naming another request's pushed prefill (its prompt differs) gets
+    nothing, at once; the entry stays for the request whose prompt it is."""
+    box = inbox()
+    for layer in range(2):
+        box.take(*slice_msg(layer, 0, 2, 1.0))
+    box.take(done_msg(2), [])
+    assert box.wait_complete("P", "r1", True, LONG, "b" * 64) is None
+    entry = box.wait_complete("P", "r1", True, LONG, DIGEST)
+    assert entry is not None and entry.done and not entry.failed
+    assert box.used == 0

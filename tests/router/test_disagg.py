@@ -142,6 +142,37 @@ def test_null_params_decode_without_them() -> None:
         assert router.records[0].prefill_outcome == "no_params"
 
 
+# A client's own handshake: a decode replica told to read "request 0" from a host the client
+# chose (and the prefill told to push there)
+CLIENT_KVP = {"do_remote_prefill": True, "remote_engine_id": "e", "remote_request_id": "0",
+              "remote_block_ids": [1, 2], "remote_host": "attacker.example",
+              "remote_port": 4444}
+
+
+def test_the_clients_kv_transfer_params_reach_neither_leg() -> None:
+    """Both legs, JSON and stream, with the prefill's params, without them (null, fallback)
+    and on a decode retry: only the router's own params ever reach a replica."""
+    with disagg(1, 2, decode_policy="round_robin") as (client, (p0,), (d0, d1), router):
+        body = {**BODY, "kv_transfer_params": CLIENT_KVP}
+        post(client, body)  # prefill ok: the decode leg carries the prefill's params
+        assert p0.completions[0].body["kv_transfer_params"] == PREFILL_KV_TRANSFER_PARAMS
+        assert d0.completions[0].body == {**BODY, "kv_transfer_params": p0.kv_params}
+        p0.kv_params = None  # null: the decode leg carries none
+        events = stream(client, body)
+        assert text_of(events) == decode([120, 121, 122])
+        assert d1.completions[0].body == {**BODY, "stream": True, "return_token_ids": True}
+        d0.mode = "refuse"  # a decode retry: still none of the client's
+        post(client, body)
+        assert d1.completions[1].body == BODY
+        p0.mode = "refuse"  # no prefill replica left: the fallback decode leg has none
+        post(client, body)
+        assert d1.completions[2].body == BODY
+        assert [p.body["kv_transfer_params"] for p in p0.completions] == \
+            [PREFILL_KV_TRANSFER_PARAMS] * len(p0.completions)
+        assert [r.prefill_outcome for r in router.records] == [
+            "ok", "no_params", "no_params", "fallback"]
+
+
 # --------------------------------------------------------------------------- failures
 def test_a_dead_prefill_replica_is_marked_dead_and_the_other_prefills() -> None:
     with disagg(2, 1, prefill_policy="round_robin") as (client, (p0, p1), (d0,), router):

@@ -25,6 +25,11 @@ attempt counted on it) and its side channel named in the prefill request, so a l
 prefill replica pushes the KV there while it prefills; the decode leg's first attempt goes to
 that replica when it is alive, else to another one (which pulls, as without push).
 
+The client's own `kv_transfer_params` never reach a replica: the prefill leg's are replaced by
+PREFILL_KV_TRANSFER_PARAMS and the decode leg carries only what the prefill returned (or
+none), as vLLM's proxy overwrites them; a client could otherwise have a decode replica
+connect to a host:port of its choosing, or read another request's held KV.
+
 A request of several choices (n > 1) or several prompts is refused (400 naming the field):
 one prefill hands over one sequence's KV. Both legs carry the same X-Request-Id (the
 client's, else a new one), as vLLM's proxy sends.
@@ -88,6 +93,14 @@ def prefill_body(body: dict[str, Any]) -> dict[str, Any]:
     out["stream"] = False
     out["kv_transfer_params"] = dict(PREFILL_KV_TRANSFER_PARAMS)
     return out
+
+
+def without_client_params(routed: RoutedRequest) -> RoutedRequest:
+    """`routed` whose body has no `kv_transfer_params` (the client's are never forwarded)."""
+    if "kv_transfer_params" not in routed.body:
+        return routed
+    return replace(routed, body={k: v for k, v in routed.body.items()
+                                 if k != "kv_transfer_params"})
 
 
 def check_disaggregable(routed: RoutedRequest) -> None:
@@ -241,6 +254,7 @@ class DisaggRouter(Router):
     async def forward_json(self, routed: RoutedRequest, headers: dict[str, str],
                            picked: list[Replica] | None = None) -> Response:
         check_disaggregable(routed)
+        routed = without_client_params(routed)
         record, headers = self._start(routed, headers)
         try:
             decode = await self._legs(routed, headers, record)
@@ -260,6 +274,7 @@ class DisaggRouter(Router):
     async def forward_stream(self, routed: RoutedRequest, headers: dict[str, str],
                              picked: list[Replica] | None = None) -> Response:
         check_disaggregable(routed)
+        routed = without_client_params(routed)
         record, headers = self._start(routed, headers)
         decode = await self._legs(routed, headers, record)
         if isinstance(decode, Response):

@@ -32,6 +32,13 @@ Failures: a read refused, cut, or not answered within `load_timeout_s` (the prod
 restarted — its `engine_id` changes — or expired the blocks) fails the load: the decode
 instance recomputes the prompt itself. Nothing is lost; tokens are the same (greedy).
 
+Checks (`p2p_trust`): each hold is tied to its prompt (`prompt_digest` in the handshake and in
+each read; a read for another prompt is refused: a failed load, recomputed); a decode
+instance connects only to trusted producers (this host, or `trusted_producers`; another one
+named in a request is a 400). A read of a request the producer never had (or no longer has)
+is refused at once; only a prefill leg still running (announced to the worker when it is
+first scheduled) or finished but not yet announced as held is parked until it is.
+
 Per request the consumer records bytes and wire seconds (`RequestTimes.kv_transfer_*`);
 both sides count bytes, seconds, holds and failures (`workbench:kv_transfer_*` in /metrics).
 """
@@ -65,6 +72,7 @@ from workbench.distributed.kv_transfer.p2p_transport import (
     TransferError,
     ZmqTransport,
 )
+from workbench.distributed.kv_transfer.p2p_trust import ProducerTrust, own_hosts, prompt_digest
 from workbench.kv_transfer_config import P2pConfig, kv_transfer_params
 
 if TYPE_CHECKING:
@@ -86,6 +94,8 @@ class RemoteLoad:
     remote_block_ids: list[int]
     local_block_ids: list[int]
     num_tokens: int
+    prompt_digest: str  # this request's prompt: the producer serves only that prompt's KV
+    remote_prompt_digest: str | None = None  # the handshake's (the producer's prompt)
     pushed: bool = False  # the producer pushed this KV here: wait for it to land
 
 
@@ -101,6 +111,7 @@ class StageJob:
     num_blocks: int
     last: bool
     push_to: tuple[str, int] | None = None  # the decode instance's side channel
+    prompt_digest: str = ""  # the leg's prompt (sent with each push)
 
 
 @dataclass
@@ -109,6 +120,10 @@ class P2pConnectorMetadata(KVConnectorMetadata):
     send: dict[str, list[int]] = field(default_factory=dict)  # request -> held blocks
     stage: list[StageJob] = field(default_factory=list)
     drop: list[str] = field(default_factory=list)  # staged buffers nobody will read
+    # prefill legs first scheduled (request -> prompt digest): a read of one is parked
+    # until it is held; legs that ended without a hand-over: a read is refused at once
+    legs: dict[str, str] = field(default_factory=dict)
+    ended: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -117,6 +132,7 @@ class _Stage:
 
     num_blocks: int
     push_to: tuple[str, int] | None = None  # push each staged slice there
+    prompt_digest: str = ""
     staged_full: int = 0  # leading full blocks copied (final)
     complete: bool = False  # every prompt block copied
 
@@ -147,6 +163,7 @@ class P2pConnector(KVConnectorBase_V1):
         self.host = extra.side_channel_host
         self.port = extra.side_channel_port
         self.saves_layerwise = extra.layerwise and kt.is_kv_producer
+        self.trust = ProducerTrust(extra.trusted_producers, own_hosts(self.host))
         if role == KVConnectorRole.SCHEDULER:
             self._consumed: set[str] = set()  # remote prefills already used (or refused)
             self._recv: list[RemoteLoad] = []
@@ -157,6 +174,9 @@ class P2pConnector(KVConnectorBase_V1):
             self._drop: list[str] = []
             self.buffer_used = 0  # bytes of send buffers in use (freed when read/expired)
             self._buffer_bytes: dict[str, int] = {}
+            self._legs: dict[str, str] = {}  # prefill legs seen -> prompt digest
+            self._new_legs: dict[str, str] = {}  # ... the worker has not been told about
+            self._ended: list[str] = []  # ... that ended without a hand-over
         else:
             self._init_worker()
 
@@ -189,10 +209,18 @@ class P2pConnector(KVConnectorBase_V1):
             raise ValueError(f"kv_transfer_params do_remote_prefill needs a decode instance "
                              f"(kv_role kv_consumer or kv_both); this one is "
                              f"{self.kt.kv_role}")
+        if params.get("do_remote_prefill") and not self.trust.allows(params["remote_host"],
+                                                                     params["remote_port"]):
+            raise ValueError(f"kv_transfer_params remote_host ({params['remote_host']!r}, "
+                             f"remote_port {params['remote_port']}) is not a producer this "
+                             f"decode instance trusts ({self.trust.describe()}); list it in "
+                             "kv_transfer_config kv_connector_extra_config trusted_producers")
 
     def get_num_new_matched_tokens(self, request: Request,
                                    num_computed_tokens: int) -> tuple[int, bool]:
         rid = request.request_id
+        if self.kt.is_kv_producer and rid not in self._legs:
+            self._note_leg(request)
         if rid in self._consumed or not self.kt.is_kv_consumer:
             return 0, False  # read once; after a preemption or a failed read: recompute
         params = kv_transfer_params(request.sampling_params.extra_args)
@@ -207,6 +235,14 @@ class P2pConnector(KVConnectorBase_V1):
         self._count("workbench:kv_transfer_recv_queries", 1)
         # with nothing to read, update_state_after_alloc still releases the producer's hold
         return ext, ext > 0
+
+    def _note_leg(self, request: Request) -> None:
+        """A prefill leg is about to be scheduled: the worker learns it with this step (before
+        the forward, so before any decode instance can know its request id)."""
+        params = kv_transfer_params(request.sampling_params.extra_args)
+        if params.get("do_remote_decode"):
+            digest = prompt_digest(request.prompt_token_ids, request.cache_salt)
+            self._legs[request.request_id] = self._new_legs[request.request_id] = digest
 
     def update_state_after_alloc(self, request: Request, block_ids: list[int],
                                  num_external_tokens: int) -> None:
@@ -228,6 +264,8 @@ class P2pConnector(KVConnectorBase_V1):
             remote_request_id=params["remote_request_id"],
             remote_block_ids=list(remote[first:last]),
             local_block_ids=list(block_ids[first:last]), num_tokens=num_external_tokens,
+            prompt_digest=prompt_digest(request.prompt_token_ids, request.cache_salt),
+            remote_prompt_digest=params.get("prompt_digest"),
             pushed=params.get("pushed_to") == f"{self.host}:{self.port}"))
         self._count("workbench:kv_transfer_recv_tokens", num_external_tokens)
 
@@ -235,8 +273,10 @@ class P2pConnector(KVConnectorBase_V1):
         if self.saves_layerwise:
             self._plan_stages(scheduler_output)
         meta = P2pConnectorMetadata(recv=self._recv, send=self._announce,
-                                    stage=self._stage_jobs, drop=self._drop)
+                                    stage=self._stage_jobs, drop=self._drop,
+                                    legs=self._new_legs, ended=self._ended)
         self._recv, self._announce, self._stage_jobs, self._drop = [], {}, [], []
+        self._new_legs, self._ended = {}, []
         return meta
 
     def _plan_stages(self, out: SchedulerOutput) -> None:
@@ -256,7 +296,8 @@ class P2pConnector(KVConnectorBase_V1):
             ids = out.block_ids[rid]
             st.complete = end == prompt
             self._stage_jobs.append(StageJob(rid, st.staged_full, list(ids[st.staged_full:last]),
-                                             st.num_blocks, st.complete, st.push_to))
+                                             st.num_blocks, st.complete, st.push_to,
+                                             st.prompt_digest))
             st.staged_full = end // bs
 
     def _new_stage(self, req: Request) -> _Stage | None:
@@ -271,11 +312,12 @@ class P2pConnector(KVConnectorBase_V1):
         self.buffer_used += nbytes
         self._buffer_bytes[req.request_id] = nbytes
         host, port = params.get("remote_host"), params.get("remote_port")
-        return _Stage(num_blocks, (host, port) if host and port else None)
+        return _Stage(num_blocks, (host, port) if host and port else None,
+                      prompt_digest(req.prompt_token_ids, req.cache_salt))
 
     def has_pending_work(self) -> bool:
         """Held blocks the worker has not been told about: one more step announces them."""
-        return bool(self._announce or self._drop)
+        return bool(self._announce or self._drop or self._new_legs or self._ended)
 
     def update_connector_output(self, output: KVConnectorOutput) -> None:
         for rid in output.finished_sending:  # a send buffer read, expired or dropped
@@ -291,17 +333,20 @@ class P2pConnector(KVConnectorBase_V1):
 
         rid = request.request_id
         self._consumed.discard(rid)
-        if not self.kt.is_kv_producer or not block_ids:
-            return False, None
+        digest = self._legs.pop(rid, None) if self.kt.is_kv_producer else None
         stage = self._stages.pop(rid, None) if self.saves_layerwise else None
         params = kv_transfer_params(request.sampling_params.extra_args)
-        handed = params.get("do_remote_decode") and \
-            request.status == RequestStatus.FINISHED_LENGTH_CAPPED
+        handed = bool(block_ids) and digest is not None and params.get("do_remote_decode") \
+            and request.status == RequestStatus.FINISHED_LENGTH_CAPPED
         if stage is not None and not (handed and stage.complete):
             self._drop.append(rid)  # staged, but nobody will read it
-            return False, None
+            handed = False
         if not handed:
+            if digest is not None:  # a read of it is refused at once from now on
+                self._new_legs.pop(rid, None)
+                self._ended.append(rid)
             return False, None
+        assert digest is not None
         # layerwise: the buffer has the KV and the blocks go free now; its blocks are named
         # by their place in the buffer
         held = list(block_ids) if stage is None else list(range(stage.num_blocks))
@@ -312,7 +357,7 @@ class P2pConnector(KVConnectorBase_V1):
         out = {"do_remote_prefill": True, "do_remote_decode": False,
                "remote_engine_id": self.engine_id, "remote_request_id": rid,
                "remote_block_ids": held, "remote_host": self.host, "remote_port": self.port,
-               "tp_size": 1}
+               "tp_size": 1, "prompt_digest": digest}
         if stage is not None and stage.push_to is not None:
             out["pushed_to"] = f"{stage.push_to[0]}:{stage.push_to[1]}"
         return delay, out
@@ -348,6 +393,9 @@ class P2pConnector(KVConnectorBase_V1):
         self._sender: PushSender | None = None  # layerwise producer: pushes slices
         # holds that ended (read or expired), newest last: a late read is refused at once
         self._gone: OrderedDict[str, str] = OrderedDict()
+        # prefill legs from their first step until their hold or buffer ends -> the prompt's
+        # digest; a read of a request not here (nor gone) is refused at once
+        self._legs: dict[str, str] = {}
         self._send_stats = KVConnectorStats()
         self._errors: list[str] = []
 
@@ -374,6 +422,13 @@ class P2pConnector(KVConnectorBase_V1):
     def bind_connector_metadata(self, metadata: KVConnectorMetadata) -> None:
         super().bind_connector_metadata(metadata)
         assert isinstance(metadata, P2pConnectorMetadata)
+        if metadata.legs or metadata.ended:
+            with self._lock:
+                self._legs.update(metadata.legs)
+                for rid in metadata.ended:
+                    if self._legs.pop(rid, None) is not None:
+                        self._forget(rid, "not handed over (its prefill did not finish by "
+                                     "length: aborted, stopped or failed)")
         if metadata.send:
             deadline = time.monotonic() + self.extra.abort_timeout_s
             with self._lock:
@@ -410,10 +465,20 @@ class P2pConnector(KVConnectorBase_V1):
             staged = buf is not None and buf.deadline is not None  # complete: readable
             entry = self._held.get(rid)  # type: ignore[arg-type]
             gone = self._gone.get(rid)  # type: ignore[arg-type]
+            digest = self._legs.get(rid)  # type: ignore[arg-type]
+        if gone is not None and not staged and entry is None:
+            return Reply({"ok": False, "error": f"the blocks of {rid!r} were {gone}"})
+        if digest is None:  # never a prefill leg here: nothing will come; say so at once
+            return Reply({"ok": False, "error": f"unknown request {rid!r}: no prefill leg of "
+                          "that id on this instance (never registered, or from before a "
+                          "restart)"})
+        if header.get("prompt_digest") != digest:
+            return Reply({"ok": False, "error": f"prompt_digest "
+                          f"{str(header.get('prompt_digest'))[:16]!r}... is not the prompt "
+                          f"held for {rid!r}: refused (the decode request's prompt differs "
+                          "from the prefill's)"})
         if not staged and entry is None:
-            if gone is not None:
-                return Reply({"ok": False, "error": f"the blocks of {rid!r} were {gone}"})
-            return None  # not announced yet: parked, refused after the timeout
+            return None  # running, or finished and not announced yet: parked until it is
         if header.get("op") == "release":
             return Reply({"ok": True}, on_sent=lambda: self._done_sending(rid, 0, 0.0))
         ids = header.get("block_ids")
@@ -447,6 +512,7 @@ class P2pConnector(KVConnectorBase_V1):
                 else None
             if deadline is None:
                 return
+            self._legs.pop(rid, None)
             self._forget(rid, "already read")
             self._sent.add(rid)
             st = self._send_stats
@@ -457,6 +523,7 @@ class P2pConnector(KVConnectorBase_V1):
 
     def _expire(self, rid: str) -> None:
         """Under the lock: a hold or buffer nobody read in time is gone (freed)."""
+        self._legs.pop(rid, None)
         self._forget(rid, f"freed after abort_timeout_s ({self.extra.abort_timeout_s:g} s)")
         self._sent.add(rid)
         self._send_stats.expired_sends += 1
@@ -478,15 +545,21 @@ class P2pConnector(KVConnectorBase_V1):
     def _read(self, load: RemoteLoad) -> tuple[int, float, bool]:
         """(bytes, seconds, served from a push) of one load, on a reader thread."""
         t0 = time.perf_counter()
+        if load.remote_prompt_digest not in (None, load.prompt_digest):
+            raise TransferError(f"the handshake's prompt_digest "
+                                f"({load.remote_prompt_digest[:16]}...) is not this request's "
+                                f"prompt ({load.prompt_digest[:16]}...): the KV of "
+                                f"{load.remote_request_id!r} is another prompt's; not read")
         header = {"op": "read" if load.local_block_ids else "release",
                   "engine_id": load.remote_engine_id, "namespace": self.namespace,
-                  "request_id": load.remote_request_id, "block_ids": load.remote_block_ids}
+                  "request_id": load.remote_request_id, "block_ids": load.remote_block_ids,
+                  "prompt_digest": load.prompt_digest}
         pushed = None
         if self._inbox is not None:
             if load.local_block_ids:
                 pushed = self._inbox.wait_complete(load.remote_engine_id,
                                                    load.remote_request_id, load.pushed,
-                                                   self.extra.push_wait_s)
+                                                   self.extra.push_wait_s, load.prompt_digest)
             else:
                 self._inbox.discard(load.remote_engine_id, load.remote_request_id)
         if pushed is not None:  # the KV is here: copy it in, release the producer's buffer
@@ -581,7 +654,8 @@ class P2pConnector(KVConnectorBase_V1):
             buf = self._buffers.get(job.req_id)
             if buf is not None:
                 self._sender.push_slice(job.push_to, job.req_id, layer, job.first,
-                                        buf.layers[layer], len(job.block_ids))
+                                        buf.layers[layer], len(job.block_ids),
+                                        job.prompt_digest)
 
     def wait_for_save(self) -> None:
         """Layerwise: every copy of this step done; legs whose prompt is complete become

@@ -11,7 +11,8 @@ layer (`layerwise`), also sends each staged slice there from its copy thread:
     after the leg's last step: [push header kind "done", count] -> the entry is complete
 
 When the decode request arrives with the usual handshake, the consumer's read finds the
-complete entry in its inbox (keyed by the producer's engine_id and request id), copies it
+complete entry in its inbox (keyed by the producer's engine_id and request id; taken only
+when the pushed prompt's digest is the decode request's own, `p2p_trust`), copies it
 into its blocks and only tells the producer to release its send buffer. Anything short of a
 complete entry — a push dropped (decode side not connected, inbox full), the entry expired,
 a different layout — and the read pulls from the producer as without push. Tokens are the
@@ -41,6 +42,7 @@ class _Entry:
     layers: list[torch.Tensor]
     nbytes: int
     deadline: float
+    prompt_digest: str  # the pushed prompt's (the producer's header)
     received: int = 0  # slices taken
     done: bool = False  # the producer's "done" arrived and every slice with it
     failed: bool = False  # a slice was dropped on the way: pull instead
@@ -102,7 +104,7 @@ class PushInbox:
             return self._refuse(key)
         entry = _Entry([torch.empty(shape, dtype=self.dtype)
                         for _ in range(self.layout["num_layers"])], nbytes,
-                       time.monotonic() + self.expiry_s)
+                       time.monotonic() + self.expiry_s, str(header.get("prompt_digest")))
         self.used += nbytes
         self._entries[key] = entry
         return entry
@@ -130,19 +132,25 @@ class PushInbox:
         entry.received += 1
 
     def wait_complete(self, engine_id: str, request_id: str, expected: bool,
-                      wait_s: float) -> _Entry | None:
+                      wait_s: float, prompt_digest: str) -> _Entry | None:
         """A reader thread: the complete entry of that prefill, taken out of the inbox;
         None when there is none (never pushed, dropped, expired, not complete within
-        `wait_s`). `expected`: the producer said it pushed here, so wait for the first
-        slice to land too (it may still be on the wire when the decode request comes)."""
+        `wait_s`) or it is another prompt's (left for its own request). `expected`: the
+        producer said it pushed here, so wait for the first slice to land too (it may still
+        be on the wire when the decode request comes)."""
         key = (engine_id, request_id)
 
         def settled() -> bool:
             entry = self._entries.get(key)
+            if entry is not None and entry.prompt_digest != prompt_digest:
+                return True
             return key in self._refused or (entry.done if entry is not None else not expected)
 
         with self._cond:
             self._cond.wait_for(settled, timeout=wait_s)
+            entry = self._entries.get(key)
+            if entry is not None and entry.prompt_digest != prompt_digest:
+                return None
             entry = self._entries.pop(key, None)
             if entry is None:
                 return None
@@ -209,7 +217,7 @@ class PushSender:
             self._counts[2] += drops
 
     def push_slice(self, dest: tuple[str, int], rid: str, layer: int, first: int,
-                   buffer: torch.Tensor, num_blocks: int) -> None:
+                   buffer: torch.Tensor, num_blocks: int, prompt_digest: str = "") -> None:
         """`buffer`: the leg's host send buffer of `layer`; blocks first.. just staged."""
         state = self._sent.setdefault(rid, [0, 0])
         if state[1]:
@@ -220,7 +228,7 @@ class PushSender:
                   for half in range(buffer.shape[0])]
         header = {"op": "push", "engine_id": self.engine_id, "request_id": rid,
                   "layer": layer, "first": first, "n": n, "num_blocks": buffer.shape[1],
-                  "layout": self.layout}
+                  "layout": self.layout, "prompt_digest": prompt_digest}
         ok = self.pusher.push(dest[0], dest[1], header, frames)
         state[0] += ok
         state[1] = int(not ok)
