@@ -27,7 +27,9 @@ returns `do_remote_prefill`, `remote_engine_id`, `remote_request_id`, `remote_bl
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 KV_CONNECTORS = ("OffloadingConnector", "P2pConnector")
@@ -52,6 +54,24 @@ def _known_keys(where: str, cls: type, given: dict[str, Any]) -> None:
     if unknown:
         raise ValueError(f"{where} has unknown key(s) {', '.join(unknown)}; allowed: "
                          f"{', '.join(sorted(allowed))}")
+
+
+def unusable_folder(path: str) -> str | None:
+    """Why `path` cannot hold the disk tier (None: it can), without creating anything: it
+    exists and is not a folder, the nearest existing folder above it is a file, or the folder
+    it is (or would be created in) is not writable."""
+    p = Path(path)
+    if os.path.exists(p) and not os.path.isdir(p):
+        return "is a file, not a folder"
+    existing = p if os.path.exists(p) else next(
+        (a for a in p.absolute().parents if os.path.exists(a)), None)
+    if existing is None or not os.path.isdir(existing):
+        return f"cannot be created: {str(existing)!r} is a file, not a folder"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        if existing == p:
+            return "is not writable"
+        return f"cannot be created: {str(existing)!r} is not writable"
+    return None
 
 
 def _positive_int(where: str, name: str, value: Any, minimum: int = 1) -> int:
@@ -86,6 +106,12 @@ class OffloadingConfig:
         if tiering and not (isinstance(self.disk_path, str) and self.disk_path):
             raise ValueError(f"{w} disk_path ({self.disk_path!r}) is required for "
                              "TieringOffloadingSpec: the folder of the shared tier")
+        if tiering:
+            problem = unusable_folder(self.disk_path)
+            if problem:
+                raise ValueError(f"{w} disk_path ({self.disk_path!r}) {problem}; it must be a "
+                                 "folder this process can create or write (the disk tier's "
+                                 "files live under it)")
         if not tiering and (self.disk_path is not None or self.disk_bytes_to_use is not None):
             raise ValueError(f"{w} disk_path / disk_bytes_to_use are only for "
                              "spec_name 'TieringOffloadingSpec'")

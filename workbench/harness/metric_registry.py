@@ -212,6 +212,14 @@ METRICS: tuple[MetricSpec, ...] = (
             "KV offload, tiering: seconds reading the disk tier."),
     _engine("workbench:kv_offload_tiering_write_bytes", "bytes", "none", "counter",
             "KV offload, tiering: bytes written through to the disk tier."),
+    _engine("workbench:kv_offload_tiering_failed_writes", "files", "lower", "counter",
+            "KV offload, tiering: disk writes that failed (a full or dead disk); the block "
+            "stays in host memory only, its temporary file removed."),
+    _engine("workbench:kv_offload_tiering_bad_files", "files", "lower", "counter",
+            "KV offload, tiering: disk files that failed their check (magic, header, length, "
+            "sha256 of key + payload): removed, their load failed and recomputed."),
+    _engine("workbench:kv_offload_tiering_pruned_files", "files", "none", "counter",
+            "KV offload, tiering: files deleted to keep the folder under disk_bytes_to_use."),
     _engine("workbench:kv_offload_host_hits", "tokens", "none", "counter",
             "External hits served from the host tier."),
     _engine("workbench:kv_offload_disk_hits", "tokens", "none", "counter",

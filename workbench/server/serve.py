@@ -91,8 +91,9 @@ def main(argv: list[str] | None = None) -> None:
                                            log_level=args.log_level,
                                            timeout_graceful_shutdown=5))
     server.run()
-    if failed:
-        sys.exit(f"workbench serve: start-up failed in phase {failed[0]}")
+    if failed:  # one line, prefixed once (`workbench serve` passes an int status through)
+        print(f"workbench serve: start-up failed in phase {failed[0]}", file=sys.stderr)
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":

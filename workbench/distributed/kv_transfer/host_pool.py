@@ -6,16 +6,17 @@ offloaded block = `group` consecutive device blocks. On CPU "host" and "device" 
 a copy is a memcpy (its cost is measured and counted, `KVConnectorStats`); on a GPU the same
 copies cross PCIe or NVLink (`workbench calc` has the break-even against recomputing).
 
-Disk tier file (`tiers.disk_file`): b"WBKV1\\n" + one JSON header line (key, shape, dtype) +
-the slot's raw bytes; written to a temporary name and renamed, so readers never see half a
-file. A file that is missing, short, or whose header disagrees is a failed load: the request
-recomputes.
+Disk tier file (`disk_format`): magic, one JSON header line (key, shape, dtype, the sha256 of
+key + payload), the slot's raw bytes; written to a temporary name and renamed, so readers
+never see half a file. A file that is missing is a failed load; one that fails its check
+(magic, header, length, digest) is a failed load too, and it is removed and counted
+(`KVConnectorStats.disk_bad_files`): the request recomputes, a later store rewrites it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
+import logging
 import os
 import time
 from collections.abc import Sequence
@@ -23,10 +24,19 @@ from pathlib import Path
 
 import torch
 
+from workbench.distributed.kv_transfer.disk_format import (
+    BadKVFile,
+    check_file,
+    encode_header,
+    remove_if_unchanged,
+    remove_stale_temps,
+    temp_path,
+    tier_files,
+)
 from workbench.distributed.kv_transfer.metadata import BlockCopy, KVConnectorStats
 from workbench.distributed.kv_transfer.tiers import disk_file
 
-MAGIC = b"WBKV1\n"
+logger = logging.getLogger(__name__)
 
 
 def bytes_view(t: torch.Tensor) -> torch.Tensor:
@@ -49,6 +59,11 @@ class HostKVPool:
         self.block_bytes = len(self.caches) * two * bs * hkv * d * self.caches[0].element_size()
         self.disk_root = disk_root
         self.namespace = namespace
+        if disk_root is not None:  # writes that died with their process left these
+            removed = remove_stale_temps(Path(disk_root) / namespace, time.time())
+            if removed:
+                logger.info("disk tier %s: removed %d stale temporary files", disk_root,
+                            removed)
 
     # ---- device -> host ----------------------------------------------------------------
     def store(self, slot: int, block_ids: Sequence[int], stats: KVConnectorStats,
@@ -68,7 +83,8 @@ class HostKVPool:
 
     # ---- host / disk -> device ---------------------------------------------------------
     def load(self, copies: Sequence[BlockCopy], stats: KVConnectorStats) -> None:
-        """Fill device blocks from host slots and disk files; raises on a bad file."""
+        """Fill device blocks from host slots and disk files; raises on a missing file,
+        BadKVFile (every bad file of the load, each removed) on files that fail their check."""
         t0 = time.perf_counter()
         host = [(ref, sub, bid) for tier, ref, sub, bid in copies if tier == "host"]
         if host:
@@ -85,14 +101,21 @@ class HostKVPool:
         for tier, ref, sub, bid in copies:
             if tier == "disk":
                 files.setdefault(ref, []).append((sub, bid))
+        bad: list[str] = []
         for key_hex, pairs in files.items():
             t1 = time.perf_counter()
-            data = self.read_file(key_hex)
+            try:
+                data = self.read_file(key_hex)
+            except BadKVFile as e:  # removed; the other files are still checked (and
+                bad.extend(e.reasons)  # removed when bad), the load fails below
+                continue
             stats.disk_read_bytes += data.numel() * data.element_size()
             stats.disk_read_time_s += time.perf_counter() - t1
             for sub, bid in pairs:
                 for layer, cache in enumerate(self.caches):
                     cache[:, bid] = data[layer, :, sub].to(cache.device)
+        if bad:
+            raise BadKVFile(bad)
         stats.load_bytes += len(copies) * self.block_bytes
         stats.load_time_s += time.perf_counter() - t0
 
@@ -102,36 +125,37 @@ class HostKVPool:
         return disk_file(self.disk_root, self.namespace, key_hex)
 
     def write_file(self, slot: int, key_hex: str, stats: KVConnectorStats) -> None:
-        """The slot as a file (temporary name, then rename: readers see all or nothing)."""
+        """The slot as a file (temporary name, then rename: readers see all or nothing); on
+        an error (a full disk) the temporary file is removed and the error raised."""
         t0 = time.perf_counter()
         path = self._path(key_hex)
         if path.exists():
             return
         path.parent.mkdir(parents=True, exist_ok=True)
         data = self.host[slot].contiguous()
-        header = json.dumps({"key": key_hex, "shape": list(self.slot_shape),
-                             "dtype": str(data.dtype)}).encode() + b"\n"
-        raw = data.view(torch.uint8).numpy().tobytes()
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        with open(tmp, "wb") as f:
-            f.write(MAGIC + header + raw)
-        os.replace(tmp, path)
-        stats.disk_write_bytes += len(raw)
+        payload = memoryview(data.view(torch.uint8).reshape(-1).numpy())
+        head = encode_header(key_hex, self.slot_shape, str(data.dtype), payload)
+        tmp = temp_path(path)
+        try:
+            with open(tmp, "xb") as f:
+                f.write(head)
+                f.write(payload)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        stats.disk_write_bytes += len(payload)
         stats.disk_write_time_s += time.perf_counter() - t0
 
     def prune(self, max_bytes: int) -> int:
         """Delete the least recently used files of this namespace (modification time; a
-        read touches its file) until the folder holds at most 90% of `max_bytes`; returns
-        the files deleted. Another instance may be reading one: its load fails and
+        read touches its file) until the folder holds at most 90% of `max_bytes`; every
+        file counts (temporary ones too: a full disk's leftovers are pruned like blocks).
+        Returns the files deleted. Another instance may be reading one: its load fails and
         recomputes, which is the tier's contract."""
         assert self.disk_root is not None
-        files = []
-        for f in (Path(self.disk_root) / self.namespace).rglob("*.kv"):
-            try:
-                st = f.stat()
-            except OSError:
-                continue
-            files.append((st.st_mtime, st.st_size, f))
+        files = tier_files(Path(self.disk_root) / self.namespace)
         total = sum(size for _, size, _ in files)
         if total <= max_bytes:
             return 0
@@ -148,21 +172,21 @@ class HostKVPool:
         return deleted
 
     def read_file(self, key_hex: str) -> torch.Tensor:
+        """The block stored under `key_hex`; OSError when it cannot be read, BadKVFile
+        (the file removed) when it fails its check."""
         path = self._path(key_hex)
-        blob = path.read_bytes()
+        with open(path, "rb") as f:
+            seen = os.fstat(f.fileno())
+            blob = bytearray(seen.st_size)
+            del blob[f.readinto(blob):]  # in place: shorter only if it shrank meanwhile
+        want = self.host[0].numel() * self.host.element_size()
+        try:
+            payload = check_file(blob, path, key_hex, self.slot_shape, str(self.host.dtype),
+                                 want)
+        except BadKVFile:
+            remove_if_unchanged(path, seen)
+            raise
         with contextlib.suppress(OSError):
             os.utime(path)  # recently used: pruned last
-        if not blob.startswith(MAGIC):
-            raise ValueError(f"{path}: not a KV block file")
-        nl = blob.index(b"\n", len(MAGIC))
-        header = json.loads(blob[len(MAGIC):nl])
-        if header.get("key") != key_hex or tuple(header.get("shape", ())) != self.slot_shape \
-                or header.get("dtype") != str(self.host.dtype):
-            raise ValueError(f"{path}: header {header} does not match key {key_hex}, shape "
-                             f"{self.slot_shape}, dtype {self.host.dtype}")
-        raw = blob[nl + 1:]
-        want = self.host[0].numel() * self.host.element_size()
-        if len(raw) != want:
-            raise ValueError(f"{path}: {len(raw)} bytes, expected {want}")
-        flat = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+        flat = torch.frombuffer(payload, dtype=torch.uint8)
         return flat.view(self.host.dtype).view(self.slot_shape)

@@ -62,6 +62,8 @@ class KVConnectorStats:
     swap_out_time_s: float = 0.0
     failed_loads: int = 0
     failed_disk_writes: int = 0
+    disk_bad_files: int = 0  # disk-tier files that failed their check (removed)
+    disk_pruned_files: int = 0  # disk-tier files deleted by disk_bytes_to_use
     # P2pConnector: KV received from / sent to another instance, and the wire seconds
     recv_bytes: int = 0
     recv_time_s: float = 0.0

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from workbench.distributed.kv_transfer.base import KVConnectorBase_V1, KVConnectorRole
+from workbench.distributed.kv_transfer.disk_format import BadKVFile
 from workbench.distributed.kv_transfer.metadata import (
     BlockCopy,
     KVConnectorMetadata,
@@ -356,19 +357,27 @@ class OffloadingConnector(KVConnectorBase_V1):
                 self._writer.submit(self._write, job.slot, job.disk_key)
 
     def _write(self, slot: int, key_hex: str) -> None:
+        """Write one block through to disk; `disk_bytes_to_use` scans the folder now and
+        then, and after a failed write (a full disk: the tier may be over its cap)."""
         stats = KVConnectorStats()
+        failed = False
         try:
             self.pool.write_file(slot, key_hex, stats)
-            cap = self.extra.disk_bytes_to_use
-            if cap is not None:
-                self._disk_written += stats.disk_write_bytes
-                if self._disk_written > cap // 10:  # scan the folder now and then
-                    self._disk_written = 0
-                    self.pool.prune(cap)
         except OSError as e:  # a dead or full store: the block stays in host memory only
+            failed = True
             stats.failed_disk_writes += 1
             with self._lock:
                 self._errors.append(f"disk write {key_hex[:12]}: {e}")
+        cap = self.extra.disk_bytes_to_use
+        if cap is not None:
+            self._disk_written += stats.disk_write_bytes
+            if failed or self._disk_written > cap // 10:
+                self._disk_written = 0
+                try:
+                    stats.disk_pruned_files += self.pool.prune(cap)
+                except OSError as e:
+                    with self._lock:
+                        self._errors.append(f"disk prune: {e}")
         with self._lock:
             self._write_stats.add(stats)
 
@@ -393,6 +402,8 @@ class OffloadingConnector(KVConnectorBase_V1):
                 except Exception as e:  # noqa: BLE001 - this request recomputes
                     out.failed_recving.add(rid)
                     out.stats.failed_loads += 1
+                    if isinstance(e, BadKVFile):  # the files are removed already
+                        out.stats.disk_bad_files += len(e.reasons)
                     out.errors.append(f"load for {rid} failed: {type(e).__name__}: {e}")
             elif now - started >= self.extra.load_timeout_s:
                 # the copy may still write its blocks: the request recomputes on others,

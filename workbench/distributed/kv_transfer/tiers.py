@@ -7,7 +7,8 @@ recently used ready, unpinned slot; keys are the block hash chain, so a hit is a
 Swap slots (preemption_mode="swap") are taken from the same pool, outside the LRU map.
 
 DiskTier: a folder of content-addressed files, `<root>/<namespace>/<key[:2]>/<key>.kv`,
-written whole and renamed into place by the worker (so a file that exists is complete);
+written whole and renamed into place by the worker (so a file that exists is complete;
+`disk_format` has the format and the check every read makes);
 several engine instances pointed at one folder share it (the Mooncake-store / LMCache
 local-disk idea, on a plain filesystem).
 """
@@ -17,6 +18,8 @@ from __future__ import annotations
 import os
 from collections import OrderedDict
 from pathlib import Path
+
+from workbench.kv_transfer_config import OffloadingConfig
 
 
 class HostTier:
@@ -139,7 +142,12 @@ class DiskTier:
     def __init__(self, root: str | Path, namespace: str) -> None:
         self.root = Path(root)
         self.namespace = namespace
-        (self.root / namespace).mkdir(parents=True, exist_ok=True)
+        try:  # the config refused what it can see; this is what it cannot (a full disk, ...)
+            (self.root / namespace).mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ValueError(f"{OffloadingConfig.WHERE} disk_path ({str(root)!r}) cannot be "
+                             f"used: {e.strerror or e}; it must be a folder this process can "
+                             "create or write (the disk tier's files live under it)") from e
 
     def reset(self) -> bool:
         """Delete this namespace's files (every instance sharing it loses them)."""
