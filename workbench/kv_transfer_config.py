@@ -160,8 +160,11 @@ class P2pConfig:
     push_wait_s: float = 1.0
     # consumer: the producers whose side channels it reads from ("host" or "host:port",
     # IPv6 as "[addr]:port"); None: this host only (loopback, localhost, its own names and
-    # addresses). A decode request naming another producer is refused (400)
+    # addresses). Another producer named in a request is not contacted (recomputed)
     trusted_producers: list[str] | None = None
+    # layerwise producer: the decode instances it pushes to (as above; None: this host). A
+    # push target named in a request that is not trusted gets no push (it pulls)
+    trusted_consumers: list[str] | None = None
 
     WHERE = "kv_transfer_config kv_connector_extra_config"
 
@@ -189,13 +192,16 @@ class P2pConfig:
                              "<= 65535")
         for name in ("abort_timeout_s", "load_timeout_s", "push_wait_s"):
             _positive_number(w, name, getattr(self, name))
-        if self.trusted_producers is not None:
-            if not isinstance(self.trusted_producers, list) or not self.trusted_producers:
-                raise ValueError(f"{w} trusted_producers ({self.trusted_producers!r}) must be "
-                                 'a non-empty list such as ["10.0.0.5", "prefill-1:5600"] '
-                                 "(omit it to trust this host only)")
-            for entry in self.trusted_producers:
-                parse_peer(f"{w} trusted_producers", entry)
+        for key in ("trusted_producers", "trusted_consumers"):
+            peers = getattr(self, key)
+            if peers is None:
+                continue
+            if not isinstance(peers, list) or not peers:
+                raise ValueError(f"{w} {key} ({peers!r}) must be a non-empty list such as "
+                                 '["10.0.0.5", "node-1:5600"] (omit it to trust this host '
+                                 "only)")
+            for entry in peers:
+                parse_peer(f"{w} {key}", entry)
 
     @classmethod
     def from_dict(cls, extra: dict[str, Any]) -> P2pConfig:

@@ -324,7 +324,7 @@ def test_an_aborted_staged_leg_gives_its_buffer_back(ckpt: Path,
     ({"bogus": 1}, "kv_connector_extra_config has unknown key(s) bogus; allowed: "
      "abort_timeout_s, layerwise, load_timeout_s, push_inbox_bytes, push_wait_s, "
      "send_buffer_bytes, side_channel_host, side_channel_port, torch_dist_backend, transport, "
-     "trusted_producers"),
+     "trusted_consumers, trusted_producers"),
     ({"transport": "nixl"}, "transport ('nixl') must be one of zmq"),
     ({"side_channel_port": 70000}, "side_channel_port (70000) must be <= 65535"),
     ({"abort_timeout_s": 0}, "abort_timeout_s (0) must be a number > 0"),
@@ -398,33 +398,49 @@ def handshake(host: str, port: int) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("host", ["10.1.2.3", "evil.example", "169.254.169.254"])
-def test_a_producer_on_another_host_is_not_trusted_by_default(ckpt: Path, host: str) -> None:
-    cons = engine(ckpt, "kv_consumer")
-    trust = cons.engine.scheduler.connector.trust
+def test_a_producer_on_another_host_is_not_contacted_by_default(
+        ckpt: Path, prompts: list[list[int]], reference: list[list[int]], host: str) -> None:
+    """A handshake naming a producer this decode instance does not trust: nothing is
+    connected to, the request recomputes (a failed load naming the key to set)."""
+    prod, cons = engine(ckpt, "kv_producer"), engine(ckpt, "kv_consumer")
+    kvp = {**(prod.generate(prompts[:1], PREFILL)[0].kv_transfer_params or {}),
+           "remote_host": host}
+    out = cons.generate(prompts[:1], decode_params(kvp))[0]
+    assert list(out.outputs[0].token_ids) == reference[0]
+    c = cons.stats()
+    assert c["workbench:kv_transfer_failed_recvs"] == 1
+    assert c["workbench:kv_transfer_recv_bytes"] == 0
+    trust = cons.engine.runner.kv_connector.trust
     assert trust.describe().startswith("this host only (loopback, ")
     assert "localhost" in trust.describe()
-    with pytest.raises(ValueError) as e:
-        cons.generate([[11, 12, 13]], decode_params(handshake(host, 5600)))
-    assert str(e.value) == (
-        f"prompts[0]: kv_transfer_params remote_host ({host!r}, remote_port 5600) is not a "
-        f"producer this decode instance trusts ({trust.describe()}); list it in "
-        "kv_transfer_config kv_connector_extra_config trusted_producers")
-    assert cons.stats()["workbench:kv_transfer_recv_queries"] == 0  # refused before work
+    assert cons.engine.errors[-1]["message"] == (
+        f"read for 0 failed: TransferError: remote_host {host!r} (remote_port "
+        f"{kvp['remote_port']}) is not a producer this decode instance trusts "
+        f"({trust.describe()}): not contacted; list it in kv_transfer_config "
+        "kv_connector_extra_config trusted_producers")
 
 
-def test_trusted_producers_is_the_allow_list(ckpt: Path) -> None:
+def test_trusted_producers_is_the_allow_list(ckpt: Path, prompts: list[list[int]],
+                                             reference: list[list[int]]) -> None:
     """Listed: a host at any port, or a host:port; 127.0.0.1 no longer trusted unless
-    listed. A trusted producer that is not there fails the read (recompute), nothing more."""
+    listed (the local producer is not contacted: its hold stays)."""
     cons = engine(ckpt, "kv_consumer", trusted_producers=["10.1.2.3", "[::1]:5601",
                                                           "LOCALHOST:5602"])
-    trust = cons.engine.scheduler.connector.trust
+    trust = cons.engine.runner.kv_connector.trust
     assert trust.allows("10.1.2.3", 1) and trust.allows("10.1.2.3", 65535)
     assert trust.allows("::1", 5601) and trust.allows("0:0:0:0:0:0:0:1", 5601)
     assert not trust.allows("::1", 5600)
     assert trust.allows("localhost", 5602) and not trust.allows("127.0.0.1", 5602)
     assert not trust.allows("10.1.2.30", 1)
-    with pytest.raises(ValueError, match=r"trusts \(10\.1\.2\.3, ::1:5601, localhost:5602\)"):
-        cons.generate([[11, 12, 13]], decode_params(handshake("127.0.0.1", 5600)))
+    assert trust.describe() == "10.1.2.3, ::1:5601, localhost:5602"
+    prod = engine(ckpt, "kv_producer")
+    kvp = prod.generate(prompts[:1], PREFILL)[0].kv_transfer_params
+    out = cons.generate(prompts[:1], decode_params(kvp))[0]
+    assert list(out.outputs[0].token_ids) == reference[0]
+    assert cons.stats()["workbench:kv_transfer_failed_recvs"] == 1
+    assert "not contacted" in cons.engine.errors[-1]["message"]
+    prod.engine.poll_kv_transfers()
+    assert prod.engine.scheduler.sending.keys() == {"0"}  # never read: still held
 
 
 def test_this_host_is_trusted_by_default(ckpt: Path) -> None:

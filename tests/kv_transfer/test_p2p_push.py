@@ -176,3 +176,29 @@ def test_pushed_kv_is_not_taken_by_a_request_with_another_prompt(
     c = cons.stats()
     assert c["workbench:kv_transfer_pushed_loads"] == 1
     assert c["workbench:kv_transfer_failed_recvs"] == 1
+
+
+def test_a_push_target_on_another_host_gets_no_push_and_pulls(
+        ckpt: Path, prompts: list[list[int]], reference: list[list[int]]) -> None:
+    """A prefill request naming a push target the producer does not trust (a client calling
+    the prefill instance directly): nothing is sent there, the leg is counted dropped, and
+    its decode instance pulls."""
+    prod = layerwise_engine(ckpt)
+    kvp = prod.generate(prompts[:1], push_prefill("10.1.2.3", 5600))[0].kv_transfer_params
+    assert kvp is not None and "pushed_to" not in kvp
+    p = prod.stats()
+    assert p["workbench:kv_transfer_push_drops"] == 1
+    assert p["workbench:kv_transfer_push_bytes"] == 0
+    cons = engine(ckpt, "kv_consumer")
+    out = cons.generate(prompts[:1], decode_params(kvp))[0]
+    assert list(out.outputs[0].token_ids) == reference[0]
+    assert cons.stats()["workbench:kv_transfer_failed_recvs"] == 0
+
+
+def test_trusted_consumers_lists_the_push_targets(ckpt: Path) -> None:
+    prod = layerwise_engine(ckpt, trusted_consumers=["10.1.2.3:5600"])
+    trust = prod.engine.scheduler.connector.push_trust
+    assert trust.allows("10.1.2.3", 5600) and not trust.allows("10.1.2.3", 5601)
+    assert not trust.allows("127.0.0.1", 5600)  # listed: exactly the list
+    with pytest.raises(ValueError, match=r"trusted_consumers entry \('a b'\) must be"):
+        layerwise_engine(ckpt, trusted_consumers=["a b"])

@@ -35,9 +35,10 @@ instance recomputes the prompt itself. Nothing is lost; tokens are the same (gre
 Checks (`p2p_trust`): each hold is tied to its prompt (`prompt_digest` in the handshake and in
 each read; a read for another prompt is refused: a failed load, recomputed); a decode
 instance connects only to trusted producers (this host, or `trusted_producers`; another one
-named in a request is a 400). A read of a request the producer never had (or no longer has)
-is refused at once; only a prefill leg still running (announced to the worker when it is
-first scheduled) or finished but not yet announced as held is parked until it is.
+named in a request is not contacted: a failed load, recomputed). A read of a request the
+producer never had (or no longer has) is refused at once; only a prefill leg still running
+(announced to the worker when it is first scheduled) or finished but not yet announced as
+held is parked until it is.
 
 Per request the consumer records bytes and wire seconds (`RequestTimes.kv_transfer_*`);
 both sides count bytes, seconds, holds and failures (`workbench:kv_transfer_*` in /metrics).
@@ -45,6 +46,7 @@ both sides count bytes, seconds, holds and failures (`workbench:kv_transfer_*` i
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -72,8 +74,10 @@ from workbench.distributed.kv_transfer.p2p_transport import (
     TransferError,
     ZmqTransport,
 )
-from workbench.distributed.kv_transfer.p2p_trust import ProducerTrust, own_hosts, prompt_digest
+from workbench.distributed.kv_transfer.p2p_trust import PeerTrust, own_hosts, prompt_digest
 from workbench.kv_transfer_config import P2pConfig, kv_transfer_params
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from workbench.config import EngineConfig
@@ -163,7 +167,9 @@ class P2pConnector(KVConnectorBase_V1):
         self.host = extra.side_channel_host
         self.port = extra.side_channel_port
         self.saves_layerwise = extra.layerwise and kt.is_kv_producer
-        self.trust = ProducerTrust(extra.trusted_producers, own_hosts(self.host))
+        local = own_hosts(self.host)
+        self.trust = PeerTrust(extra.trusted_producers, local, "trusted_producers")
+        self.push_trust = PeerTrust(extra.trusted_consumers, local, "trusted_consumers")
         if role == KVConnectorRole.SCHEDULER:
             self._consumed: set[str] = set()  # remote prefills already used (or refused)
             self._recv: list[RemoteLoad] = []
@@ -209,12 +215,6 @@ class P2pConnector(KVConnectorBase_V1):
             raise ValueError(f"kv_transfer_params do_remote_prefill needs a decode instance "
                              f"(kv_role kv_consumer or kv_both); this one is "
                              f"{self.kt.kv_role}")
-        if params.get("do_remote_prefill") and not self.trust.allows(params["remote_host"],
-                                                                     params["remote_port"]):
-            raise ValueError(f"kv_transfer_params remote_host ({params['remote_host']!r}, "
-                             f"remote_port {params['remote_port']}) is not a producer this "
-                             f"decode instance trusts ({self.trust.describe()}); list it in "
-                             "kv_transfer_config kv_connector_extra_config trusted_producers")
 
     def get_num_new_matched_tokens(self, request: Request,
                                    num_computed_tokens: int) -> tuple[int, bool]:
@@ -312,6 +312,13 @@ class P2pConnector(KVConnectorBase_V1):
         self.buffer_used += nbytes
         self._buffer_bytes[req.request_id] = nbytes
         host, port = params.get("remote_host"), params.get("remote_port")
+        if host and port and not self.push_trust.allows(host, port):
+            logger.warning("request %s: push target %s:%s is not a decode instance this one "
+                           "trusts (%s): not pushed (it pulls); list it in kv_transfer_config "
+                           "kv_connector_extra_config trusted_consumers", req.request_id,
+                           host, port, self.push_trust.describe())
+            self._count("workbench:kv_transfer_push_drops", 1)
+            host = port = None
         return _Stage(num_blocks, (host, port) if host and port else None,
                       prompt_digest(req.prompt_token_ids, req.cache_salt))
 
@@ -545,6 +552,12 @@ class P2pConnector(KVConnectorBase_V1):
     def _read(self, load: RemoteLoad) -> tuple[int, float, bool]:
         """(bytes, seconds, served from a push) of one load, on a reader thread."""
         t0 = time.perf_counter()
+        if not self.trust.allows(load.remote_host, load.remote_port):
+            raise TransferError(f"remote_host {load.remote_host!r} (remote_port "
+                                f"{load.remote_port}) is not a producer this decode instance "
+                                f"trusts ({self.trust.describe()}): not contacted; list it in "
+                                "kv_transfer_config kv_connector_extra_config "
+                                "trusted_producers")
         if load.remote_prompt_digest not in (None, load.prompt_digest):
             raise TransferError(f"the handshake's prompt_digest "
                                 f"({load.remote_prompt_digest[:16]}...) is not this request's "

@@ -14,12 +14,13 @@ whose hash function or seed differ (`prefix_caching_hash_algo`, PYTHONHASHSEED),
 blocks only, and grow with the prompt; the digest is 64 hex digits whatever the prompt.
 The cache salt is in it, as it is in vLLM's block hashes: a hold is read by its own tenant.
 
-Trusted producers: a decode instance connects only to the side channels it trusts. Without
-`kv_connector_extra_config.trusted_producers`: this host (loopback and unspecified addresses,
-"localhost", its host name and that name's addresses, its own side_channel_host); with it:
-exactly the listed "host" (any port) and "host:port" entries. Hosts match as written
-(case-insensitive) or, both being IP addresses, as the same address; names are not resolved
-(a lookup of a name a request chose would itself reach out).
+Trusted peers: a decode instance reads only from the producers it trusts
+(`kv_connector_extra_config.trusted_producers`), a layerwise prefill instance pushes only to
+the decode instances it trusts (`trusted_consumers`). Unset: this host (loopback and
+unspecified addresses, "localhost", its host name and that name's addresses, its own
+side_channel_host); set: exactly the listed "host" (any port) and "host:port" entries. Hosts
+match as written (case-insensitive) or, both being IP addresses, as the same address; names
+are not resolved (a lookup of a name a request chose would itself reach out).
 """
 
 from __future__ import annotations
@@ -68,12 +69,14 @@ def own_hosts(side_channel_host: str) -> set[str]:
     return names
 
 
-class ProducerTrust:
-    """Which producers (host, port) a decode instance may connect to."""
+class PeerTrust:
+    """Which peers (host, port) an instance may connect to; `key`: the config key that
+    lists them (trusted_producers or trusted_consumers)."""
 
-    def __init__(self, trusted: list[str] | None, local: Iterable[str]) -> None:
+    def __init__(self, trusted: list[str] | None, local: Iterable[str], key: str) -> None:
         self.listed = trusted is not None
-        where = "kv_transfer_config kv_connector_extra_config trusted_producers"
+        self.key = key
+        where = f"kv_transfer_config kv_connector_extra_config {key}"
         self.entries = [parse_peer(where, e) for e in trusted] if trusted is not None \
             else [(h.lower(), None) for h in sorted(set(local))]
 
