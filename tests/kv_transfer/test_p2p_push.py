@@ -202,3 +202,23 @@ def test_trusted_consumers_lists_the_push_targets(ckpt: Path) -> None:
     assert not trust.allows("127.0.0.1", 5600)  # listed: exactly the list
     with pytest.raises(ValueError, match=r"trusted_consumers entry \('a b'\) must be"):
         layerwise_engine(ckpt, trusted_consumers=["a b"])
+
+
+def test_a_push_from_an_untrusted_producer_is_dropped(ckpt: Path,
+                                                      prompts: list[list[int]]) -> None:
+    """The decode instance takes pushes only from producers it trusts (by the address the
+    socket saw): with 127.0.0.1 not listed, a local producer's push never enters the inbox."""
+    cons = engine(ckpt, "kv_consumer", trusted_producers=["10.1.2.3"])
+    info = cons.engine.kv_transfer_info()
+    assert info is not None
+    prod = layerwise_engine(ckpt)
+    prod.generate(prompts[:1], push_prefill(info["side_channel_host"],
+                                            info["side_channel_port"]))
+    conn = cons.engine.runner.kv_connector
+    deadline = time.monotonic() + 10.0  # the push's messages reach the server thread
+    while time.monotonic() < deadline and not conn._errors:
+        time.sleep(0.01)
+    assert conn._errors[0] == ("push from 127.0.0.1 dropped: not a producer this decode "
+                               "instance trusts (10.1.2.3)")
+    assert conn._inbox._entries == {} and conn._inbox.used == 0
+    assert conn.trust.allows_host("10.1.2.3") and not conn.trust.allows_host(None)

@@ -419,7 +419,7 @@ class P2pConnector(KVConnectorBase_V1):
         self.transport.register_kv_caches(self.caches)
         self.port = self.transport.start_server(
             self.host, self.port, self._serve,
-            self._inbox.take if self._inbox is not None else None)
+            self._take_push if self._inbox is not None else None)
         if self.saves_layerwise and self.caches[0].device.type == "cuda":
             self._copy_stream = torch.cuda.Stream(device=self.caches[0].device)
 
@@ -542,6 +542,20 @@ class P2pConnector(KVConnectorBase_V1):
             self._gone.popitem(last=False)
 
     # ---- consumer ---------------------------------------------------------------------
+    def _take_push(self, header: dict[str, Any], frames: list[memoryview]) -> None:
+        """The server thread: a push from a trusted producer goes to the inbox; others are
+        dropped (KV planted by anyone who can reach the side channel would otherwise wait
+        there for the request it names)."""
+        assert self._inbox is not None
+        peer = header.get("peer_address")
+        if not self.trust.allows_host(peer):
+            with self._lock:
+                if len(self._errors) < 1000:
+                    self._errors.append(f"push from {peer} dropped: not a producer this "
+                                        f"decode instance trusts ({self.trust.describe()})")
+            return
+        self._inbox.take(header, frames)
+
     def start_load_kv(self) -> None:
         meta = self._metadata
         if not isinstance(meta, P2pConnectorMetadata):

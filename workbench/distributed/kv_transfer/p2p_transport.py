@@ -11,7 +11,8 @@ parked and answered when the registration arrives, or refused after `park_timeou
 
 Push (overlap on the wire): a producer may also send frames unasked, from its copy thread,
 to a consumer's server: `[header JSON with "op": "push", payload frames]` on one DEALER per
-destination (`Pusher`). The server hands them to `push_handler` and answers nothing. A
+destination (`Pusher`). The server hands them to `push_handler` with the sender's address
+(`peer_address`, from the socket, overriding anything the header says) and answers nothing. A
 destination that is not connected drops the push at once (ZMQ_IMMEDIATE); the consumer then
 pulls as usual.
 
@@ -127,6 +128,8 @@ class ZmqTransport(KVTransport):
                                                              "error": f"bad request: {e}"}))
                         continue
                     if header.get("op") == "push":  # unasked: taken, never answered
+                        # where it came from, as the socket saw it (not as the sender says)
+                        header["peer_address"] = _peer_address(raw)
                         if push_handler is not None:
                             try:
                                 push_handler(header, [f.buffer for f in payload])
@@ -212,6 +215,14 @@ class ZmqTransport(KVTransport):
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
+
+
+def _peer_address(frame: zmq.Frame) -> str | None:
+    """The sending peer's IP address (ZeroMQ's "Peer-Address" frame property), or None."""
+    try:
+        return str(frame.get("Peer-Address"))
+    except (zmq.ZMQError, AttributeError, UnicodeDecodeError):
+        return None
 
 
 class Pusher(ABC):

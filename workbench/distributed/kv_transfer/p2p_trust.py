@@ -95,6 +95,12 @@ class PeerTrust:
                 return True
         return False
 
+    def allows_host(self, host: str | None) -> bool:
+        """`host` (a peer's source address: its port is not the side channel's) is trusted
+        at some port."""
+        ports = {p for _, p in self.entries if p is not None} | {0}
+        return host is not None and any(self.allows(host, p) for p in ports)
+
     def describe(self) -> str:
         if self.listed:
             return ", ".join(h if p is None else f"{h}:{p}" for h, p in self.entries)
