@@ -10,6 +10,13 @@ string, Infinity / -Infinity / NaN in place of one number): the answer must be a
 `param` is exactly that value's path. Afterwards the server must be healthy, with nothing in
 flight and the KV cache empty.
 
+The whole suite runs twice: on a plain server, and on one with an API key and a KV connector
+(OffloadingConnector with a CPU and a disk tier in a temporary folder), so neither the auth
+middleware nor the connector's paths answer a case with a 5xx or off the schema. There every
+case sends the key (the schema's security requirement is dropped from what the cases are
+drawn from, else a negative case "without the required Authorization header" would still carry
+it); refusals without the key are tests/server/test_auth_openapi.py's.
+
     .venv/bin/python -m pytest tests/server/test_schemathesis.py -q -s     # short: ~30 cases/op
     WORKBENCH_FUZZ_LONG=1 .venv/bin/python -m pytest tests/server/test_schemathesis.py -q -s
     WORKBENCH_FUZZ_SEED=123 ...   # the long run draws a random seed (printed) unless given one
@@ -88,16 +95,37 @@ class Tally:
         return self.cases - len(self.failures)
 
 
-@pytest.fixture(scope="module")
-def fuzz_server(model_dir: Path) -> Iterator[ServerHandle]:
-    config = EngineConfig.from_kwargs(str(model_dir), **FUZZ_ENGINE_KW)
-    handle = start_server(build_app(config, served_model_name=MODEL_NAME))
-    yield handle
+API_KEY = "fuzz-key-0123"
+
+
+@dataclass
+class Fuzzed:
+    handle: ServerHandle
+    headers: dict[str, str]  # sent with every case (the API key, if any)
+
+
+@pytest.fixture(scope="module", params=["plain", "key+kv"])
+def fuzz_server(model_dir: Path, request: pytest.FixtureRequest,
+                tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fuzzed]:
+    kw: dict[str, Any] = dict(FUZZ_ENGINE_KW)
+    api_key, headers = None, {}
+    if request.param == "key+kv":
+        disk = tmp_path_factory.mktemp("kv_disk_tier")
+        kw["kv_transfer_config"] = {
+            "kv_connector": "OffloadingConnector", "kv_role": "kv_both",
+            "kv_connector_extra_config": {"cpu_bytes_to_use": 1 << 20, "disk_path": str(disk),
+                                          "spec_name": "TieringOffloadingSpec"}}
+        api_key, headers = API_KEY, {"Authorization": f"Bearer {API_KEY}"}
+    config = EngineConfig.from_kwargs(str(model_dir), **kw)
+    handle = start_server(build_app(config, served_model_name=MODEL_NAME, api_key=api_key))
+    yield Fuzzed(handle, headers)
     stop_server(handle)
 
 
 def _fuzz(op: Any, mode: GenerationMode, base_url: str, session: requests.Session,
           seed: int | None) -> Tally:
+    """Cases of `op` in `mode`; `session` carries the API key, if any. (The derandomized
+    cases follow `run`'s source: edit it and the short run's cases change.)"""
     tally = Tally()
 
     @settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=seed is None,
@@ -199,9 +227,17 @@ def _report(tallies: dict[tuple[str, str], Tally], seed: int | None, wall_s: flo
     return "\n".join(lines)
 
 
-def test_fuzz_every_operation_from_the_openapi_schema(fuzz_server: ServerHandle) -> None:
-    url = fuzz_server.base_url
-    schema = schemathesis.openapi.from_url(f"{url}/openapi.json")
+def test_fuzz_every_operation_from_the_openapi_schema(fuzz_server: Fuzzed) -> None:
+    server, auth = fuzz_server.handle, fuzz_server.headers
+    url = server.base_url
+    if auth:  # every case carries the key: the requirement is dropped from the cases' schema
+        doc = httpx.get(f"{url}/openapi.json", headers=auth, timeout=30).json()  # (401s:
+        for item in doc["paths"].values():                      # test_auth_openapi.py)
+            for op in item.values():
+                op.pop("security", None)
+        schema = schemathesis.openapi.from_dict(doc)
+    else:
+        schema = schemathesis.openapi.from_url(f"{url}/openapi.json")
     ops = {op.label: op for op in (r.ok() for r in schema.get_all_operations())}
     assert set(ops) == OPERATIONS
     seed = int(os.environ.get("WORKBENCH_FUZZ_SEED", random.randrange(1 << 32))) if LONG \
@@ -209,6 +245,7 @@ def test_fuzz_every_operation_from_the_openapi_schema(fuzz_server: ServerHandle)
     tallies: dict[tuple[str, str], Tally] = {}
     t0 = time.perf_counter()
     with requests.Session() as session:
+        session.headers.update(auth)  # every case sends the key
         for label in sorted(ops):
             op = ops[label]
             has_input = bool(op.body) or any(True for _ in op.iter_parameters())
@@ -231,8 +268,17 @@ def test_fuzz_every_operation_from_the_openapi_schema(fuzz_server: ServerHandle)
         hostile = tallies[(label, "hostile")]
         assert hostile.cases >= min(EXAMPLES, 20) and set(hostile.statuses) == {400}, hostile
     # the server is healthy and idle afterwards: nothing in flight, every KV block free
+    assert all(401 not in t.statuses for t in tallies.values())  # the key got every case in
     assert httpx.get(f"{url}/health", timeout=10).json() == {"status": "ready"}
-    fuzz_server.wait_idle(timeout_s=30)
-    usage = fuzz_server.engine.submit(lambda e: e.scheduler.kv_cache_manager.usage)
+    server.wait_idle(timeout_s=30)
+    usage = server.engine.submit(lambda e: e.scheduler.kv_cache_manager.usage)
     assert usage.result(timeout=30) == 0.0
-    assert fuzz_server.metrics()["vllm:kv_cache_usage_perc"] == 0.0
+    metrics = server.metrics()
+    assert metrics["vllm:kv_cache_usage_perc"] == 0.0
+    if auth:  # the connector took part: the disk tier wrote KV, and no file was bad
+        written = [v for k, v in metrics.items()
+                   if k.startswith("workbench:kv_offload_tiering_write_bytes")]
+        assert written and max(written) > 0, sorted(metrics)
+        assert all(v == 0 for k, v in metrics.items()
+                   if k.startswith(("workbench:kv_offload_tiering_bad_files",
+                                    "workbench:kv_offload_tiering_failed_writes")))
