@@ -5,9 +5,11 @@ key, except /health and /metrics; the router sends the key on its own calls to t
 
 from __future__ import annotations
 
+import logging
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -122,3 +124,15 @@ def test_a_busy_port_is_one_clean_line(verb: str, capsys: pytest.CaptureFixture[
     assert capsys.readouterr().err == (
         f"workbench {verb}: port {port} on 127.0.0.1 is already in use (another server is "
         f"listening there): stop it, or start {what} on another port with --port N\n")
+
+
+def test_the_replicas_key_is_never_logged(caplog: pytest.LogCaptureFixture,
+                                          tmp_path: Path) -> None:
+    """A replica that fails to start: the router's log line and error show `--api-key ***`
+    (the command line and the replica's log tail)."""
+    pool = ReplicaPool(["--model", str(tmp_path / "no-model"), "--api-key", KEY], 1,
+                       ready_timeout_s=120.0, log_dir=tmp_path)
+    with caplog.at_level(logging.DEBUG), pytest.raises(RuntimeError) as e:
+        pool.start()
+    assert "--api-key ***" in str(e.value) and "--api-key ***" in caplog.text
+    assert KEY not in str(e.value) and KEY not in caplog.text
