@@ -27,7 +27,8 @@ max_tokens = 32                 # tokens generated per prompt
 workload = "balanced-chat"      # harness fixture: balanced-chat, long-prefill, long-decode, ...
 num_requests = 8                # requests in the measured run
 concurrency = 4                 # closed loop: requests in flight
-max_num_batched_tokens = 256    # the per-step token budget
+max_num_batched_tokens = 256    # the per-step token budget (vLLM: at least max_num_seqs)
+max_num_seqs = 256              # the running-batch cap (the engine's default)
 seed = 0
 figures_dir = ""                # save every figure here as <name>.png when set
 mlflow_uri = ""                 # MLflow store to log into; empty: none (or a temp store)
@@ -45,10 +46,16 @@ check_params(
     workload=Fixture(),
     num_requests=Int(min=1),
     concurrency=Int(min=1),
-    max_num_batched_tokens=Int(min=1),
+    max_num_seqs=Int(min=1),
+    max_num_batched_tokens=Int(min=1, at_least="max_num_seqs",
+                               why="vLLM refuses a step budget below max_num_seqs; lower "
+                                   "max_num_seqs too (--set max_num_seqs=N)"),
     seed=Int(min=0),
     **TRACKING,
 )
+
+# the metrics `workbench sweep` shows per point (names or fnmatch patterns)
+SWEEP_METRICS = ["output_throughput", "p95_ttft_ms", "p95_itl_ms", "p95_tpot_ms"]
 
 # %%
 # %matplotlib inline
@@ -73,7 +80,7 @@ from workbench.harness.workloads import make_workload
 from workbench.named_models import resolve_model
 
 model_path = resolve_model(model)  # a folder, or bundled / demo / demo-draft
-engine_kwargs = {"dtype": "float32", "max_model_len": 1024,
+engine_kwargs = {"dtype": "float32", "max_model_len": 1024, "max_num_seqs": max_num_seqs,
                  "max_num_batched_tokens": max_num_batched_tokens}
 
 # %% [markdown]

@@ -51,6 +51,9 @@ check_params(
     **TRACKING,
 )
 
+# the metrics `workbench sweep` shows per point (names or fnmatch patterns)
+SWEEP_METRICS = ["kv_cache_bytes", "kv_bytes_per_token", "weight_bytes"]
+
 # %%
 # %matplotlib inline
 import pandas as pd

@@ -51,6 +51,9 @@ check_params(
     **TRACKING,
 )
 
+# the metrics `workbench sweep` shows per point (names or fnmatch patterns)
+SWEEP_METRICS = ["num_runs"]
+
 # %%
 # %matplotlib inline
 from IPython.display import Markdown, display

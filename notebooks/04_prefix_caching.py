@@ -60,6 +60,9 @@ check_params(
     **TRACKING,
 )
 
+# the metrics `workbench sweep` shows per point (names or fnmatch patterns)
+SWEEP_METRICS = ["hit_rate.*"]
+
 # %%
 # %matplotlib inline
 from workbench.analysis import bar_compare, latency_ecdf

@@ -48,6 +48,9 @@ check_params(
     **TRACKING,
 )
 
+# the metrics `workbench sweep` shows per point (names or fnmatch patterns)
+SWEEP_METRICS = ["peak_output_throughput", "peak_concurrency"]
+
 # %%
 # %matplotlib inline
 from workbench.analysis import saturation_curve, step_series

@@ -50,6 +50,9 @@ check_params(
     **TRACKING,
 )
 
+# the metrics `workbench sweep` shows per point (names or fnmatch patterns)
+SWEEP_METRICS = ["*.relative_effect"]
+
 # %%
 # %matplotlib inline
 from IPython.display import Markdown, display

@@ -57,6 +57,9 @@ check_params(
     **TRACKING,
 )
 
+# the metrics `workbench sweep` shows per point (names or fnmatch patterns)
+SWEEP_METRICS = ["speedup_c*", "predicted_speedup_c*"]
+
 # %%
 # %matplotlib inline
 from IPython.display import Markdown, display

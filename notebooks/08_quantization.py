@@ -81,6 +81,9 @@ check_params(
     **TRACKING,
 )
 
+# the metrics `workbench sweep` shows per point (names or fnmatch patterns)
+SWEEP_METRICS = ["*_tok_s_c*", "*_ppl_increase_pct", "*_kv_token_capacity"]
+
 # %%
 # %matplotlib inline
 import pandas as pd

@@ -63,6 +63,9 @@ check_params(
     **TRACKING,
 )
 
+# the metrics `workbench sweep` shows per point (names or fnmatch patterns)
+SWEEP_METRICS = ["*_output_throughput", "*_scaling_efficiency", "*_c1_median_tpot_ms"]
+
 # %%
 # %matplotlib inline
 import json

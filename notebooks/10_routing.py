@@ -68,6 +68,9 @@ check_params(
     **TRACKING,
 )
 
+# the metrics `workbench sweep` shows per point (names or fnmatch patterns)
+SWEEP_METRICS = ["*_p95_ttft_ms", "*_prefix_hit_rate"]
+
 # %%
 # %matplotlib inline
 import pandas as pd

@@ -58,6 +58,9 @@ check_params(
     **TRACKING,
 )
 
+# the metrics `workbench sweep` shows per point (names or fnmatch patterns)
+SWEEP_METRICS = ["*.p95_ttft_ms", "*.prefix_cache_hit_rate"]
+
 # %%
 # %matplotlib inline
 from workbench.analysis.kv_tiers import (

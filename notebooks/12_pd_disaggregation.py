@@ -81,6 +81,9 @@ check_params(
     **TRACKING,
 )
 
+# the metrics `workbench sweep` shows per point (names or fnmatch patterns)
+SWEEP_METRICS = ["*.goodput_per_worker"]
+
 # %%
 # %matplotlib inline
 import pandas as pd

@@ -188,6 +188,47 @@ def test_spec_plots_band_baseline_and_k0(tmp_path: Path) -> None:
     assert plots.acceptance_by_position(frame[frame["k"] == 0]) is None
 
 
+def test_acceptance_plot_shows_all_four_series(tmp_path: Path) -> None:
+    """Notebook 07's sweep over k at concurrencies 1 and 4: greedy acceptance does not depend
+    on the batch, so both concurrencies of one k carry the same numbers. Each of the 4 series
+    is drawn apart (nudged x, own marker and line style per concurrency, colour per k)."""
+    same3, same5 = [0.9, 0.7, 0.5], [0.9, 0.7, 0.5, 0.4, 0.3]
+    frame = pd.DataFrame({"k": [3, 3, 5, 5], "concurrency": [1, 4, 1, 4],
+                          "acceptance_by_position": [same3, same3, same5, same5]})
+    ax = sane(plots.acceptance_by_position(frame), tmp_path, "acc4.png").axes[0]
+    lines = {ln.get_label(): ln for ln in ax.get_lines()}
+    assert sorted(lines) == ["k=3 C=1", "k=3 C=4", "k=5 C=1", "k=5 C=4"]
+    assert legend_texts(ax) == ["k=3 C=1", "k=3 C=4", "k=5 C=1", "k=5 C=4"]
+    points = {name: set(zip(ln.get_xdata(), ln.get_ydata(), strict=True))
+              for name, ln in lines.items()}
+    for a in points:
+        for b in points:
+            assert a == b or not points[a] & points[b], (a, b)  # no point hidden by another
+    nudges = [-0.075, -0.025, 0.025, 0.075]  # per series, in (k, C) order
+    for name, nudge in zip(sorted(lines), nudges, strict=True):
+        xs = lines[name].get_xdata()
+        assert [round(x - i, 3) for i, x in enumerate(xs)] == [nudge] * len(xs)
+    for k in (3, 5):
+        a, b = lines[f"k={k} C=1"], lines[f"k={k} C=4"]
+        assert list(a.get_ydata()) == list(b.get_ydata())  # the data coincide ...
+        assert (a.get_marker(), a.get_linestyle()) != (b.get_marker(), b.get_linestyle())
+        assert a.get_color() == b.get_color()  # ... one colour per k
+    assert lines["k=3 C=1"].get_color() != lines["k=5 C=1"].get_color()
+
+
+def test_sweep_metrics_plot_keeps_invalid_points_off_the_line(tmp_path: Path) -> None:
+    frame = pd.DataFrame({"k": pd.Series([0, 3, 5], dtype=object), "valid": [True, False, True],
+                          "speedup_c1": [1.0, 1.6, 1.4], "speedup_c4": [1.0, 1.2, 1.1]})
+    fig = sane(plots.sweep_metrics(frame, "k", ["speedup_c1", "speedup_c4"]), tmp_path)
+    assert len([a for a in fig.axes if a.get_visible()]) == 2
+    ax = fig.axes[0]
+    (line,) = [ln for ln in ax.get_lines() if ln.get_label() == "measured"]
+    assert list(line.get_xdata()) == [0, 5] and list(line.get_ydata()) == [1.0, 1.4]
+    assert "INVALID (disturbed; not read)" in legend_texts(ax)
+    assert plots.sweep_metrics(frame.assign(speedup_c1=None, speedup_c4=None), "k",
+                               ["speedup_c1", "speedup_c4"]) is None
+
+
 def test_no_data_no_figure_and_no_empty_picture(tmp_path: Path) -> None:
     empty = pd.DataFrame({"concurrency": [], "output_throughput": [], "p95_tpot_ms": []})
     assert plots.saturation_curve(empty) is None

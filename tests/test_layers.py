@@ -42,6 +42,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "workbench.demo",
         "workbench.sweep",
         "workbench.sweep_points",
+        "workbench.sweep_report",
         "workbench.server",
         "workbench.router",
         "workbench.bench.cli",
@@ -53,6 +54,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "workbench.analysis",
         "workbench.tracking",
         "workbench.notebook_params",
+        "workbench.notebook_specs",
         "workbench.preflight",
     )),
     # Benchmark scripts: the engine against its peers (offline, peers, spec, quant) and the

@@ -113,7 +113,14 @@ def test_cli_parses_values_and_fixed(tmp_path: Path, capfd: pytest.CaptureFixtur
         header = next(csv.reader(f))
     assert header == ["param", "value", "status", "valid", "other_cpu_share", "run_id",
                       "notebook", "error", "node"]
-    assert (folder / "summary.md").read_text().strip() == "\n".join(lines[:-1])
+    parent = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'cli.db'}").search_runs(
+        ["1"], filter_string="tags.kind = 'sweep'")[0]
+    assert lines[-3] == ("sweep (the parent run's summary and plot): http://127.0.0.1:5000/#/"
+                         f"experiments/1/runs/{parent.info.run_id}/artifacts/summary.md"
+                         "?workflowType=machine_learning")
+    assert lines[-2].startswith("points (one child run per value): http://127.0.0.1:5000/#/"
+                                "experiments/1/runs?") and parent.info.run_id in lines[-2]
+    assert (folder / "summary.md").read_text().strip() == "\n".join(lines[:-3])
 
 
 def test_summary_table_has_key_metrics_and_errors() -> None:

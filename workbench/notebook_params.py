@@ -10,6 +10,10 @@ so `papermill nb.ipynb out.ipynb -p max_num_seqs eight` (or `workbench sweep ...
 max_num_seqs eight`) stops there with one `NotebookParameterError` naming the parameter, the
 value and what is allowed, instead of failing somewhere later. Every problem is listed at once.
 Types are strict: an integer parameter refuses 8.0 and True; a number accepts 8.
+`Int(at_least="max_num_seqs", why=...)` relates two parameters (vLLM refuses a
+max_num_batched_tokens below max_num_seqs). `workbench sweep` reads these declarations from
+the notebook's source (`workbench.notebook_specs`) and checks every value before the first
+point runs.
 """
 
 from __future__ import annotations
@@ -35,6 +39,10 @@ class Spec:
     def problem(self, value: Any) -> str | None:
         raise NotImplementedError
 
+    def relation_problem(self, value: Any, namespace: Mapping[str, Any]) -> str | None:
+        """Why `value` does not fit the other parameters in `namespace`, or None."""
+        return None
+
 
 def _range(low: float | None, high: float | None, low_open: bool = False) -> str:
     if low is not None and high is not None:
@@ -49,6 +57,15 @@ class Int(Spec):
     min: int | None = None
     max: int | None = None
     choices: tuple[int, ...] | None = None
+    at_least: str | None = None  # another parameter this one must be >= (checked by name)
+    why: str = ""  # said after an `at_least` problem: the rule's reason and its fix
+
+    def relation_problem(self, value: Any, namespace: Mapping[str, Any]) -> str | None:
+        other = namespace.get(self.at_least) if self.at_least else None
+        if (isinstance(other, int) and isinstance(value, int) and not isinstance(value, bool)
+                and value < other):
+            return f">= {self.at_least} ({other})" + (f": {self.why}" if self.why else "")
+        return None
 
     def describe(self) -> str:
         if self.choices:
@@ -204,6 +221,8 @@ def parameter_problems(namespace: Mapping[str, Any], specs: Mapping[str, Spec]
             continue
         value = namespace[name]
         bad = spec.problem(value)
+        if bad is None:
+            bad = spec.relation_problem(value, namespace)
         if bad is not None:
             out.append(f"{name} ({value!r}, a {_kind(value)}) must be {bad}")
     return out

@@ -60,6 +60,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from workbench.sweep_report import (  # noqa: F401 - re-exported: the sweep's summary
+    KEY_METRICS,
+    key_metrics,
+    point_metrics,
+    status_text,
+    summary_table,
+    value_key,
+)
+
 if TYPE_CHECKING:
     from workbench.experiments.executors.base import Executor
     from workbench.experiments.executors.config import ExecutorConfig
@@ -67,11 +76,6 @@ if TYPE_CHECKING:
 INJECTED = ("mlflow_parent_run_id", "mlflow_uri", "mlflow_experiment")
 PARENT_TAG = "mlflow.parentRunId"
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
-def value_key(value: Any) -> str:
-    """The canonical JSON of a value: how a sweep point is recognised on resume."""
-    return json.dumps(value, sort_keys=True, default=str)
 
 
 def _slug(value: Any) -> str:
@@ -94,12 +98,62 @@ def _literal(source: str) -> Any:
         return source
 
 
-def declared_parameters(notebook: str | Path) -> dict[str, Any]:
-    """{name: default value} from the notebook's `parameters` cell ({} without one)."""
+def declared_parameters(notebook: str | Path, kernel_name: str | None = None,
+                        language: str | None = None) -> dict[str, Any]:
+    """{name: default value} from the notebook's `parameters` cell ({} without one). A
+    notebook without a kernelspec is read as if it had `kernel_name`'s (papermill needs one
+    to parse the cell)."""
+    import nbformat
     import papermill
 
-    found = papermill.inspect_notebook(str(notebook))
+    nb = nbformat.read(str(notebook), as_version=4)
+    if nb.metadata.get("kernelspec") or not kernel_name:
+        found = papermill.inspect_notebook(str(notebook))
+    else:
+        nb.metadata["kernelspec"] = {"name": kernel_name, "display_name": kernel_name,
+                                     "language": language or "python"}
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / Path(notebook).name
+            nbformat.write(nb, str(path))
+            found = papermill.inspect_notebook(str(path))
     return {name: _literal(str(spec.get("default"))) for name, spec in found.items()}
+
+
+def kernel_language(nb: Path, kernel_name: str | None) -> str | None:
+    """The language to run `nb` with: None when its own kernelspec says (papermill reads
+    it), else `kernel_name`'s, which must then be given and installed. `ValueError` naming
+    --kernel otherwise."""
+    import nbformat
+    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
+
+    has_spec = bool(nbformat.read(str(nb), as_version=4).metadata.get("kernelspec"))
+    if kernel_name is None:
+        if has_spec:
+            return None
+        names = sorted(KernelSpecManager().find_kernel_specs())
+        raise ValueError(f"notebook {nb.name} has no kernelspec in its metadata: give "
+                         f"--kernel NAME (installed kernels: {', '.join(names) or 'none'})")
+    try:
+        spec = KernelSpecManager().get_kernel_spec(kernel_name)
+    except NoSuchKernel:
+        names = sorted(KernelSpecManager().find_kernel_specs())
+        raise ValueError(f"--kernel ({kernel_name!r}) is not an installed Jupyter kernel; "
+                         f"installed: {', '.join(names) or 'none'}") from None
+    return None if has_spec else str(spec.language)
+
+
+def check_values(nb: Path, declared: dict[str, Any], param: str, values: Sequence[Any],
+                 fixed: dict[str, Any]) -> None:
+    """Every swept and fixed value against the notebook's `check_params` declaration
+    (`workbench.notebook_specs`), before anything runs: one `NotebookParameterError`
+    naming each bad parameter, its value and what is allowed."""
+    from workbench.notebook_params import NotebookParameterError
+    from workbench.notebook_specs import declared_specs, value_problems
+
+    problems = value_problems(declared_specs(nb), declared, param, values, fixed)
+    if problems:
+        raise NotebookParameterError(
+            f"{nb.name}: notebook parameter {'; '.join(problems)}; nothing ran")
 
 
 def _check(declared: dict[str, Any], param: str, fixed: dict[str, Any], nb: Path) -> None:
@@ -180,6 +234,8 @@ def sweep(
     max_other_cpu_share: float | None = None,
     cpu_watch: Any = None,
     executor: ExecutorConfig | None = None,
+    retry_invalid: int = 0,
+    load_watch: Any = None,
 ) -> list[dict[str, Any]]:
     """One papermill run per value; one row per value: {value, status, output_path, run_id,
     error, valid, other_cpu_share, metrics, results_dir}. status is FINISHED, FAILED or
@@ -188,7 +244,13 @@ def sweep(
     is its old name) holds notebooks/, runs.csv, runs.json and summary.md.
     `max_other_cpu_share` (default validity.DEFAULT_MAX_OTHER_CPU_SHARE) and `cpu_watch`
     (default validity.default_cpu_watch()) judge each point's disturbance. `executor`: an
-    `executors.ExecutorConfig` (default: local, here one point after another)."""
+    `executors.ExecutorConfig` (default: local, here one point after another).
+    Before anything runs: every value is checked against the notebook's declared parameter
+    types (`check_values`), the kernel is resolved (`kernel_language`), and (locally) the
+    machine's load is watched for a second (`load_watch`, default like `cpu_watch`): a
+    warning line on stderr when others already take more than the threshold.
+    `retry_invalid`: run each INVALID (disturbed) point again up to this many times; the
+    last try's row is kept. Every row carries `parent_run_id` and `results_dir`."""
     from workbench.experiments.executors.config import ExecutorConfig, check_tracking_uri
     from workbench.harness.validity import DEFAULT_MAX_OTHER_CPU_SHARE, default_cpu_watch
 
@@ -196,6 +258,9 @@ def sweep(
         max_other_cpu_share = DEFAULT_MAX_OTHER_CPU_SHARE
     if not 0 <= max_other_cpu_share <= 1:
         raise ValueError(f"max_other_cpu_share ({max_other_cpu_share}) must be in [0, 1]")
+    if isinstance(retry_invalid, bool) or not isinstance(retry_invalid, int) or \
+            retry_invalid < 0:
+        raise ValueError(f"retry_invalid ({retry_invalid!r}) must be an integer >= 0")
 
     nb = Path(notebook).resolve()
     if not nb.is_file():
@@ -206,28 +271,42 @@ def sweep(
     keys = [value_key(v) for v in values]
     if len(set(keys)) != len(keys):
         raise ValueError(f"values ({values}) contain duplicates; give each value once")
-    declared = declared_parameters(nb)
+    language = kernel_language(nb, kernel_name)
+    declared = declared_parameters(nb, kernel_name, language)
     _check(declared, param, fixed, nb)
+    check_values(nb, declared, param, values, fixed)
     config = executor or ExecutorConfig()
     check_tracking_uri(config, uri)
+    if config.kind == "local":  # on a cluster each node's load is its own
+        _warn_if_busy(load_watch if load_watch is not None else default_cpu_watch(),
+                      max_other_cpu_share)
     from workbench.experiments.executors.factory import make_executor
 
     ex = make_executor(config)  # a cluster: connected, its node resource checked
     try:
         return _sweep(ex, nb, param, values, keys, fixed, declared, experiment=experiment,
                       uri=uri, resume=resume, root=results_dir if results_dir is not None
-                      else out_dir, kernel_name=kernel_name, progress=progress,
-                      max_other_cpu_share=max_other_cpu_share,
-                      cpu_watch=cpu_watch if cpu_watch is not None else default_cpu_watch())
+                      else out_dir, kernel_name=kernel_name, language=language,
+                      progress=progress, max_other_cpu_share=max_other_cpu_share,
+                      cpu_watch=cpu_watch if cpu_watch is not None else default_cpu_watch(),
+                      retry_invalid=retry_invalid)
     finally:
         ex.close()
+
+
+def _warn_if_busy(watch: Any, threshold: float) -> None:
+    from workbench.harness.validity import busy_machine_line, load_before_start
+
+    line = busy_machine_line(load_before_start(watch), threshold)
+    if line is not None:
+        print(f"workbench sweep: {line}", file=sys.stderr, flush=True)
 
 
 def _sweep(ex: Executor, nb: Path, param: str, values: list[Any], keys: list[str],
            fixed: dict[str, Any], declared: dict[str, Any], *, experiment: str | None,
            uri: str | None, resume: bool, root: str | Path | None, kernel_name: str | None,
-           progress: bool, max_other_cpu_share: float, cpu_watch: Any
-           ) -> list[dict[str, Any]]:
+           language: str | None, progress: bool, max_other_cpu_share: float, cpu_watch: Any,
+           retry_invalid: int) -> list[dict[str, Any]]:
     """`sweep` once its input is checked and the executor `ex` is ready."""
     from workbench.analysis.notebook import ensure_experiment
     from workbench.sweep_points import run_points
@@ -257,7 +336,8 @@ def _sweep(ex: Executor, nb: Path, param: str, values: list[Any], keys: list[str
     run_dir.mkdir(parents=True, exist_ok=True)
     slots: list[dict[str, Any] | None] = [None] * len(values)
     ctx = {"store": store, "parent": parent, "nb": nb, "param": param, "fixed": fixed,
-           "declared": declared, "kernel_name": kernel_name, "values": values,
+           "declared": declared, "kernel_name": kernel_name, "language": language,
+           "values": values,
            "max_other_cpu_share": max_other_cpu_share, "cpu_watch": cpu_watch}
     bar = _progress(len(values), progress, f"{nb.stem} {param}")
     todo: list[int] = []
@@ -277,12 +357,26 @@ def _sweep(ex: Executor, nb: Path, param: str, values: list[Any], keys: list[str
         for finished in run_points(ex, ctx, points, _run_point):
             slots[todo[finished.index]] = finished.value
             bar.update(1)
+        for attempt in range(1, retry_invalid + 1):
+            again = [i for i in todo if slots[i] is not None and not slots[i]["valid"]]
+            if not again:
+                break
+            print(f"workbench sweep: {len(again)} INVALID point(s) run again (retry "
+                  f"{attempt} of {retry_invalid})", file=sys.stderr, flush=True)
+            retry = [(values[i], keys[i], run_dir / f"{i:02d}_{param}={_slug(values[i])}"
+                      f"_retry{attempt}.ipynb") for i in again]
+            for finished in run_points(ex, ctx, retry, _run_point):
+                slots[again[finished.index]] = finished.value
     finally:
         bar.close()
         rows = [r for r in slots if r is not None]
         failed = len(rows) < len(values) or any(r["status"] == "FAILED" for r in rows)
+        from workbench.notebook_specs import sweep_metrics
+        from workbench.sweep_report import report
+
+        report(store, parent, nb, param, [r["value"] for r in rows], fixed, rows, folder,
+               sweep_metrics(nb))
         store.finish(parent, failed=failed)
-        _write_results(store, folder, param, rows)
     return rows
 
 
@@ -316,7 +410,8 @@ def _run_point(ctx: dict[str, Any], value: Any, key: str, out: Path) -> dict[str
     try:
         with ctx["cpu_watch"].measure() as share:  # filled when the block ends, errors too
             papermill.execute_notebook(str(ctx["nb"]), str(out), parameters=params,
-                                       kernel_name=ctx["kernel_name"], progress_bar=False,
+                                       kernel_name=ctx["kernel_name"],
+                                       language=ctx.get("language"), progress_bar=False,
                                        cwd=str(ctx["nb"].parent),
                                        kernel_manager_class=_ipc_kernel_manager())
     except PapermillExecutionError as e:
@@ -348,54 +443,6 @@ def _run_point(ctx: dict[str, Any], value: Any, key: str, out: Path) -> dict[str
             "node": tags.get("node")}
 
 
-KEY_METRICS = ("output_throughput", "request_throughput", "p95_ttft_ms", "p95_itl_ms",
-               "p95_tpot_ms", "p95_e2el_ms", "median_ttft_ms", "median_itl_ms")
-VALIDITY_METRICS = ("valid", "other_cpu_share")
-
-
-def point_metrics(store: Any, run_id: str | None) -> dict[str, float]:
-    """The metrics a point's run logged (the notebook's `publish`), validity ones left out."""
-    if not run_id:
-        return {}
-    try:
-        metrics = store.client.get_run(run_id).data.metrics
-    except Exception:  # noqa: BLE001 - a summary without numbers, not a failed sweep
-        return {}
-    return {k: v for k, v in sorted(metrics.items()) if k not in VALIDITY_METRICS}
-
-
-def key_metrics(rows: Sequence[dict[str, Any]], at_most: int = 5) -> list[str]:
-    """The metric columns of the summary: KEY_METRICS that some point logged, else the
-    first names in sorted order."""
-    have = {k for r in rows for k in r.get("metrics") or {}}
-    keys = [k for k in KEY_METRICS if k in have]
-    return (keys or sorted(have))[:at_most]
-
-
-def status_text(row: dict[str, Any]) -> str:
-    if row.get("valid", True):
-        return str(row["status"])
-    share = row.get("other_cpu_share")
-    return (f"{row['status']} INVALID (other processes "
-            f"{share if share is None else format(share, '.0%')} of the CPUs)")
-
-
-def summary_table(rows: Sequence[dict[str, Any]], param: str) -> str:
-    """One Markdown row per point: the value, its status, the key metrics, its run and
-    notebook; then one line per failed point with its error."""
-    from workbench.experiments.results import text_table
-
-    metric_cols = key_metrics(rows)
-    table = [{param: value_key(r["value"]), "status": status_text(r),
-              **{m: (r.get("metrics") or {}).get(m) for m in metric_cols},
-              "run": (r.get("run_id") or "-")[:12],
-              "notebook": Path(str(r["output_path"])).name if r.get("output_path") else "-"}
-             for r in rows]
-    text = text_table(table, [param, "status", *metric_cols, "run", "notebook"])
-    errors = [f"{param}={value_key(r['value'])}: {r['error']}" for r in rows if r.get("error")]
-    return "\n".join([text, *errors])
-
-
 def _copy_notebook(output: str | None, run_dir: Path) -> str | None:
     """A resumed point's executed notebook, copied from its earlier folder into this one."""
     import shutil
@@ -406,22 +453,6 @@ def _copy_notebook(output: str | None, run_dir: Path) -> str | None:
     if not dst.exists():
         shutil.copyfile(output, dst)
     return str(dst)
-
-
-def _write_results(store: Any, folder: Path, param: str, rows: list[dict[str, Any]]) -> None:
-    """runs.csv, runs.json, summary.md in the sweep's folder; every row gets its metrics."""
-    from workbench.experiments.results import write_rows
-
-    for r in rows:
-        r["metrics"] = point_metrics(store, r.get("run_id"))
-        r["results_dir"] = str(folder)
-    flat = [{"param": param, "value": value_key(r["value"]), "status": r["status"],
-             "valid": r["valid"], "other_cpu_share": r["other_cpu_share"],
-             "run_id": r["run_id"], "notebook": r["output_path"], "error": r["error"],
-             "node": r.get("node"), **r["metrics"]} for r in rows]
-    write_rows(folder, flat, ["param", "value", "status", "valid", "other_cpu_share",
-                              "run_id", "notebook", "error", "node"])
-    (folder / "summary.md").write_text(summary_table(rows, param) + "\n")
 
 
 def _log_notebook(store: Any, run_id: str, out: Path) -> None:
@@ -519,6 +550,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-other-cpu-share", type=float, default=None, metavar="SHARE",
                     help="mark a point invalid when other processes used more than this share "
                     "of the machine's CPUs while it ran (default 0.25)")
+    ap.add_argument("--retry-invalid", type=int, default=0, metavar="N",
+                    help="run each INVALID (disturbed) point again, up to N times "
+                    "(default 0)")
     from workbench.experiments.executors.config import add_executor_args
 
     add_executor_args(ap, verdict=False)
@@ -545,14 +579,34 @@ def main(argv: list[str] | None = None) -> int:
                      uri=args.tracking_uri, resume=args.resume, results_dir=args.results_dir,
                      kernel_name=args.kernel, progress=not args.no_progress,
                      max_other_cpu_share=args.max_other_cpu_share,
-                     executor=executor_config(args))
+                     executor=executor_config(args), retry_invalid=args.retry_invalid)
     except ValueError as e:
         print(f"workbench sweep: {e}", file=sys.stderr)
         return 2
-    print(summary_table(rows, name))
     if rows:
-        print(f"results folder: {rows[0]['results_dir']}")
+        _print_end(rows, name, args.tracking_uri)
     return 1 if any(r["status"] == "FAILED" for r in rows) else 0
+
+
+def _print_end(rows: list[dict[str, Any]], param: str, uri: str | None) -> None:
+    """The summary (as summary.md), the MLflow links, the results folder; last, on stderr,
+    what to do when points came back INVALID."""
+    from workbench.harness.validity import invalid_advice
+    from workbench.sweep_report import SUMMARY_MD, links
+    from workbench.tracking.mlflow_store import tracking_uri
+
+    folder = Path(rows[0]["results_dir"])
+    print((folder / SUMMARY_MD).read_text().rstrip("\n"))
+    for line in links(tracking_uri(_absolute_uri(uri)), rows[0]["parent_run_id"]):
+        print(line)
+    if uri is None:
+        print("open them with: workbench ui")
+    print(f"results folder: {folder}")
+    measured = [r for r in rows if r["status"] != "SKIPPED"]
+    advice = invalid_advice(sum(not r["valid"] for r in measured), len(measured))
+    if advice:
+        print(f"workbench sweep: {advice} (--retry-invalid N runs them again at once; "
+              "--resume later reruns only them)", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ class PointJob:
     owner_host: str
     runs_per_node: int
     run_point: Callable[..., dict[str, Any]]  # `sweep._run_point` (pickled by reference)
+    language: str | None = None  # --kernel's language for a notebook without a kernelspec
 
 
 def point_on_node(job: PointJob, attempt: str) -> dict[str, Any]:
@@ -60,7 +61,8 @@ def point_on_node(job: PointJob, attempt: str) -> dict[str, Any]:
     use_node_threads(ident, job.runs_per_node)  # OMP_NUM_THREADS for the kernel too
     ctx = {"store": Store(job.experiment, job.uri), "parent": job.parent,
            "nb": Path(job.notebook), "param": job.param, "fixed": job.fixed,
-           "declared": job.declared, "kernel_name": job.kernel_name, "values": job.values,
+           "declared": job.declared, "kernel_name": job.kernel_name,
+           "language": job.language, "values": job.values,
            "max_other_cpu_share": job.threshold, "cpu_watch": default_cpu_watch(),
            "owner_pid": job.owner_pid, "owner_host": job.owner_host,
            "tags": {"executor": "ray", ATTEMPT_TAG: attempt, **ident.tags()}}
@@ -93,7 +95,8 @@ def run_points(executor: Executor, ctx: dict[str, Any],
                  list(ctx["values"]), ctx["kernel_name"], ctx["max_other_cpu_share"],
                  store.uri, store.client.get_experiment(store.experiment_id).name,
                  ctx["parent"], out.name, os.getpid(), socket.gethostname(),
-                 executor.config.runs_per_node, run_point) for value, key, out in points]
+                 executor.config.runs_per_node, run_point, ctx.get("language"))
+        for value, key, out in points]
     killed: dict[int, str] = {}
 
     def lost(i: int, attempt: str, reason: str) -> None:

@@ -8,6 +8,7 @@ works in a test, a script or a notebook (a notebook displays the returned Figure
     latency_ecdf      {label: records_frame} -> ECDF of one per-request latency (or ITL gaps)
     sweep_tradeoff    runs frame -> each y vs the swept variable, plus y0-vs-y1 trade-off
     experiment_sweep  a `workbench run`'s rows -> its plots/sweep.png (objective + a tail)
+    sweep_metrics     a `workbench sweep`'s points -> its sweep.png (each declared metric)
     saturation_curve  runs frame -> throughput / latency vs concurrency, knee at max_num_seqs
     step_series       step trace -> tokens per step, running/waiting, KV usage over time
     compare_plot      compare_frame -> relative change per metric with the noise band
@@ -578,25 +579,71 @@ def speedup_vs_k(frame: pd.DataFrame, title: str | None = None) -> Figure | None
 
 
 def acceptance_by_position(frame: pd.DataFrame, title: str | None = None) -> Figure | None:
-    """P(draft position i accepted), per-position counter / drafts: one line per row (one
-    colour and marker per row). None when no row drafted anything (k = 0)."""
+    """P(draft position i accepted), per-position counter / drafts: one line per row, one
+    colour per k and one marker and line style per concurrency. Greedy acceptance rarely
+    depends on the batch, and a position's acceptance barely on k, so series often
+    coincide: each is nudged sideways by its own few hundredths of a position (no two share
+    a point), the longer k drawn first. None when no row drafted anything (k = 0)."""
     rows = [row for _, row in frame.iterrows()
             if len(row.get("acceptance_by_position", None) or [])] if len(frame) else []
     if not rows:
         _skip("acceptance_by_position", "no drafts (k = 0 or no speculative run)")
         return None
     fig, (ax,) = _figure(1, width=5.6)
-    markers = ("o", "s", "^", "D", "v", "P")
-    for i, row in enumerate(rows):
+    markers, styles = ("o", "s", "^", "D", "v", "P"), ("-", "--", ":", "-.")
+    ks = sorted({row["k"] for row in rows})
+    cs = sorted({row["concurrency"] for row in rows})
+    order = sorted(range(len(rows)), key=lambda i: (rows[i]["k"], rows[i]["concurrency"]))
+    step = min(0.05, 0.3 / len(rows))
+    for n, i in sorted(enumerate(order), key=lambda t: -rows[t[1]]["k"]):
+        row, j = rows[i], cs.index(rows[i]["concurrency"])
         acc = list(row["acceptance_by_position"])
-        ax.plot(range(len(acc)), acc, marker=markers[i % len(markers)], color=f"C{i % 10}",
-                alpha=0.85, label=f"k={row['k']} C={row['concurrency']}")
+        nudge = step * (n - (len(rows) - 1) / 2)
+        ax.plot([p + nudge for p in range(len(acc))], acc,
+                marker=markers[j % len(markers)], ls=styles[j % len(styles)],
+                color=f"C{ks.index(row['k']) % 10}", alpha=0.85, markersize=5,
+                markerfacecolor="none" if j % 2 else None,
+                label=f"k={row['k']} C={row['concurrency']}")
+    handles, labels = ax.get_legend_handles_labels()  # legend in (k, C) order
+    pairs = sorted(zip(labels, handles, strict=True), key=lambda t: _natural(t[0]))
+    ax.legend([h for _, h in pairs], [lab for lab, _ in pairs], fontsize=7, loc="best")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("draft position")
     ax.set_ylabel("accepted / drafts (fraction)")
     ax.set_ylim(0, 1.05)
-    _legend(ax, fontsize=7, loc="best")
     fig.suptitle(title or "acceptance by position")
+    return fig
+
+
+def sweep_metrics(frame: pd.DataFrame, x: str, ys: Sequence[str], *,
+                  title: str | None = None) -> Figure | None:
+    """`workbench sweep`'s sweep.png: each metric of `ys` against the swept value `x`, one
+    panel per metric (at most 6), one point per point of the sweep. Rows whose `valid`
+    column is False (a disturbed point) are drawn apart as grey crosses, never on the line.
+    A numeric x is a line; anything else categorical with short labels. None when no row
+    has a value of `ys`."""
+    ys = list(ys)[:6]
+    prepared = _plottable("sweep_metrics", frame, x, ys, None)
+    if prepared is None:
+        return None
+    data, ticks, numeric = prepared
+    valid = (frame["valid"].fillna(True).astype(bool).to_numpy() if "valid" in frame.columns
+             else [True] * len(frame))
+    data = data.assign(valid=pd.Series(valid, index=frame.index).loc[data.index].to_numpy())
+    fig, axes = _figure(min(3, len(ys)), nrows=math.ceil(len(ys) / 3))
+    for ax, y in zip(axes, ys, strict=False):
+        good, bad = data[data["valid"]], data[~data["valid"]].dropna(subset=[y])
+        if good[y].notna().any():
+            _measured_panel(ax, good, y, ticks, numeric)
+        if len(bad):
+            ax.scatter(bad["pos"], bad[y], marker="x", color="grey", zorder=2,
+                       label="INVALID (disturbed; not read)")
+        _sweep_x_axis(ax, data, x, ticks, numeric, None)
+        ax.set_ylabel(_label(y))
+        _legend(ax, loc="best")
+    for ax in axes[len(ys):]:
+        ax.set_visible(False)
+    fig.suptitle(title or f"sweep over {x}")
     return fig
 
 
