@@ -321,3 +321,52 @@ def test_jupyterlab_shows_the_parameters_cell(page: Any, jupyter: dict[str, Any]
         page.wait_for_timeout(1000)
         assert page.locator(".jp-mod-dirty").count() == 0, "the notebook opened as modified"
     shot(page, "jupyterlab_quickstart.png")
+
+
+@pytest.fixture(scope="module")
+def mlflow_sweep(mlflow_ui: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
+                 ) -> dict[str, Any]:
+    """A two-point `workbench sweep` of a tiny notebook (it logs speedup_c1 per point)
+    logged into the same store the UI serves."""
+    from mlflow.tracking import MlflowClient
+
+    from tests.test_sweep_report import metrics_notebook
+    from workbench.sweep import sweep
+
+    tmp = tmp_path_factory.mktemp("sweep")
+    rows = sweep(metrics_notebook(tmp / "tiny.ipynb"), "x", [1, 3], experiment="browser-sweep",
+                 uri=mlflow_ui["uri"], results_dir=tmp / "results", progress=False)
+    parent = MlflowClient(tracking_uri=mlflow_ui["uri"]).get_run(rows[0]["parent_run_id"])
+    return {"parent": parent, "experiment_id": parent.info.experiment_id}
+
+
+def test_mlflow_sweep_parent_shows_description_and_plot(
+        page: Any, mlflow_ui: dict[str, Any], mlflow_sweep: dict[str, Any]) -> None:
+    """A sweep's parent run page reads like an experiment's: its description (what was
+    swept, the counts, the table), its per-point metric, and the sweep.png artifact the
+    link `workbench sweep` prints opens next to summary.md."""
+    from workbench.tracking.ui import artifact_url
+
+    parent, exp_id = mlflow_sweep["parent"], mlflow_sweep["experiment_id"]
+    run_id = parent.info.run_id
+    assert parent.data.tags["mlflow.note.content"].startswith("**Sweep** of `x` over 1, 3")
+    assert set(parent.data.metrics) == {"speedup_c1"}
+
+    base = mlflow_ui["base"]
+    page.goto(f"{base}/#/experiments/{exp_id}/runs/{run_id}?workflowType=machine_learning")
+    page.get_by_text("Child runs").first.wait_for()
+    close_assistant(page)
+    assert page.get_by_text("No description").count() == 0
+    page.get_by_text("Sweep", exact=True).first.wait_for()  # the description's bold lead
+    page.get_by_text("2 points: 2 finished, 0 failed.").first.wait_for()
+    page.get_by_text("speedup_c1", exact=True).first.wait_for()  # the per-point metric
+    for label in ("x=1", "x=3"):
+        page.get_by_role("link", name=label, exact=True).first.wait_for()
+    shot(page, "mlflow_sweep_parent.png")
+
+    page.goto(artifact_url(base, exp_id, run_id, "sweep.png"))
+    close_assistant(page)
+    page.get_by_text("summary.md").first.wait_for()  # both artifacts listed
+    page.wait_for_function(  # the plot rendered (the page's icons are far smaller)
+        "() => [...document.images].some(i => i.complete && i.naturalWidth >= 300)")
+    shot(page, "mlflow_sweep_plot.png")
