@@ -85,9 +85,11 @@ def test_verdict_compares_goodput(experiment: tuple[ExperimentResult, str]) -> N
     by = {v.value: v for v in result.verdicts}
     g = by[64].metrics["goodput"]
     assert (g.baseline_median, g.variant_median, g.verdict) == (8.0, 3.5, "worse")
-    assert by[64].reason == "objective goodput worse (-56.2%)" and not by[64].adopted
+    assert by[64].reason == ("objective goodput worse (-56.2%, interval -56.2% .. -56.2%)"
+                             ) and not by[64].adopted  # equal repeats: a zero-width interval
     assert by[4].reason == "2 run(s) failed" and result.adopted is None
-    assert "| budget=64 | 3.5 (-56.2%, worse) | 1.75 (-56.2%, worse) | reject |" in result.table
+    assert ("| budget=64 | 3.5 (-56.2% [-56.2%, -56.2%], worse) | 1.75 (-56.2% [-56.2%, "
+            "-56.2%], worse) | reject |") in result.table
     assert "| baseline (256) | 1.00 [1.00, 1.00] | 1.00 [1.00, 1.00] | >= 8 | >= 4 |" \
         in result.table
     assert "- budget=64 @ 8 req/s repeat 2: RuntimeError: injected failure at 8 req/s" \

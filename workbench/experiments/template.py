@@ -67,6 +67,7 @@ from workbench.experiments.template_keys import (  # noqa: F401 - re-exported na
     DIRECTIONS,
     SLO_KEYS,
     one_variable,
+    verdict_key_problem,
 )
 from workbench.harness.metric_registry import spec as metric_spec
 
@@ -200,22 +201,6 @@ class Template:
         return raw
 
 
-
-
-def verdict_key_problem(key: str, value: Any, repeats: int = 1) -> str | None:
-    """What is wrong with the verdict key `key` (smallest_effect, alpha, max_repeats), or
-    None; `repeats`: what max_repeats must reach."""
-    number = isinstance(value, int | float) and not isinstance(value, bool)
-    if key == "smallest_effect" and not (number and 0 < value < 1):
-        return (f"smallest_effect ({value!r}) must be a relative effect in (0, 1), "
-                "e.g. 0.02 for +-2%")
-    if key == "alpha" and not (number and 0 < value < 0.5):
-        return f"alpha ({value!r}) must be an error rate in (0, 0.5), e.g. 0.05"
-    if key == "max_repeats" and value is not None and not (
-            isinstance(value, int) and not isinstance(value, bool) and value >= repeats):
-        return (f"max_repeats ({value!r}) must be an integer >= repeats ({repeats}), "
-                "e.g. 10; leave it out for no extra rounds")
-    return None
 
 
 class KnobValue(dict):  # type: ignore[type-arg]

@@ -115,7 +115,7 @@ def _check_scalars(data: dict[str, Any], out: list[str]) -> None:
     noise = data.get("noise", "spread")
     if noise not in ("spread", "bootstrap"):
         out.append(f"noise ({noise!r}) must be 'spread' or 'bootstrap'")
-    from workbench.experiments.template import verdict_key_problem
+    from workbench.experiments.template_keys import verdict_key_problem
 
     for key, default in (("smallest_effect", 0.02), ("alpha", 0.05), ("max_repeats", None)):
         problem = verdict_key_problem(key, data.get(key, default),
