@@ -43,6 +43,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "workbench.sweep",
         "workbench.sweep_points",
         "workbench.sweep_report",
+        "workbench.sweep_inputs",
         "workbench.server",
         "workbench.router",
         "workbench.bench.cli",

@@ -4,8 +4,14 @@
     workbench sweep notebooks/X.ipynb -p NAME V1 V2 ... [--set k=v ...] [--resume]
                     [--tracking-uri URI] [--experiment NAME] [--results-dir ROOT]
                     [--kernel NAME] [--executor local|ray] [--address HOST:PORT]
+                    [--max-other-cpu-share SHARE] [--retry-invalid N]
 
-    parent run  (tags: kind=sweep, notebook=<absolute path>, sweep_param, sweep_values, fixed)
+    before the first point: names and values checked against the notebook's declarations,
+    the kernel resolved (`workbench.sweep_inputs`), the machine's load watched (a warning)
+
+    parent run  (tags: kind=sweep, notebook=<absolute path>, sweep_param, sweep_values, fixed,
+                 sweep_step, sweep_metrics, invalid_points); at the end its description,
+                 per-point metrics, summary.md and sweep.png (`workbench.sweep_report`)
       child run per value, named by its label ("budget=64": experiments.labels)
                   (tags: sweep_param, sweep_value=<JSON>, output_path[, error])
         params    = the notebook's parameters: its declared defaults, then {param: value, **fixed},
@@ -19,8 +25,8 @@ Each value runs `papermill.execute_notebook` with cwd = the notebook's folder (a
 does) into the sweep's results folder, <results_dir>/<experiment>/<UTC time>/notebooks/
 <i>_<param>=<value>.ipynb (default root: results/ at the checkout's root,
 `workbench.experiments.results`); the folder also holds runs.csv, runs.json (one row per
-point: status, validity, the metrics the notebook logged) and summary.md (the table the
-command prints). The kernel talks to papermill over IPC sockets (`IpcKernelManager`), not
+point: status, validity, the metrics the notebook logged), summary.md (the table the
+command prints) and sweep.png. The kernel talks to papermill over IPC sockets (`IpcKernelManager`), not
 TCP: no "running over TCP without encryption" warning per point. When the
 notebook declares `mlflow_parent_run_id`, `mlflow_uri` or `mlflow_experiment` in its
 `parameters` cell, they are injected (this point's child run, the store, the experiment) so the
@@ -47,7 +53,6 @@ stderr, MLflow tag run_valid=false); its numbers should not be read.
 from __future__ import annotations
 
 import argparse
-import ast
 import json
 import os
 import re
@@ -60,6 +65,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from workbench.sweep_inputs import (  # noqa: F401 - re-exported (cli, tests)
+    check_names,
+    check_values,
+    declared_parameters,
+    kernel_language,
+)
 from workbench.sweep_report import (  # noqa: F401 - re-exported: the sweep's summary
     KEY_METRICS,
     key_metrics,
@@ -89,80 +100,6 @@ def _absolute_uri(uri: str | None) -> str | None:
     if uri and uri.startswith(prefix) and not uri.startswith(prefix + "/"):
         return prefix + str(Path(uri[len(prefix):]).resolve())
     return uri
-
-
-def _literal(source: str) -> Any:
-    try:
-        return ast.literal_eval(source)
-    except (ValueError, SyntaxError):
-        return source
-
-
-def declared_parameters(notebook: str | Path, kernel_name: str | None = None,
-                        language: str | None = None) -> dict[str, Any]:
-    """{name: default value} from the notebook's `parameters` cell ({} without one). A
-    notebook without a kernelspec is read as if it had `kernel_name`'s (papermill needs one
-    to parse the cell)."""
-    import nbformat
-    import papermill
-
-    nb = nbformat.read(str(notebook), as_version=4)
-    if nb.metadata.get("kernelspec") or not kernel_name:
-        found = papermill.inspect_notebook(str(notebook))
-    else:
-        nb.metadata["kernelspec"] = {"name": kernel_name, "display_name": kernel_name,
-                                     "language": language or "python"}
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / Path(notebook).name
-            nbformat.write(nb, str(path))
-            found = papermill.inspect_notebook(str(path))
-    return {name: _literal(str(spec.get("default"))) for name, spec in found.items()}
-
-
-def kernel_language(nb: Path, kernel_name: str | None) -> str | None:
-    """The language to run `nb` with: None when its own kernelspec says (papermill reads
-    it), else `kernel_name`'s, which must then be given and installed. `ValueError` naming
-    --kernel otherwise."""
-    import nbformat
-    from jupyter_client.kernelspec import KernelSpecManager, NoSuchKernel
-
-    has_spec = bool(nbformat.read(str(nb), as_version=4).metadata.get("kernelspec"))
-    if kernel_name is None:
-        if has_spec:
-            return None
-        names = sorted(KernelSpecManager().find_kernel_specs())
-        raise ValueError(f"notebook {nb.name} has no kernelspec in its metadata: give "
-                         f"--kernel NAME (installed kernels: {', '.join(names) or 'none'})")
-    try:
-        spec = KernelSpecManager().get_kernel_spec(kernel_name)
-    except NoSuchKernel:
-        names = sorted(KernelSpecManager().find_kernel_specs())
-        raise ValueError(f"--kernel ({kernel_name!r}) is not an installed Jupyter kernel; "
-                         f"installed: {', '.join(names) or 'none'}") from None
-    return None if has_spec else str(spec.language)
-
-
-def check_values(nb: Path, declared: dict[str, Any], param: str, values: Sequence[Any],
-                 fixed: dict[str, Any]) -> None:
-    """Every swept and fixed value against the notebook's `check_params` declaration
-    (`workbench.notebook_specs`), before anything runs: one `NotebookParameterError`
-    naming each bad parameter, its value and what is allowed."""
-    from workbench.notebook_params import NotebookParameterError
-    from workbench.notebook_specs import declared_specs, value_problems
-
-    problems = value_problems(declared_specs(nb), declared, param, values, fixed)
-    if problems:
-        raise NotebookParameterError(
-            f"{nb.name}: notebook parameter {'; '.join(problems)}; nothing ran")
-
-
-def _check(declared: dict[str, Any], param: str, fixed: dict[str, Any], nb: Path) -> None:
-    if param in fixed:
-        raise ValueError(f"param {param!r} is also given in fixed; sweep it or fix it, not both")
-    unknown = [k for k in [param, *fixed] if k not in declared]
-    if declared and unknown:
-        raise ValueError(f"{unknown} not declared in the parameters cell of {nb.name}; "
-                         f"declared: {sorted(declared)}")
 
 
 KERNEL_SHUTDOWN_WAIT_S = 30.0  # jupyter_client's 5 s default is short on 2 busy CPUs
@@ -273,7 +210,7 @@ def sweep(
         raise ValueError(f"values ({values}) contain duplicates; give each value once")
     language = kernel_language(nb, kernel_name)
     declared = declared_parameters(nb, kernel_name, language)
-    _check(declared, param, fixed, nb)
+    check_names(declared, param, fixed, nb)
     check_values(nb, declared, param, values, fixed)
     config = executor or ExecutorConfig()
     check_tracking_uri(config, uri)
