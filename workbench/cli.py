@@ -12,8 +12,10 @@ parses its flags (`workbench <verb> --help`). `workbench --help` lists the verbs
     workbench promote PARENT_RUN_ID --out OUT.yaml [--tracking-uri URI]
                                      write the adopted config as the new baseline template
     workbench sweep notebooks/X.ipynb -p NAME V1 V2 ... [--set k=v] [--resume]
+                                     [--retry-invalid N] [--kernel NAME]
                                      [--executor local|ray] [--address HOST:PORT]
-                                     one papermill run per value, each an MLflow child run
+                                     one papermill run per value, each an MLflow child run;
+                                     values checked first; prints the parent run's link
     workbench rerun RUN_ID [--repeats N] [--tracking-uri URI] [--results-dir ROOT]
                                      measure a logged experiment run or sweep point again;
                                      logged | now | delta % | same or drifted beyond noise
