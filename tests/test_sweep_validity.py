@@ -100,6 +100,12 @@ def test_cli_ends_with_what_to_do_when_points_are_invalid(
     assert err[-1] == ("workbench sweep: 2/2 invalid: rerun on a quieter machine, or raise "
                        "--max-other-cpu-share (--retry-invalid N runs them again at once; "
                        "--resume later reruns only them)")
+    note = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'c.db'}").search_runs(
+        ["1"], "tags.kind = 'sweep'")[0].data.tags["mlflow.note.content"]
+    assert note.split("\n\n")[1] == (
+        "2 points: 2 finished, 0 failed; **2 INVALID** (disturbed: their numbers are not "
+        "read). 2/2 invalid: rerun on a quieter machine, or raise --max-other-cpu-share "
+        "(`--retry-invalid N` runs them again at once; `--resume` reruns only them).")
     assert main([*args, "--max-other-cpu-share", "0.6"]) == 0
     assert "invalid:" not in capsys.readouterr().err
 

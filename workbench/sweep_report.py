@@ -113,6 +113,11 @@ def description(nb: Path, param: str, values: Sequence[Any], fixed: dict[str, An
               + (f", {count['SKIPPED']} kept from an earlier sweep" if count["SKIPPED"] else "")
               + (f"; **{invalid} INVALID** (disturbed: their numbers are not read)"
                  if invalid else "") + ".")
+    if invalid:
+        from workbench.harness.validity import invalid_advice
+
+        counts += (f" {invalid_advice(invalid, len(rows))} (`--retry-invalid N` runs them "
+                   "again at once; `--resume` reruns only them).")
     where = (f"Table: `{SUMMARY_MD}`; plot: `{SWEEP_PNG}` (this run's artifacts, and "
              f"`{folder}`). Metrics of this run: "
              + (", ".join(f"`{m}`" for m in metrics) if metrics else "none")

@@ -630,7 +630,7 @@ def sweep_metrics(frame: pd.DataFrame, x: str, ys: Sequence[str], *,
     valid = (frame["valid"].fillna(True).astype(bool).to_numpy() if "valid" in frame.columns
              else [True] * len(frame))
     data = data.assign(valid=pd.Series(valid, index=frame.index).loc[data.index].to_numpy())
-    fig, axes = _figure(min(3, len(ys)), nrows=math.ceil(len(ys) / 3))
+    fig, axes = _figure(min(3, len(ys)), nrows=math.ceil(len(ys) / 3), sharex=True)
     for ax, y in zip(axes, ys, strict=False):
         good, bad = data[data["valid"]], data[~data["valid"]].dropna(subset=[y])
         if good[y].notna().any():
