@@ -7,6 +7,9 @@ JupyterLab on a notebook (headless Chromium driven by playwright).
   description), the verdict metrics (`verdict/<label>`, logged by
   `workbench.experiments.runner`) and the child runs by value label.
   The verdict link opens the parent's first artifact, VERDICT.md, rendered as a table.
+- MLflow, a sweep: a two-point `workbench sweep` of a tiny notebook in the same store; its
+  parent run page shows the description, the per-point metric and the child runs, and its
+  sweep.png artifact renders.
 - JupyterLab: `jupyter lab` on the repository opens `notebooks/01_quickstart.ipynb` and shows
   its parameters cell.
 
