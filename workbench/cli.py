@@ -2,7 +2,7 @@
 parses its flags (`workbench <verb> --help`). `workbench --help` lists the verbs.
 
     workbench run experiments/X.yaml [--tracking-uri URI] [--profile torch] [--promote OUT]
-                                     [--resume]
+                                     [--resume] [--retry-invalid N]
                                      [--results-dir ROOT] [--executor local|ray]
                                      [--address HOST:PORT] [--allow-mixed-hardware]
                                      run an experiment template, print the verdict table;
@@ -52,7 +52,8 @@ Global flag: --debug (anywhere) shows the Python traceback of an error.
 Exit status: 0 done; 1 it ran but did not succeed (every baseline run failed, so no verdict;
 a sweep point failed; a bench run failed) or an internal error (a bug: the line says so);
 2 the input was refused (a flag, a file, a template, a value): one line on stderr,
-`workbench <verb>: <message>`, and no traceback; 130 interrupted (Ctrl-C).
+`workbench <verb>: <message>`, and no traceback; 130 interrupted (Ctrl-C), 143 terminated
+(SIGTERM; `workbench run`: the runs in flight are KILLED in MLflow, `--resume` finishes).
 """
 
 from __future__ import annotations
@@ -83,6 +84,9 @@ def _run(argv: list[str]) -> None:
                     help="finish the newest run of this template and workload: its FINISHED "
                          "runs are kept, runs left RUNNING by a dead driver or node are "
                          "marked KILLED, and every missing (value, repeat) is measured")
+    ap.add_argument("--retry-invalid", type=int, default=0, metavar="N",
+                    help="measure a run disturbed by other processes again, up to N times "
+                         "(after the template's repeats, interleaved; default 0)")
     _add_results_dir(ap)
     _add_next_variable(ap)
     from workbench.experiments.executors.config import add_executor_args, executor_config
@@ -91,6 +95,9 @@ def _run(argv: list[str]) -> None:
     args = ap.parse_args(argv)
     if args.max_other_cpu_share is not None and not 0 <= args.max_other_cpu_share <= 1:
         ap.error(f"--max-other-cpu-share ({args.max_other_cpu_share}) must be in [0, 1]")
+    if args.retry_invalid < 0:
+        ap.error(f"--retry-invalid ({args.retry_invalid}) must be >= 0 (the times a disturbed "
+                 "run is measured again)")
     executor_config(args)  # the executor flags alone, before the template is read
     from workbench.experiments.runner import promote, run_experiment, run_label
     from workbench.experiments.template import load_template
@@ -101,7 +108,7 @@ def _run(argv: list[str]) -> None:
     result = run_experiment(template, uri=args.tracking_uri, profile=args.profile,
                             max_other_cpu_share=args.max_other_cpu_share,
                             results_dir=_results_root(args), executor=executor,
-                            resume=args.resume)
+                            resume=args.resume, retry_invalid=args.retry_invalid)
     print(f"\n# {template.name}\n{template.question}\n")
     print(result.table)
     adopted = ("nothing" if result.adopted is None else
@@ -115,6 +122,8 @@ def _run(argv: list[str]) -> None:
           else f"results in {result.tracking_uri}")
     _print_compare_urls(result, template)
     print(f"results folder: {result.results_dir}")
+    if result.advice:  # invalid runs: what to do, the last line
+        print(result.advice)
     if not result.verdicts:
         first = next((r.error for r in result.runs if r.error), "unknown")
         print(f"workbench run: {result.no_verdict}" if result.no_verdict and
@@ -274,7 +283,8 @@ BENCH: dict[str, tuple[str, Callable[[list[str]], None]]] = {
 
 EPILOG = """global flag: --debug (anywhere) shows the Python traceback of an error.
 exit status: 0 done; 1 it ran but did not succeed, or an internal error (the line says so);
-2 the input was refused (one line on stderr: `workbench <verb>: <message>`); 130 interrupted.
+2 the input was refused (one line on stderr: `workbench <verb>: <message>`); 130 interrupted
+(Ctrl-C), 143 terminated (SIGTERM).
 `workbench <verb> --help` shows the verb's flags."""
 
 
@@ -338,11 +348,11 @@ def guarded(prog: str, fn: Callable[[list[str]], None], argv: list[str],
             print(f"{prog}: {e.code}", file=sys.stderr)
             raise SystemExit(2) from None
         raise
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:  # Ctrl-C; SIGTERM where a verb raises it (`workbench run`)
         if debug:
             traceback.print_exc()
-        print(f"{prog}: interrupted", file=sys.stderr)
-        raise SystemExit(130) from None
+        print(f"{prog}: {str(e).strip() or 'interrupted'}", file=sys.stderr)
+        raise SystemExit(128 + int(getattr(e, "signum", 2))) from None  # 130, 143
     except Exception as e:  # noqa: BLE001 - every error ends as one line and a status
         _fail(prog, e, debug)
     finally:

@@ -110,9 +110,9 @@ def test_logged_sweep_runs_and_points(experiment: tuple[ExperimentResult, str],
     parent = client.get_run(result.parent_run_id)
     sweeps = _children(client, parent, result.parent_run_id)
     assert sorted((c.info.run_name, c.info.status) for c in sweeps) == [
-        ("baseline (256)", "FINISHED"), ("baseline (256)", "FINISHED"),
-        ("budget=4", "FAILED"), ("budget=4", "FAILED"),
-        ("budget=64", "FINISHED"), ("budget=64", "FINISHED")]
+        ("baseline (256) r1", "FINISHED"), ("baseline (256) r2", "FINISHED"),
+        ("budget=4 r1", "FAILED"), ("budget=4 r2", "FAILED"),
+        ("budget=64 r1", "FINISHED"), ("budget=64 r2", "FINISHED")]
     child = client.get_run(result.runs[1].run_id)  # budget=64, repeat 1
     assert child.data.tags["rates"] == "[2.0, 8.0]" and child.data.tags["verdict"] == "worse"
     assert child.data.tags["failed_rates"] == "[8.0]"

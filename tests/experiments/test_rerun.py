@@ -140,7 +140,7 @@ def test_rerun_of_a_child_run(experiment: tuple[Any, str], tampered: Any,
                               filter_string=f"tags.`{PARENT_TAG}` = '{got.run_id}'")
     assert [(k.info.run_name, k.data.tags["role"], k.data.tags["rerun_of"],
              k.data.tags["value"], k.data.tags["workload_checksum"]) for k in kids] == [
-        ("budget=64", "rerun", child.run_id, "64", result.workload_checksum)]
+        ("budget=64 r1", "rerun", child.run_id, "64", result.workload_checksum)]
     assert [m["run_id"] for m in got.measured] == [kids[0].info.run_id]
 
     folder = got.results_dir

@@ -49,15 +49,15 @@ def test_run_and_sweep_of_one_knob_line_up(tmp_path: Path) -> None:
                               output_format="list")
     got = sorted((r.info.run_name, r.data.params["max_num_batched_tokens"],
                   r.data.params["concurrency"]) for r in kids)
-    assert got == [("baseline (256)", "256", "2"), ("budget=128", "128", "2"),
-                   ("budget=64", "64", "2"), ("budget=64", "64", "2")]
+    assert got == [("baseline (256) r1", "256", "2"), ("budget=128", "128", "2"),
+                   ("budget=64", "64", "2"), ("budget=64 r1", "64", "2")]
     for r in kids:  # no other spelling of the knob on either path
         assert not {"budget", "engine.max_num_batched_tokens",
                     "arrivals.concurrency"} & set(r.data.params), r.data.params
     exp_kids = {r.info.run_name: r for r in kids if r.data.tags.get("kind") != "sweep-point"}
     assert {n: (r.data.tags["role"], r.data.tags["verdict"]) for n, r in exp_kids.items()} == {
-        "baseline (256)": ("baseline", "baseline"),
-        "budget=64": ("variant", result.verdicts[0].metrics["p95_itl_ms"].verdict)}
+        "baseline (256) r1": ("baseline", "baseline"),
+        "budget=64 r1": ("variant", result.verdicts[0].metrics["p95_itl_ms"].verdict)}
 
     parent = client.get_run(result.parent_run_id)
     vv = result.verdicts[0]

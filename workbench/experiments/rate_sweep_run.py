@@ -31,7 +31,7 @@ from typing import Any
 
 from workbench.experiments.labels import metric_label
 from workbench.experiments.rate_sweep import RateSweep
-from workbench.experiments.run_record import RunRecord, run_label
+from workbench.experiments.run_record import RunRecord, run_label, run_name
 from workbench.experiments.template import Template
 from workbench.harness.goodput import (
     Band,
@@ -133,7 +133,7 @@ def _sweep_one(template: Template, store: Any, parent: str, model: str, workload
     slo = sweep.slo
     name = run_label(template, value)
     config = template.baseline if value is None else template.variant_config(value)
-    child = store.create_run(name, parent_id=parent, tags={
+    child = store.create_run(run_name(template, value, repeat), parent_id=parent, tags={
         "variable": template.variable_name, "value": label, "repeat": str(repeat),
         "baseline_run": parent, "role": "baseline" if value is None else "variant",
         "workload_checksum": checksum, "hardware_fingerprint": preflight["fingerprint"],

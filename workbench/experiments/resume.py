@@ -5,11 +5,18 @@ the same template (its `template_sha` tag: the canonical JSON of the template) a
 (`workload_checksum`) in the template's MLflow experiment. `kept_runs` then reads that
 parent's children:
 
-    FINISHED                        kept: its record rebuilt from MLflow (metrics from its
+    FINISHED with its objective     kept: its record rebuilt from MLflow (metrics from its
                                     summary.json artifact, validity, node, fingerprint)
+    FINISHED without its objective  tagged `superseded`, measured again (an interrupted run
+                                    an older version closed FINISHED with no metrics)
     RUNNING, its driver gone        marked KILLED (tag error), measured again
-    FAILED / KILLED                 measured again
+    FAILED / KILLED                 measured again (an interrupted run is KILLED:
+                                    `experiments.interrupts`)
+    tagged `superseded`             skipped (a disturbed run retried: `--retry-invalid`)
     (value, repeat) with no child   measured
+
+`require_objective` keeps a run without its objective metric out of every verdict: it counts
+as failed, whatever path its record came by.
 
 `run_jobs.run_plan` measures only the missing (value, repeat) pairs, on either executor, and
 the verdict reads the kept and the new records in the interleaved order, as if one run had
@@ -36,6 +43,7 @@ PARENT_TAG = "mlflow.parentRunId"
 DRIVER_TAGS = ("driver_pid", "driver_host")  # the process that runs the experiment
 KILLED_ERROR = ("killed: the experiment's driver ended before this run did (found RUNNING "
                 "on --resume)")
+SUPERSEDED_TAG = "superseded"  # a child another run replaces: never kept, never judged
 
 
 def template_sha(template: Template) -> str:
@@ -81,11 +89,13 @@ def _live_driver(tags: dict[str, str]) -> int | None:
     return int(pid)
 
 
-def kept_runs(store: Any, parent: str, plan: list[tuple[str, Any]], repeats: int
+def kept_runs(store: Any, parent: str, plan: list[tuple[str, Any]], repeats: int,
+              objective: str | None = None
               ) -> tuple[dict[tuple[str, int], RunRecord], list[str]]:
-    """(label, repeat) -> the record of its FINISHED child, and one line per child marked
-    KILLED or kept. Children RUNNING are marked KILLED (their driver is gone: `find_parent`
-    refused a live one)."""
+    """(label, repeat) -> the record of its FINISHED child that measured `objective` (None:
+    any FINISHED child), and one line per child marked KILLED, measured again or kept.
+    Children RUNNING are marked KILLED (their driver is gone: `find_parent` refused a live
+    one); children tagged SUPERSEDED_TAG are skipped."""
     values = dict(plan)
     runs = store.client.search_runs([store.experiment_id],
                                     filter_string=f"tags.`{PARENT_TAG}` = '{parent}'",
@@ -99,14 +109,31 @@ def kept_runs(store: Any, parent: str, plan: list[tuple[str, Any]], repeats: int
             continue  # not a run of this plan (a note, a rerun)
         key = (label, int(repeat))
         what = f"{run.info.run_name} repeat {int(repeat) + 1}/{repeats} (run {run_id})"
+        if SUPERSEDED_TAG in tags:
+            continue
         if run.info.status == "RUNNING":
             store.set_tags(run_id, {"error": KILLED_ERROR})
             store.client.set_terminated(run_id, status="KILLED")
             lines.append(f"{what} was left RUNNING: marked KILLED; it runs again")
         elif run.info.status == "FINISHED" and key not in kept:
-            kept[key] = record_of(store, run, values[label])
+            record = record_of(store, run, values[label])
+            if objective is not None and objective not in record.metrics:
+                store.set_tags(run_id, {SUPERSEDED_TAG: f"FINISHED without {objective}: "
+                                                        "measured again on --resume"})
+                lines.append(f"{what} FINISHED without {objective}: it runs again")
+                continue
+            kept[key] = record
             lines.append(f"{what} FINISHED: kept")
     return kept, lines
+
+
+def require_objective(runs: list[RunRecord], objective: str) -> list[RunRecord]:
+    """`runs`, each one that succeeded without measuring `objective` now failed (error
+    "objective ... not measured"): the verdict counts it, never compares it."""
+    for r in runs:
+        if r.error is None and objective not in r.metrics:
+            r.error = f"objective {objective} not measured"
+    return runs
 
 
 def record_of(store: Any, run: Any, value: Any) -> RunRecord:

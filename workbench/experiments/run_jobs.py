@@ -25,6 +25,7 @@ from typing import Any
 
 from workbench.experiments.executors.base import ATTEMPT_TAG, Executor, mark_lost
 from workbench.experiments.progress import RunProgress
+from workbench.experiments.resume import require_objective
 from workbench.experiments.run_record import RunRecord, run_label
 from workbench.experiments.template import Template
 
@@ -46,6 +47,7 @@ class RunJob:
     cwd: str  # the driver's working folder (relative template paths resolve there)
     run_point: Callable[..., RunRecord]  # `runner.run_one`
     setup: Callable[..., tuple[str, Any, Any, Any]]  # `runner.replay_setup`
+    tags: dict[str, str] | None = None  # added to the run's tags (a retry's retry, retry_of)
 
 
 def run_on_node(job: RunJob, attempt: str) -> RunRecord:
@@ -65,7 +67,8 @@ def run_on_node(job: RunJob, attempt: str) -> RunRecord:
                        job.label, job.value, job.repeat, ident.preflight, job.checksum,
                        job.profile, max_other_cpu_share=job.threshold,
                        cpu_watch=default_cpu_watch(), progress=False, out=None,
-                       tags={"executor": "ray", ATTEMPT_TAG: attempt, **ident.tags()})
+                       tags={"executor": "ray", ATTEMPT_TAG: attempt, **ident.tags(),
+                             **(job.tags or {})})
 
 
 def run_plan(executor: Executor, template: Template, store: Any, parent: str, model: str,
@@ -75,13 +78,14 @@ def run_plan(executor: Executor, template: Template, store: Any, parent: str, mo
              out: Path | None, run_point: Callable[..., RunRecord],
              setup: Callable[..., tuple[str, Any, Any, Any]],
              kept: dict[tuple[str, int], RunRecord] | None = None,
-             rounds: Sequence[int] | None = None) -> list[RunRecord]:
+             rounds: Sequence[int] | None = None,
+             tags: dict[tuple[str, int], dict[str, str]] | None = None) -> list[RunRecord]:
     """Every (value, repeat) of `plan` on `executor`; the records in the interleaved order.
     Local runs print as they always did; a cluster's lines name the node of each run.
     `run_point`, `setup`: the runner's `run_one` and `replay_setup`. `kept`: records of
     (label, repeat) pairs an earlier run finished (`--resume`): not measured again.
     `rounds`: the repeats to measure (default all the template's; `sequential`: one more)."""
-    kept = kept or {}
+    kept, tags = kept or {}, tags or {}  # tags: more tags for a (label, repeat)'s run
     order = [(label, value, repeat) for repeat in (
         range(template.repeats) if rounds is None else rounds) for label, value in plan]
     jobs = [job for job in order if (job[0], job[2]) not in kept]
@@ -95,11 +99,13 @@ def run_plan(executor: Executor, template: Template, store: Any, parent: str, mo
         return run_point(template, store, parent, model, workload, arrival, slo, label, value,
                          repeat, preflight, checksum, profile, max_other_cpu_share=threshold,
                          cpu_watch=cpu_watch, progress=progress, out=out,
-                         tags={"executor": "local", ATTEMPT_TAG: attempt})
+                         tags={"executor": "local", ATTEMPT_TAG: attempt,
+                               **tags.get((label, repeat), {})})
 
     payloads: list[Any] = jobs if local else [
         RunJob(template, store.uri, parent, checksum, label, value, repeat, profile, threshold,
-               executor.config.runs_per_node, os.getcwd(), run_point, setup)
+               executor.config.runs_per_node, os.getcwd(), run_point, setup,
+               tags.get((label, repeat)))
         for label, value, repeat in jobs]
     killed: dict[int, str] = {}
 
@@ -124,4 +130,6 @@ def run_plan(executor: Executor, template: Template, store: Any, parent: str, mo
                 what=names[done.index], seconds=done.wall_s)
     assert all(r is not None for r in records), "a job never came back"
     new = {(r.label, r.repeat): r for r in records if r is not None}
-    return [kept.get((label, repeat)) or new[(label, repeat)] for label, _, repeat in order]
+    return require_objective(  # a run without its objective: failed, never compared
+        [kept.get((label, repeat)) or new[(label, repeat)] for label, _, repeat in order],
+        template.objective.metric)

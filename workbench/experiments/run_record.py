@@ -37,3 +37,9 @@ def run_label(template: Template, value: Any) -> str:
     if value is None:
         return baseline_label(name, template.baseline.get(name), values)
     return value_label(name, value, values)
+
+
+def run_name(template: Template, value: Any, repeat: int, retry: str | None = None) -> str:
+    """The child run's name, unique within its experiment: the value label and the repeat
+    (1-based), "k=5 r2", "baseline (512) r1"; a retry of a disturbed run adds "retry N"."""
+    return f"{run_label(template, value)} r{repeat + 1}" + (f" retry {retry}" if retry else "")

@@ -37,13 +37,18 @@ from typing import Any
 
 import yaml
 
+from workbench.experiments import interrupts, invalid_runs
 from workbench.experiments.executors.base import Executor
 from workbench.experiments.executors.config import ExecutorConfig
 from workbench.experiments.labels import metric_label, value_label
 from workbench.experiments.progress import RunProgress
 from workbench.experiments.quality import gate_reports
 from workbench.experiments.results import VERDICT_MD, new_results_dir, write_experiment_results
-from workbench.experiments.run_record import RunRecord, run_label  # noqa: F401 - re-exported
+from workbench.experiments.run_record import (  # noqa: F401 - RunRecord re-exported
+    RunRecord,
+    run_label,
+    run_name,
+)
 from workbench.experiments.sequential import add_rounds
 from workbench.experiments.template import Template
 from workbench.experiments.verdict import (
@@ -75,6 +80,7 @@ class ExperimentResult:
     rate_sweep: Any = None  # a rate sweep's `rate_sweep_run.RateSweepResult` (points, curves)
     no_verdict: str | None = None  # why there is none (every baseline run failed, mixed hardware)
     executor: str = "local"  # where the runs executed ("local" | "ray")
+    advice: str | None = None  # what to do about invalid runs (`invalid_runs.advice_line`)
 
     def adopted_config(self, template: Template) -> dict[str, Any] | None:
         return None if self.adopted is None else template.variant_config(self.adopted)
@@ -107,6 +113,8 @@ def run_experiment(
     results_dir: str | Path | None = None,
     executor: ExecutorConfig | None = None,
     resume: bool = False,
+    retry_invalid: int = 0,
+    load_watch: Any = None,
 ) -> ExperimentResult:
     """Run every (value, repeat); `profile="torch"` stores a Chrome trace per run.
     `executor`: where the runs execute (default: here, one after the other;
@@ -122,7 +130,16 @@ def run_experiment(
     `check=False` skips the up-front template check (`validate.check_template`; tests of the
     run-by-run failure path use it).
     `resume`: finish the newest parent run of this template and workload instead of starting
-    one: its FINISHED runs are kept, the rest measured (`experiments.resume`)."""
+    one: its FINISHED runs are kept, the rest measured (`experiments.resume`).
+    `retry_invalid`: measure a disturbed run again, up to this many times
+    (`experiments.invalid_runs`); `load_watch`: the watch of the machine's load before the
+    first run (default: `validity.default_cpu_watch()`, a watch of its own). Ctrl-C or
+    SIGTERM: the parent and the run in flight end KILLED, `interrupts.Interrupted` says so
+    (`experiments.interrupts`)."""
+    if isinstance(retry_invalid, bool) or not isinstance(retry_invalid, int) or \
+            retry_invalid < 0:
+        raise ValueError(f"retry_invalid ({retry_invalid!r}) must be an integer >= 0 (the "
+                         "times a disturbed run is measured again)")
     if profile not in (None, "torch"):
         raise ValueError(f"profile ({profile!r}) must be None or 'torch'")
     from workbench.experiments.executors.config import check_tracking_uri
@@ -135,6 +152,12 @@ def run_experiment(
         raise UserError(f"template {template.name!r} is a rate sweep (rate_sweep): "
                         f"--executor {config.kind} runs plain experiments and notebook sweeps; "
                         "run it with --executor local")
+    if retry_invalid and template.rate_sweep is not None:
+        from workbench.errors import UserError
+
+        raise UserError(f"template {template.name!r} is a rate sweep (rate_sweep): "
+                        "--retry-invalid retries the runs of plain experiments; run the sweep "
+                        "again on a quieter machine")
     if resume and template.rate_sweep is not None:
         from workbench.errors import UserError
 
@@ -142,19 +165,28 @@ def run_experiment(
                         "finishes plain experiments; run the sweep again without it")
     check_tracking_uri(config, uri)  # a cluster writes to a server every node reaches
     threshold = disturbance_threshold(template, max_other_cpu_share)
-    setup = replay_setup(template, check, sweep=True)  # every template problem, up front
-    ex = make_executor(config)  # a cluster: connected, its node resource checked
-    try:
-        return _run_experiment(template, ex, setup, uri, progress, profile, threshold,
-                               cpu_watch, results_dir, resume)
-    finally:
-        ex.close()
+    with interrupts.sigterm_raises():  # SIGTERM ends the runs KILLED, as Ctrl-C does
+        setup = replay_setup(template, check, sweep=True)  # every template problem, up front
+        ex = make_executor(config)  # a cluster: connected, its node resource checked
+        try:
+            return _run_experiment(template, ex, setup, uri, progress, profile, threshold,
+                                   cpu_watch, results_dir, resume, retry_invalid,
+                                   load_watch)
+        except KeyboardInterrupt as e:  # the parent and the runs in flight: KILLED
+            from workbench.tracking.mlflow_store import Store
+
+            parents, children = interrupts.end_killed(Store(template.name, uri), e)
+            raise interrupts.Interrupted(interrupts.interrupted_line(e, parents, children),
+                                         interrupts.signal_of(e)) from e
+        finally:
+            ex.close()
 
 
 def _run_experiment(template: Template, ex: Executor, setup: tuple[str, Any, Any, Any],
                     uri: str | None, progress: bool, profile: str | None, threshold: float,
                     cpu_watch: Any, results_dir: str | Path | None,
-                    resume: bool = False) -> ExperimentResult:
+                    resume: bool = False, retry_invalid: int = 0,
+                    load_watch: Any = None) -> ExperimentResult:
     """`run_experiment` once the template is checked and the executor `ex` is ready."""
     from workbench.experiments import rate_sweep_run  # the sweep mode (`rate_sweep`)
     from workbench.experiments import resume as resuming
@@ -172,6 +204,8 @@ def _run_experiment(template: Template, ex: Executor, setup: tuple[str, Any, Any
 
         raise UserError(refused)
     watch = cpu_watch if cpu_watch is not None else default_cpu_watch()
+    load = invalid_runs.check_load(  # one line when the machine is already too busy
+        load_watch if load_watch is not None else default_cpu_watch(), threshold)
     model, workload, arrival, slo = setup
     checksum = workload.checksum
     preflight = collect_preflight()
@@ -187,7 +221,8 @@ def _run_experiment(template: Template, ex: Executor, setup: tuple[str, Any, Any
         parent = earlier.info.run_id
         store.client.update_run(parent, status="RUNNING")
         store.set_tags(parent, {**resuming.driver_tags(), "resumed": "true"})
-        kept, lines = resuming.kept_runs(store, parent, plan, template.repeat_cap)
+        kept, lines = resuming.kept_runs(store, parent, plan, template.repeat_cap,
+                                         objective=template.objective.metric)
         if progress:
             print(f"resuming experiment run {parent}: {len(kept)} of "
                   f"{template.repeats * len(plan)} runs kept", flush=True)
@@ -235,6 +270,17 @@ def _run_experiment(template: Template, ex: Executor, setup: tuple[str, Any, Any
                             preflight, checksum, bar, profile=profile, threshold=threshold,
                             cpu_watch=watch, progress=progress, out=out, run_point=run_one,
                             setup=replay_setup, kept=kept)
+
+            def again(keep: dict[tuple[str, int], RunRecord],
+                      tags: dict[tuple[str, int], dict[str, str]]) -> list[RunRecord]:
+                return run_plan(ex, template, store, parent, model, workload, arrival, slo,
+                                plan, preflight, checksum, bar, profile=profile,
+                                threshold=threshold, cpu_watch=watch, progress=progress,
+                                out=out, run_point=run_one, setup=replay_setup, kept=keep,
+                                tags=tags)
+
+            runs = invalid_runs.retry_disturbed(runs, retry_invalid, again, store, parent,
+                                                bar, bar.line if progress else print)
 
             def one_round(repeat: int, sub: list[tuple[str, Any]]) -> list[RunRecord]:
                 bar.add(sum((label, repeat) not in kept for label, _ in sub))
@@ -288,10 +334,14 @@ def _run_experiment(template: Template, ex: Executor, setup: tuple[str, Any, Any
                             "invalid_runs": str(sum(not r.valid for r in runs)),
                             "disturbed_runs": str(sum(r.disturbed for r in runs)),
                             **({"no_verdict": no_verdict} if no_verdict else {})})
+    advice = invalid_runs.advice_line(runs)
+    _save_children_view(store, parent, template)  # the children's table with metric columns
+    store.set_tags(parent, {"other_cpu_share_before": f"{load:.3f}",
+                            **({"invalid_advice": advice} if advice else {})})
     store.finish(parent, failed=not verdicts)
     return ExperimentResult(template.name, parent, store.uri, checksum, runs, verdicts, table,
                             adopted, results_dir=out, rate_sweep=sweep, no_verdict=no_verdict,
-                            executor=ex.kind)
+                            executor=ex.kind, advice=advice)
 
 
 def replay_setup(template: Template, check: bool = True, sweep: bool = False
@@ -395,6 +445,20 @@ def _log_sweep_plot(store: Any, parent: str, template: Template, runs: list[RunR
                       RuntimeWarning, stacklevel=2)
 
 
+def _save_children_view(store: Any, parent: str, template: Template) -> None:
+    """MLflow's runs table on the parent's children with the objective, the tails, the
+    other processes' CPU share and the knob's params as columns (`tracking.runs_view`)."""
+    from workbench.tracking.param_keys import engine_params
+    from workbench.tracking.runs_view import save_children_view
+
+    name = template.variable_name
+    params = [k for v in template.variable_values for k in engine_params({name: v})]
+    metrics = [template.objective.metric, "p95_ttft_ms", "p95_tpot_ms", "p95_itl_ms",
+               "output_throughput", "other_cpu_share"]
+    save_children_view(store.client, store.experiment_id, parent, metrics, params,
+                       ascending=template.objective.direction == "minimize")
+
+
 def _fingerprint_warning(store: Any, fingerprint: str) -> str | None:
     """Warn when the previous run of this experiment was measured on other hardware/software."""
     prev = store.client.search_runs(
@@ -436,8 +500,9 @@ def run_one(
                 "baseline_run": parent, "role": "baseline" if value is None else "variant",
                 "workload_checksum": checksum, "hardware_fingerprint": preflight["fingerprint"],
                 "node": host, "node_hostname": host, **(tags or {})}
-    run_id = store.create_run(name or run_label(template, value), parent_id=parent,
-                              tags=all_tags)
+    run_id = store.create_run(  # "k=5 r2": unique in the runs table
+        name or run_name(template, value, repeat, all_tags.get("retry")), parent_id=parent,
+        tags=all_tags)
     store.log_params(run_id, run_params(  # knob keys as on every path (param_keys)
         config, template.workload, template.arrivals if arrivals is None else arrivals,
         cache_state=template.cache_state,
@@ -446,6 +511,7 @@ def run_one(
                        fingerprint=str(preflight["fingerprint"]))
     result = None
     target = None
+    killed: str | None = None  # why it was interrupted
     try:
         if workload.checksum != checksum:
             raise RuntimeError("the workload changed between runs (checksum mismatch)")
@@ -487,10 +553,16 @@ def run_one(
     except Exception as e:  # one failed run must not lose the others
         record.error = f"{type(e).__name__}: {e}"
         store.log_files(run_id, {"error.txt": traceback.format_exc()})
+    except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM: KILLED, measured again on --resume
+        record.error = killed = interrupts.killed_reason(e)
+        raise
     finally:
         if result is not None:
             _log_run_artifacts(store, run_id, result, record.metrics, target)
-        store.finish(run_id, failed=record.error is not None)
+        if killed is not None:
+            store.kill(run_id, killed)
+        else:
+            store.finish(run_id, failed=record.error is not None)
     return record
 
 

@@ -100,15 +100,22 @@ def run_artifact_url(uri: str, run_id: str, path: str, base: str | None = None) 
 
 def experiment_urls(uri: str, parent_run_id: str, objective: str, ascending: bool = True,
                     base: str | None = None) -> tuple[str, str]:
-    """(runs table URL, compare URL) of one experiment parent's children."""
+    """(runs table URL, compare URL) of one experiment parent's children. The table is
+    the parent's saved view with metric columns (its tag `runs_view`: `tracking.runs_view`)
+    when it has one, else `runs_url`."""
     from mlflow.tracking import MlflowClient
 
+    from workbench.tracking.runs_view import VIEW_TAG, view_url
+
     client = MlflowClient(tracking_uri=uri)
-    exp = str(client.get_run(parent_run_id).info.experiment_id)
+    parent = client.get_run(parent_run_id)
+    exp = str(parent.info.experiment_id)
     kids = client.search_runs([exp], f"tags.`mlflow.parentRunId` = '{parent_run_id}'",
                               max_results=1000)
     base = base or base_url()
-    return (runs_url(base, exp, parent_run_id, objective, ascending),
+    key = parent.data.tags.get(VIEW_TAG)
+    return (view_url(base, exp, key) if key else
+            runs_url(base, exp, parent_run_id, objective, ascending),
             compare_url(base, exp, [r.info.run_id for r in kids]))
 
 
