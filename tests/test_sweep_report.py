@@ -166,3 +166,26 @@ def test_kernel_is_honoured_for_a_notebook_without_kernelspec(tmp_path: Path) ->
     with pytest.raises(ValueError, match=r"^--kernel \('nope'\) is not an installed Jupyter "
                                          "kernel; installed: "):
         sweep(nb, "x", [2], kernel_name="nope", **kw)
+
+
+def test_a_failed_report_still_ends_the_parent(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import workbench.sweep_report as report_module
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(report_module, "report", broken)
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    rows = sweep(metrics_notebook(tmp_path / "tiny.ipynb"), "x", [1], uri=uri,
+                 results_dir=tmp_path / "r", progress=False)
+    client = MlflowClient(tracking_uri=uri)
+    parent = client.get_run(rows[0]["run_id"]).data.tags[PARENT_TAG]
+    assert client.get_run(parent).info.status == "FINISHED"
+    assert ("workbench sweep: the sweep's report was not written: RuntimeError: disk full"
+            in capsys.readouterr().err.splitlines())
+    assert main([str(tmp_path / "tiny.ipynb"), "-p", "x", "2", "--tracking-uri", uri,
+                 "--results-dir", str(tmp_path / "r"), "--no-progress"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("| x ") and out[-1].startswith("results folder: ")

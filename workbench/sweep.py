@@ -26,8 +26,9 @@ does) into the sweep's results folder, <results_dir>/<experiment>/<UTC time>/not
 <i>_<param>=<value>.ipynb (default root: results/ at the checkout's root,
 `workbench.experiments.results`); the folder also holds runs.csv, runs.json (one row per
 point: status, validity, the metrics the notebook logged), summary.md (the table the
-command prints) and sweep.png. The kernel talks to papermill over IPC sockets (`IpcKernelManager`), not
-TCP: no "running over TCP without encryption" warning per point. When the
+command prints) and sweep.png. The kernel talks to papermill over IPC sockets
+(`IpcKernelManager`), not TCP: no "running over TCP without encryption" warning per point.
+When the
 notebook declares `mlflow_parent_run_id`, `mlflow_uri` or `mlflow_experiment` in its
 `parameters` cell, they are injected (this point's child run, the store, the experiment) so the
 notebook can log into the sweep; see `workbench.analysis.notebook.publish`.
@@ -311,8 +312,14 @@ def _sweep(ex: Executor, nb: Path, param: str, values: list[Any], keys: list[str
         from workbench.notebook_specs import sweep_metrics
         from workbench.sweep_report import report
 
-        report(store, parent, nb, param, [r["value"] for r in rows], fixed, rows, folder,
-               sweep_metrics(nb))
+        for r in rows:
+            r["results_dir"], r["parent_run_id"] = str(folder), parent
+        try:
+            report(store, parent, nb, param, [r["value"] for r in rows], fixed, rows, folder,
+                   sweep_metrics(nb))
+        except Exception as e:  # noqa: BLE001 - the points are logged; the parent still ends
+            print(f"workbench sweep: the sweep's report was not written: "
+                  f"{type(e).__name__}: {e}", file=sys.stderr, flush=True)
         store.finish(parent, failed=failed)
     return rows
 
@@ -533,7 +540,8 @@ def _print_end(rows: list[dict[str, Any]], param: str, uri: str | None) -> None:
     from workbench.tracking.mlflow_store import tracking_uri
 
     folder = Path(rows[0]["results_dir"])
-    print((folder / SUMMARY_MD).read_text().rstrip("\n"))
+    summary = folder / SUMMARY_MD  # absent only when the report failed (a line said so)
+    print(summary.read_text().rstrip("\n") if summary.is_file() else summary_table(rows, param))
     for line in links(tracking_uri(_absolute_uri(uri)), rows[0]["parent_run_id"]):
         print(line)
     if uri is None:
