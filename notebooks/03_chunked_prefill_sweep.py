@@ -87,8 +87,9 @@ ensure_experiment(template.name, uri)  # artifacts beside the sqlite file, not i
 result = run_experiment(template, uri=uri)
 
 # %% [markdown]
-# The verdict per value (medians over repeats; a change counts only beyond the baseline's noise
-# band; adoption also needs the SLO and valid runs):
+# The verdict per value (the rule in its first line: an interval of the effect from the repeats;
+# better/worse when it excludes 0, undecided when too wide, e.g. with one repeat; adoption also
+# needs the SLO and valid runs):
 
 # %%
 display(Markdown(result.table))
@@ -121,9 +122,10 @@ publish("03_chunked_prefill_sweep", metrics={"num_runs": len(runs)},
 #   that share those steps wait less per token (ITL down) while the new prompt's first token
 #   comes later (TTFT up); a large budget does the opposite.
 # - **Right:** the trade-off curve, one point per budget. The adoption rule in the table
-#   picks a point only if p95 ITL improves beyond noise *and* the TTFT/TPOT SLO still holds.
-# - Two repeats make a thin noise band: treat "better"/"worse" here as a smoke test of the
-#   method, not a finding. Raise `repeats` and `num_requests` for a real answer.
+#   picks a point only if p95 ITL is "better" (its interval excludes 0) *and* the TTFT/TPOT
+#   SLO still holds.
+# - Few repeats give wide intervals: "undecided" is the honest answer at 1-2 repeats. Raise
+#   `repeats` (and `num_requests`) for a real answer; docs/experiments.md has the power table.
 #
 # **What this does not show.** The default model is the 6.8M-parameter demo Llama trained on
 # Python's standard library (`bundled` is a random 2-layer one), on a shared 2-core CPU: a step

@@ -17,7 +17,7 @@
 # # 06 · Compare runs: baseline vs variants from MLflow
 #
 # **Question:** for one logged experiment, how does each variant differ from the baseline on
-# each metric, is the difference beyond the baseline's noise, and what do the latency
+# each metric, does the interval of the difference exclude 0, and what do the latency
 # distributions behind the medians look like? Given `parent_run_id` (and `mlflow_uri`), it reads
 # that experiment; left empty, it first runs a small version of the example template
 # `experiments/chunked_prefill_budget.yaml`.
@@ -29,7 +29,7 @@ values = [128, 2048]            # example run only: variable values (empty: the 
 repeats = 2                     # example run only
 num_requests = 8                # example run only
 compare_metrics = ["p95_itl_ms", "p95_ttft_ms", "p95_tpot_ms", "output_throughput"]
-noise = ""                      # "spread" | "bootstrap" | "" (as in the template)
+noise = ""                      # "welch" | "spread" | "bootstrap" | "" (as the verdict)
 figures_dir = ""                # save every figure here as <name>.png when set
 mlflow_uri = ""                 # MLflow store to log into; empty: none (or a temp store)
 mlflow_parent_run_id = ""       # injected by `workbench sweep`: the run of this point
@@ -46,7 +46,7 @@ check_params(
     repeats=Int(min=1),
     num_requests=Int(min=1),
     compare_metrics=List(Str(nonempty=True)),
-    noise=Str(choices=("", "spread", "bootstrap")),
+    noise=Str(choices=("", "welch", "spread", "bootstrap")),
     **TRACKING,
 )
 
@@ -89,8 +89,9 @@ shown = [f"metrics.{m}" for m in compare_metrics if f"metrics.{m}" in runs]
 runs[["run_name", "status", "tags.value", "tags.repeat", *shown]]
 
 # %% [markdown]
-# Baseline vs each variant: medians over the FINISHED repeats, the delta, the noise band of the
-# difference, and the verdict the adoption rule uses.
+# Baseline vs each variant: medians over the FINISHED repeats, the delta, the interval of the
+# difference (`noise_low`, `noise_high`: the verdict's Welch interval, docs/experiments.md),
+# and the verdict the adoption rule uses (better / worse / no change / undecided).
 
 # %%
 cf = compare_frame(parent_run_id, compare_metrics, uri, noise=noise or None)
@@ -124,13 +125,13 @@ publish("06_compare_runs", tags={"compared_parent_run_id": parent_run_id},
 # ## What the figures show
 #
 # - **The comparison plot** puts every metric on one scale, % change of the median vs the
-#   baseline's; the line through each point is the noise band of the difference (the baseline
-#   repeats' range, or a bootstrap interval). Only a band that excludes 0 is a change;
-#   the marker says which way the verdict went.
+#   baseline's; the line through each point is the interval of the difference (the verdict's
+#   Welch interval; an older run logged with `noise` is read with its band). Only an
+#   interval that excludes 0 is a change; the marker says which way the verdict went.
 # - **The ECDFs** show whether a change in a percentile is a shift of the whole distribution
 #   or a few tail requests; with a handful of requests per run the tail is a few points.
-# - Caveats of this run: a noise band from two repeats is a crude estimate (use more
-#   repeats, or `noise="bootstrap"` with enough of them), and the example run drops the
+# - Caveats of this run: one or two repeats give a wide interval, mostly "undecided" (use
+#   more repeats, or `max_repeats` in the template), and the example run drops the
 #   template's quality gate to stay fast.
 #
 # **What this does not show.** The default model is the 6.8M-parameter demo Llama trained on

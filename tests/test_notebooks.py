@@ -199,7 +199,7 @@ def chunked(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 def test_03_chunked_prefill_sweep(chunked: dict[str, Any]) -> None:
     text = text_of(chunked["nb"])
     assert "| value | p95_itl_ms" in text  # the verdict table
-    assert "reject" in text or "ADOPT" in text
+    assert "reject" in text or "ADOPT" in text or "undecided" in text
     assert pngs(chunked["figs"]) == {"tradeoff.png"}
 
 

@@ -141,7 +141,7 @@ def test_adoption_needs_objective_better_and_every_gate() -> None:
 
 
 def test_table_and_summary_show_the_rule_the_interval_and_a_baseline_row() -> None:
-    from workbench.experiments.verdict import rule_text, verdict_summary, verdict_table
+    from workbench.experiments.verdict_report import rule_text, verdict_summary, verdict_table
 
     t = _template(objective={"metric": "p95_ttft_ms", "direction": "minimize"}, slo={},
                   max_repeats=10)
@@ -201,7 +201,8 @@ def _record(label: str, value: Any, repeat: int, itl: float, *, valid: bool = Tr
 
 
 def test_disturbed_runs_are_left_out_and_too_few_make_the_verdict_inconclusive() -> None:
-    from workbench.experiments.verdict import judge_runs, verdict_table
+    from workbench.experiments.verdict import judge_runs
+    from workbench.experiments.verdict_report import verdict_table
 
     t = _template()  # repeats 3: 2 valid runs per side are needed
     clean = [_record("baseline", None, i, x) for i, x in enumerate([10, 11, 12])]

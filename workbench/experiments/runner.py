@@ -51,14 +51,8 @@ from workbench.experiments.run_record import (  # noqa: F401 - RunRecord re-expo
 )
 from workbench.experiments.sequential import add_rounds
 from workbench.experiments.template import Template
-from workbench.experiments.verdict import (
-    VariantVerdict,
-    disturbance_threshold,
-    judge_runs,
-    rule_text,
-    verdict_summary,
-    verdict_table,
-)
+from workbench.experiments.verdict import VariantVerdict, disturbance_threshold, judge_runs
+from workbench.experiments.verdict_report import rule_text, verdict_summary, verdict_table
 from workbench.harness.cache_metrics import kv_cache_metrics
 from workbench.profiling import torch_trace
 from workbench.tracking.param_keys import run_params
