@@ -134,6 +134,10 @@ def _conflicts(data: dict[str, Any]) -> list[str]:
     if arrivals.get("mode", "poisson") != "poisson":
         out.append(f"arrivals.mode ({arrivals['mode']!r}) conflicts with rate_sweep: a sweep "
                    "runs Poisson arrivals; drop arrivals.mode or set it to poisson")
+    cap = data.get("max_repeats")
+    if cap is not None and cap != data.get("repeats", 3):
+        out.append(f"max_repeats ({cap!r}) conflicts with rate_sweep: a sweep gets no adaptive "
+                   "repeat rounds (a round would be a whole sweep); drop max_repeats")
     seed = arrivals.get("seed", 0)
     if not _is_int(seed):
         out.append(f"arrivals.seed ({seed!r}) must be an integer")

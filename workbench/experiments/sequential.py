@@ -19,8 +19,9 @@ false-adoption rate and power. With max_repeats unset (= repeats) there is one l
 full alpha, i.e. no extra rounds.
 
 A variant that is rejected, adopted or inconclusive (disturbed runs) gets no more rounds; a
-rate-sweep template gets none (a round there is a whole sweep). `--resume` keeps any round
-an earlier driver finished: `measure_round` skips the (label, repeat) pairs it was given.
+rate-sweep template gets none (`rate_sweep` refuses max_repeats: a round would be a whole
+sweep). `--resume` keeps any round an earlier driver finished: `measure_round` skips the
+(label, repeat) pairs it was given.
 """
 
 from __future__ import annotations
