@@ -59,7 +59,9 @@ def test_every_backend_equals_f_linear_to_fp32_rounding(backend: str, rows: int,
         exact = exact_mm + (0 if bias is None else bias.double())
         assert ((got.double() - exact).abs() <= bound + 1e-6).all()
         assert ((ref.double() - exact).abs() <= bound + 1e-6).all()
-        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-4)
+        # got and ref are each within fp32 rounding of the exact product; no tighter
+        # element-wise match between them is promised (oneDNN on an AMX Xeon differed from
+        # F.linear by 1.1e-4 at k = 1408, inside the bound, in 2 of 307,200 elements)
 
 
 def test_linear_routes_each_row_bucket_to_its_backend(monkeypatch: pytest.MonkeyPatch) -> None:
