@@ -131,7 +131,7 @@ def test_runner_adds_rounds_for_an_undecided_objective_and_resume_keeps_them(
                      ("128", 5)]
     assert [v.decision for v in result.verdicts] == ["ADOPT", "undecided"]
     assert result.adopted == 64
-    assert result.table.startswith("Rule: a 95% Welch t interval")
+    assert result.table.startswith("Rule: a 99% Welch t interval")
     assert "| baseline (512) | 112.5 |" in result.table
     # --resume of the same experiment keeps every run, the extra rounds too: none measured
     client = MlflowClient(tracking_uri=uri)

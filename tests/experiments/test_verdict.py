@@ -154,7 +154,7 @@ def test_table_and_summary_show_the_rule_the_interval_and_a_baseline_row() -> No
     assert table.splitlines()[3].startswith(
         "| budget=64 | 45 (-50.0% [-85.3%, +63.1%], undecided) | undecided | undecided: ")
     assert rule_text(t) == (
-        "Rule: a 95% Welch t interval of the relative effect on log values (alpha 0.05, split "
+        "Rule: a 99.38% Welch t interval of the relative effect on log values (alpha 0.05, split "
         "over 8 looks: 0.00625 each); better/worse: it excludes 0; no change: it lies inside "
         "+-2.0% (smallest_effect); undecided: neither; repeats 3, up to 10 while undecided.")
     assert verdict_summary(v, "p95_ttft_ms", "baseline (512)").splitlines()[:3] == [

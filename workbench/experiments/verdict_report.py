@@ -24,7 +24,7 @@ def rule_text(template: Template) -> str:
     split = f", split over {looks} looks: {alpha:.3g} each" if looks > 1 else ""
     rounds = (f"repeats {template.repeats}, up to {template.repeat_cap} while undecided"
               if looks > 1 else f"repeats {template.repeats}")
-    return (f"Rule: a {1 - template.alpha:.0%} Welch t interval of the relative effect on "
+    return (f"Rule: a {(1 - alpha) * 100:.4g}% Welch t interval of the relative effect on "
             f"log values (alpha {template.alpha:g}{split}); better/worse: it excludes 0; "
             f"no change: it lies inside +-{template.smallest_effect:.1%} (smallest_effect); "
             f"undecided: neither; {rounds}.")
