@@ -11,6 +11,7 @@ Run it on a quiet machine: a disturbed run is left out of its verdict (inconclus
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import subprocess
 import sys
@@ -28,10 +29,13 @@ def decisions(verdict_md: Path) -> dict[str, str]:
         if not line.startswith("| "):
             continue
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if head is None:
+        if cells[0] == "value":  # a table's header (a rate sweep's VERDICT.md has several)
             head = cells
             continue
-        if "decision" in head and cells[head.index("decision")] != "baseline":
+        if head is None or set(cells[0]) <= {"-"}:
+            continue
+        if "decision" in head and len(cells) == len(head) and \
+                cells[head.index("decision")] != "baseline":
             out[cells[0]] = cells[head.index("decision")]
     return out
 
@@ -43,8 +47,9 @@ def run_once(template: Path, out: Path, tag: str, extra: list[str]) -> tuple[dic
            "--results-dir", str(results), *extra]
     t0 = time.monotonic()
     log = out / f"{template.stem}-{tag}.log"
-    with log.open("w") as f:
-        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT).returncode
+    env = {**os.environ, "PATH": f"{ROOT / '.venv/bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
+    with log.open("w") as f:  # HTTP templates start `workbench serve|router` from PATH
+        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env=env).returncode
     wall = time.monotonic() - t0
     found = sorted(results.glob("*/*/VERDICT.md"), key=lambda p: p.stat().st_mtime)
     if rc != 0 or not found:
