@@ -187,7 +187,7 @@ def test_http_experiment_starts_a_server_per_run(tmp_path: Path) -> None:
         command=[sys.executable, "-m", "workbench.server.serve", "--model",
                  str(bundled_checkpoint()), "--port", str(port), "--log-level", "warning"])
     raw["workload"]["params"] = {"num_requests": 4}
-    raw.update(repeats=1, warmup_requests=1,
+    raw.update(repeats=1, max_repeats=1, warmup_requests=1,
                variable={"name": "max_num_batched_tokens", "values": [64]})
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     result = run_experiment(parse_template(raw), uri=uri, progress=False)

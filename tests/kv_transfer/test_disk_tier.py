@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.kv_transfer import test_offloading as base
-from tests.kv_transfer.test_disk_format import MAGIC, files_under, full_disk_open
+from tests.kv_transfer.test_disk_format import damage, files_under, full_disk_open
 from tests.kv_transfer.test_offloading import (
     NUM_DOCS,
     OFFLOAD_BLOCK,
@@ -47,25 +47,6 @@ def drain(llm: LLM) -> None:
     its next step, so one step runs (a 3-token request: no full block, nothing stored)."""
     llm.engine.runner.kv_connector.flush()
     llm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_tokens=1))
-
-
-def split(path: Path) -> tuple[bytes, bytearray]:
-    blob = path.read_bytes()
-    nl = blob.index(b"\n", len(MAGIC)) + 1
-    return blob[:nl], bytearray(blob[nl:])
-
-
-def damage(kind: str, a: Path, b: Path) -> None:
-    head_a, pay_a = split(a)
-    head_b, pay_b = split(b)
-    if kind == "zeroed":
-        a.write_bytes(head_a + bytes(len(pay_a)))
-    elif kind == "flipped":
-        pay_a[len(pay_a) // 2] ^= 0x01
-        a.write_bytes(head_a + pay_a)
-    else:  # swapped: each file keeps its header (its key) and holds the other's payload
-        a.write_bytes(head_a + pay_b)
-        b.write_bytes(head_b + pay_a)
 
 
 @pytest.mark.parametrize(("kind", "num_bad"), [("zeroed", 1), ("flipped", 1), ("swapped", 2)])

@@ -126,7 +126,7 @@ def test_an_experiment_with_an_api_key_logs_it_nowhere(
                  str(bundled_checkpoint()), "--port", str(port), "--log-level", "warning",
                  "--api-key", SECRET])
     raw["workload"]["params"] = {"num_requests": 2}
-    raw.update(name="redaction-check", repeats=1, warmup_requests=0,
+    raw.update(name="redaction-check", repeats=1, max_repeats=1, warmup_requests=0,
                variable={"name": "max_num_batched_tokens", "values": [64]})
     mlruns = tmp_path / "mlruns"
     mlruns.mkdir()
