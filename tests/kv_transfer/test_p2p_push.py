@@ -42,6 +42,21 @@ def inbox_done(cons: LLM, count: int, timeout_s: float = 10.0) -> int:
     return done
 
 
+def inbox_refused(cons: LLM, count: int, timeout_s: float = 10.0) -> int:
+    """Wait (bounded) until the consumer's inbox has refused `count` pushed prefills (a
+    refusal is counted at the engine's next step: one landing after the last step of a
+    generate() would be missing from its stats)."""
+    inbox = cons.engine.runner.kv_connector._inbox
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with inbox._cond:
+            refused = len(inbox._refused)
+        if refused >= count:
+            break
+        time.sleep(0.01)
+    return refused
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -124,6 +139,8 @@ def test_a_full_inbox_drops_the_push_and_the_read_pulls(
     prod = layerwise_engine(ckpt)
     handshakes = [o.kv_transfer_params for o in prod.generate(
         prompts, push_prefill(info["side_channel_host"], info["side_channel_port"]))]
+    # every push refused before the reads (under load one landed after the last step: 3/4)
+    assert inbox_refused(cons, len(prompts)) == len(prompts)
     got = cons.generate(prompts, [decode_params(k) for k in handshakes])
     assert [list(o.outputs[0].token_ids) for o in got] == reference
     c = cons.stats()
