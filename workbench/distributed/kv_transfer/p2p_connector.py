@@ -319,8 +319,10 @@ class P2pConnector(KVConnectorBase_V1):
                            host, port, self.push_trust.describe())
             self._count("workbench:kv_transfer_push_drops", 1)
             host = port = None
-        return _Stage(num_blocks, (host, port) if host and port else None,
-                      prompt_digest(req.prompt_token_ids, req.cache_salt))
+        digest = self._legs.get(req.request_id)  # noted at its lookup (_note_leg)
+        if digest is None:
+            digest = prompt_digest(req.prompt_token_ids, req.cache_salt)
+        return _Stage(num_blocks, (host, port) if host and port else None, digest)
 
     def has_pending_work(self) -> bool:
         """Held blocks the worker has not been told about: one more step announces them."""
