@@ -142,3 +142,54 @@ def test_runner_adds_rounds_for_an_undecided_objective_and_resume_keeps_them(
     assert again.parent_run_id == result.parent_run_id and calls == []
     assert [v.decision for v in again.verdicts] == ["ADOPT", "undecided"]
     assert len(again.runs) == 16
+
+
+# goodput (req/s) per (label, repeat) of the rate-sweep case: 64 is ~45% higher
+GOODPUT = {"baseline": [2.0, 2.6, 1.9, 2.4, 2.1, 2.5], "64": [3.0, 3.3, 2.9, 3.2, 3.05, 3.1],
+           "128": [2.0, 2.7, 2.2, 1.95, 2.55, 2.0]}
+
+
+def _fake_sweep_point(calls: list[tuple[str, int, float]]) -> Any:
+    """`runner.run_one` for one sweep point: attainment 1.0 at 1 req/s and, at 4 req/s, the
+    share whose linear crossing of 0.9 lands on GOODPUT (label, repeat)."""
+    def run_one(template: Any, store: Any, parent: str, model: str, workload: Any,
+                arrival: Any, slo: Any, label: str, value: Any, repeat: int,
+                preflight: dict[str, Any], checksum: str, profile: str | None = None,
+                **kw: Any) -> RunRecord:
+        calls.append((label, repeat, arrival.rate))
+        g = GOODPUT[label][repeat]
+        attainment = 1.0 if arrival.rate == 1.0 else 1.0 - 0.3 / (g - 1.0)
+        run_id = store.create_run(kw["name"], parent_id=parent, tags=kw["tags"])
+        metrics = {"slo_attainment": attainment, "slo_requests": 10.0,
+                   "slo_met_requests": round(10 * attainment), "error_rate": 0.0}
+        store.log_metrics(run_id, metrics)
+        store.finish(run_id)
+        return RunRecord(label, value, repeat, run_id, metrics=metrics,
+                         fingerprint=str(preflight["fingerprint"]))
+    return run_one
+
+
+def test_rate_sweep_rounds_sweep_every_rate_for_the_baseline_and_the_undecided(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[str, int, float]] = []
+    monkeypatch.setattr(runner, "run_one", _fake_sweep_point(calls))
+    t = parse_template(make(
+        arrivals=None, objective=None, slo=None, repeats=2, max_repeats=6, warmup_requests=0,
+        workload={"fixture": "balanced-chat", "seed": 0, "params": {"num_requests": 2}},
+        rate_sweep={"rates": [1, 4], "slo": {"ttft_ms": 1000, "tpot_ms": 100}}))
+    result = runner.run_experiment(t, uri=f"sqlite:///{tmp_path / 'mlflow.db'}",
+                                   progress=False, check=False)
+    rounds = [(label, repeat) for label, repeat, rate in calls if rate == 1.0]
+    assert [rate for _, _, rate in calls] == [1.0, 4.0] * len(rounds)  # whole sweeps
+    # 64 is decided (ADOPT) after round 5; 128 stays undecided up to the cap of 6
+    assert rounds == [("baseline", 0), ("64", 0), ("128", 0), ("baseline", 1), ("64", 1),
+                      ("128", 1), ("baseline", 2), ("64", 2), ("128", 2), ("baseline", 3),
+                      ("64", 3), ("128", 3), ("baseline", 4), ("64", 4), ("128", 4),
+                      ("baseline", 5), ("128", 5)]
+    by = {v.value: v for v in result.verdicts}
+    assert by[64].decision == "ADOPT" and by[64].valid_runs == 5
+    assert by[128].decision == "undecided" and by[128].valid_runs == 6
+    assert [(r.label, r.repeat) for r in result.runs] == rounds
+    assert [round(r.metrics["goodput"], 6) for r in result.runs[:3]] == [2.0, 3.0, 2.0]
+    # the sweep's curves hold every round: the baseline has 6 repeats, 64 five
+    assert [len(c) for c in result.rate_sweep.curves().values()] == [6, 5, 6]

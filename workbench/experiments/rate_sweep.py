@@ -8,7 +8,9 @@
 
 With it, every value of the variable (the baseline too) replays the same seeded workload at
 each rate, `repeats` times; the objective is goodput (higher is better,
-`workbench.harness.goodput`). Rules, checked before anything runs:
+`workbench.harness.goodput`). With `max_repeats` above `repeats`, an undecided goodput gets
+more rounds, each a whole sweep of the baseline and the undecided variant(s). Rules, checked
+before anything runs:
 
 - the sweep owns the arrival process: `arrivals` may only give `mode: poisson`, `seed` and
   `max_concurrency`; a `rate`, `concurrency`, another mode, `burstiness` or `ramp_up_s` is
@@ -134,10 +136,6 @@ def _conflicts(data: dict[str, Any]) -> list[str]:
     if arrivals.get("mode", "poisson") != "poisson":
         out.append(f"arrivals.mode ({arrivals['mode']!r}) conflicts with rate_sweep: a sweep "
                    "runs Poisson arrivals; drop arrivals.mode or set it to poisson")
-    cap = data.get("max_repeats")
-    if cap is not None and cap != data.get("repeats", 3):
-        out.append(f"max_repeats ({cap!r}) conflicts with rate_sweep: a sweep gets no adaptive "
-                   "repeat rounds (a round would be a whole sweep); drop max_repeats")
     seed = arrivals.get("seed", 0)
     if not _is_int(seed):
         out.append(f"arrivals.seed ({seed!r}) must be an integer")

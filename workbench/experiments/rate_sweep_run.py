@@ -17,6 +17,10 @@ says so, the child's tag `failed_rates` and metric `failed_points` record it, an
 lists it. A (value, repeat) whose every point failed is a failed run (the verdict counts it).
 Validity: a point disturbed by other processes makes its (value, repeat) disturbed (left out
 of the verdict); a point invalid for another reason (the client fell behind) makes it invalid.
+
+Adaptive repeats (`max_repeats` > `repeats`): while a variant's goodput is undecided, one more
+round sweeps every rate again for the baseline and each undecided variant (`run_sweeps` with
+`rounds=[repeat]`), as `sequential.add_rounds` does for ordinary runs.
 """
 
 from __future__ import annotations
@@ -104,13 +108,16 @@ def run_sweeps(template: Template, store: Any, parent: str, model: str, workload
                bar: Any, *, run_point: Callable[..., RunRecord],
                profile: str | None = None, threshold: float | None = None,
                cpu_watch: Any = None, progress: bool = False,
-               out: Path | None = None) -> RateSweepResult:
+               out: Path | None = None, rounds: Sequence[int] | None = None,
+               result: RateSweepResult | None = None) -> RateSweepResult:
     """Every (repeat, value): its sweep child run and its points (module docstring).
     `run_point` measures one point: the runner passes its `run_one` (so that this module
-    does not import the runner that imports it)."""
+    does not import the runner that imports it). `rounds` (default: the template's
+    `repeats`) names the repeats to measure; an adaptive round (`sequential.add_rounds`)
+    passes one repeat and the `result` so far, which it extends."""
     assert template.rate_sweep is not None
-    result = RateSweepResult(template.rate_sweep)
-    for repeat in range(template.repeats):
+    result = RateSweepResult(template.rate_sweep) if result is None else result
+    for repeat in range(template.repeats) if rounds is None else rounds:
         for label, value in plan:
             result.names[label] = run_label(template, value)
             record, points = _sweep_one(
@@ -145,7 +152,8 @@ def _sweep_one(template: Template, store: Any, parent: str, model: str, workload
                              "rate_sweep": sweep.to_dict()})
     points = []
     for i, rate in enumerate(sweep.rates):
-        where = f"{name} @ {rate:g} req/s repeat {repeat + 1}/{template.repeats}"
+        of_n = max(template.repeats, repeat + 1)  # an adaptive round goes past `repeats`
+        where = f"{name} @ {rate:g} req/s repeat {repeat + 1}/{of_n}"
         bar.start(where)
         rec = run_point(template, store, child, model, workload, sweep.arrival(rate),
                         sweep.slo.as_slo(), label, value, repeat, preflight, checksum,

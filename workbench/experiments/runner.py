@@ -258,7 +258,19 @@ def _run_experiment(template: Template, ex: Executor, setup: tuple[str, Any, Any
                 template, store, parent, model, workload, plan, preflight, checksum, bar,
                 run_point=run_one, profile=profile, threshold=threshold, cpu_watch=watch,
                 progress=progress, out=out)
-            runs = sweep.runs
+
+            def sweep_round(repeat: int, sub: list[tuple[str, Any]]) -> list[RunRecord]:
+                assert sweep is not None
+                bar.add(len(sub) * points)
+                done = len(sweep.runs)
+                rate_sweep_run.run_sweeps(
+                    template, store, parent, model, workload, sub, preflight, checksum, bar,
+                    run_point=run_one, profile=profile, threshold=threshold,
+                    cpu_watch=watch, progress=progress, out=out, rounds=[repeat],
+                    result=sweep)
+                return sweep.runs[done:]
+
+            runs = add_rounds(template, list(sweep.runs), plan, sweep_round, say=bar.line)
         else:  # the interleaved runs, here or on a cluster (`run_jobs`)
             runs = run_plan(ex, template, store, parent, model, workload, arrival, slo, plan,
                             preflight, checksum, bar, profile=profile, threshold=threshold,

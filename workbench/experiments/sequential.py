@@ -18,10 +18,10 @@ any n >= 2 and a t interval, at some cost in power. `verdict_sim` measures the r
 false-adoption rate and power. With max_repeats unset (= repeats) there is one look at the
 full alpha, i.e. no extra rounds.
 
-A variant that is rejected, adopted or inconclusive (disturbed runs) gets no more rounds; a
-rate-sweep template gets none (`rate_sweep` refuses max_repeats: a round would be a whole
-sweep). `--resume` keeps any round an earlier driver finished: `measure_round` skips the
-(label, repeat) pairs it was given.
+A variant that is rejected, adopted or inconclusive (disturbed runs) gets no more rounds. In a
+rate-sweep template a round is a whole sweep (every rate) of the baseline and each undecided
+variant (`rate_sweep_run.run_sweeps` with one round). `--resume` keeps any round an earlier
+driver finished: `measure_round` skips the (label, repeat) pairs it was given.
 """
 
 from __future__ import annotations
@@ -50,8 +50,6 @@ def add_rounds(template: Template, runs: list[RunRecord], plan: Sequence[tuple[s
                ) -> list[RunRecord]:
     """`runs` plus the extra rounds the adaptive design asks for (module docstring).
     `plan[0]` is the baseline's (label, None); `say` prints one line per added round."""
-    if template.rate_sweep is not None:
-        return runs
     baseline_label = plan[0][0]
     runs = list(runs)
     for repeat in range(template.repeats, template.repeat_cap):
