@@ -24,8 +24,8 @@ from typing import Any
 import torch
 
 from workbench import LLM, SamplingParams
-from workbench.engine.stats import overhead_account
 from workbench.harness.validity import default_cpu_watch
+from workbench.metrics.step_account import overhead_account
 from workbench.testing import tiny_checkpoint
 
 MODEL_DIR = Path(".bench/step-account-model")

@@ -9,8 +9,6 @@ import pytest
 from workbench import calc
 from workbench.calc import (
     GiB,
-    accepted_length_counts,
-    accepted_length_distribution,
     blocks_needed,
     decode_step_lower_bound_s,
     forward_passes,
@@ -19,7 +17,6 @@ from workbench.calc import (
     kv_token_capacity,
     last_block_free_slots,
     max_concurrency,
-    mean_acceptance_length,
     memory_budget,
     prefix_cache_hit_tokens,
     spec_acceptance_prob,
@@ -29,6 +26,11 @@ from workbench.calc import (
     theoretical_concurrency,
     tp_kv_heads_per_rank,
     weight_bytes,
+)
+from workbench.metrics.spec_decode import (
+    accepted_length_counts,
+    accepted_length_distribution,
+    mean_acceptance_length,
 )
 
 QWEN3_14B = {"num_layers": 40, "num_kv_heads": 8, "head_dim": 128, "dtype_bytes": 2}

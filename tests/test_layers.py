@@ -5,6 +5,8 @@ or any layer below it, never one above:
 
     entrypoints -> experiments -> benchmarks -> harness -> engine -> executor -> worker -> model
                                                                                           |
+                                                                                       metrics
+                                                                                          |
                                                                                        kernels
 
 Shared leaves (LEAVES below) carry data across the boundaries (a request, a scheduler output,
@@ -101,6 +103,12 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "workbench.distributed",  # parallel_state, communication_op
         "workbench.forward_context",  # the attention metadata a compiled forward reads
     )),
+    # Metrics (vLLM's v1/metrics): the metric registry, the engine's and scheduler's stats,
+    # the stat logger, the spec-decode counters' read-out. Torch-free; read by the scheduler,
+    # the engine, the server, the harness and the verdict; imports only leaves.
+    ("metrics", (
+        "workbench.metrics",
+    )),
     # Triton and C++ kernels with their torch twins and the quantized formats' references.
     # Imports nothing from workbench/.
     ("kernels", (
@@ -130,7 +138,6 @@ LEAVES: tuple[str, ...] = (
     "workbench.kv_transfer_config",  # KVTransferConfig: config and sampling params read it
     "workbench.kv_cache.hashing",  # the block hash chain: prefix cache and KV connector keys
     "workbench.distributed.kv_transfer.metadata",  # KV connector metadata/output: both sides
-    "workbench.harness.metric_registry",  # the metric table: harness, verdict, engine stats, server
 )
 
 # Upward imports that need a move larger than this test's change. (importer, imported), both

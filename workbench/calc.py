@@ -277,39 +277,6 @@ def spec_expected_tokens(acceptance_rate: float, num_spec_tokens: int) -> float:
     return (1 - acceptance_rate ** (num_spec_tokens + 1)) / (1 - acceptance_rate)
 
 
-def accepted_length_counts(num_drafts: int, accepted_per_position: list[int]) -> list[int]:
-    """Drafts that accepted exactly i tokens, i = 0..k, from vLLM's per-position counters.
-
-    Acceptance is a run from position 0, so counter c_i (drafts whose position i was accepted)
-    is cumulative: count(i) = c_{i-1} - c_i with c_{-1} = num_drafts and c_k = 0; written with
-    lengths: count(len = i) = c'_i - c'_{i+1} where c'_0 = num_drafts, c'_{i+1} = c_i.
-    """
-    _need_int("num_drafts", num_drafts, 1)
-    if not accepted_per_position:
-        raise ValueError("accepted_per_position must list one counter per draft position, got []")
-    cum = [num_drafts, *accepted_per_position, 0]
-    for i, c in enumerate(accepted_per_position):
-        _need_int(f"accepted_per_position[{i}]", c, 0)
-    if any(b > a for a, b in zip(cum, cum[1:], strict=False)):
-        raise ValueError(
-            f"accepted_per_position {accepted_per_position} must be non-increasing and at most "
-            f"num_drafts ({num_drafts}): acceptance at position i implies all positions before"
-        )
-    return [a - b for a, b in zip(cum, cum[1:], strict=False)]
-
-
-def accepted_length_distribution(num_drafts: int, accepted_per_position: list[int]) -> list[float]:
-    """P(accepted length = i) = (c_i - c_{i+1}) / num_drafts for i = 0..k (c_0 = num_drafts)."""
-    return [n / num_drafts for n in accepted_length_counts(num_drafts, accepted_per_position)]
-
-
-def mean_acceptance_length(num_drafts: int, num_accepted_tokens: int) -> float:
-    """1 + accepted / drafts: tokens one verification step yields (accepted + the bonus one)."""
-    _need_int("num_drafts", num_drafts, 1)
-    _need_int("num_accepted_tokens", num_accepted_tokens, 0)
-    return 1 + num_accepted_tokens / num_drafts
-
-
 def spec_forward_passes(output_tokens: int, num_drafts: int, accepted_tokens: int) -> int:
     """Decode forwards with speculation, seed 002's reconstruction (one request or totals):
 

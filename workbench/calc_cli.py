@@ -37,6 +37,7 @@ import re
 import sys
 
 from workbench import calc
+from workbench.metrics import spec_decode
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
           "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
@@ -154,10 +155,10 @@ def _spec(a: argparse.Namespace) -> None:
 
 def _spec_counters(a: argparse.Namespace) -> None:
     k = len(a.per_position)
-    counts = calc.accepted_length_counts(a.drafts, a.per_position)
+    counts = spec_decode.accepted_length_counts(a.drafts, a.per_position)
     rows: list[tuple[str, object]] = [
         ("acceptance rate", a.accepted / (a.drafts * k)),
-        ("mean acceptance length", calc.mean_acceptance_length(a.drafts, a.accepted)),
+        ("mean acceptance length", spec_decode.mean_acceptance_length(a.drafts, a.accepted)),
     ]
     rows += [(f"P(accepted = {i})", f"{n / a.drafts:.4f} ({n:,} drafts)")
              for i, n in enumerate(counts)]

@@ -300,7 +300,7 @@ def test_the_engine_row_shows_its_overhead_share_and_the_json_its_account() -> N
 
 
 def test_the_engine_account_covers_its_timed_calls_and_not_the_warm_up() -> None:
-    from workbench.engine.stats import EngineStats, StepRecord
+    from workbench.metrics.stats import EngineStats, StepRecord
 
     stats = EngineStats()
     calls_steps = iter([[4.0], [0.5, 0.25], [0.125, 0.125]])  # warm-up, then 2 timed calls

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from workbench import LLM, SamplingParams
-from workbench.engine import stat_logger as sl
-from workbench.engine.stats import EngineStats, StepRecord
+from workbench.metrics import loggers as sl
+from workbench.metrics.stats import EngineStats, StepRecord
 
 
 class FakeClock:

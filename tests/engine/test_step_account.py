@@ -11,18 +11,17 @@ import pytest
 import torch
 
 from workbench import LLM, SamplingParams
-from workbench.engine.llm_engine import _step_account
 from workbench.engine.runner_output import ModelRunnerOutput, WorkerPhaseTimes
-from workbench.engine.stats import (
+from workbench.metrics import registry as metric_registry
+from workbench.metrics.stats import EngineStats, StepRecord
+from workbench.metrics.step_account import (
     OVERHEAD_SHARE,
     STEP_PHASES,
     STEP_TIME,
-    EngineStats,
-    StepRecord,
     overhead_account,
     phase_counter,
 )
-from workbench.harness import metric_registry
+from workbench.metrics.step_account import step_account as _step_account
 from workbench.worker import phase_clock
 from workbench.worker.phase_clock import PhaseClock
 

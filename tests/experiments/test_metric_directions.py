@@ -7,7 +7,7 @@ import pytest
 from workbench.experiments import verdict
 from workbench.experiments.template import SLO_KEYS, Objective
 from workbench.experiments.validate import _check_objective_metric, _check_scalars
-from workbench.harness import metric_registry as registry
+from workbench.metrics import registry
 
 
 @pytest.mark.parametrize("metric", registry.metric_names())

@@ -39,8 +39,8 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator, NullLocator
 
 from workbench.experiments.labels import short_name, short_value, value_label
-from workbench.harness.metric_registry import SLO_BOUNDS, axis_label
-from workbench.harness.metric_registry import spec as metric_spec
+from workbench.metrics.registry import SLO_BOUNDS, axis_label
+from workbench.metrics.registry import spec as metric_spec
 
 log = logging.getLogger(__name__)
 

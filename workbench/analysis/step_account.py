@@ -1,7 +1,7 @@
 """The step's overhead account as a notebook table and a per-step stacked bar plot.
 
 Reads step-trace rows (`LLM.step_trace()`, `RunResult.step_trace`) whose phase fields the
-engine fills (`workbench.engine.stats.STEP_PHASES`, docs/step_account.md):
+engine fills (`workbench.metrics.step_account.STEP_PHASES`, docs/step_account.md):
 
     step_account_table(rows)       phase | ms per step | share of step time (+ the step row)
     step_account_bars(rows)        one stacked bar per step, ms per phase, forward at the bottom
@@ -21,7 +21,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from workbench.analysis.plots import _figure, _legend, _skip
-from workbench.engine.stats import STEP_PHASES, overhead_account
+from workbench.metrics.step_account import STEP_PHASES, overhead_account
 
 # forward first (the bottom of every bar), then the overheads in step order
 _BAR_ORDER = ("forward",) + tuple(p for p in STEP_PHASES if p != "forward")

@@ -72,8 +72,8 @@ from workbench.bench.roofline import (
     measure_machine,
 )
 from workbench.config import SchedulerConfig
-from workbench.engine.stats import StepRecord
 from workbench.engine_args import add_engine_args, engine_kwargs
+from workbench.metrics.stats import StepRecord
 from workbench.roofline_schedule import ScheduleRoofline, schedule_roofline
 
 BENCH_DIR = Path(__file__).resolve().parents[2] / ".bench" / "offline"

@@ -21,8 +21,9 @@ from dataclasses import asdict, dataclass, field
 from statistics import median
 from typing import Any
 
-from workbench.engine.stats import EngineStats, StepRecord, overhead_account
 from workbench.harness.validity import CpuWatch, cpu_reason, default_cpu_watch, disturbed_line
+from workbench.metrics.stats import EngineStats, StepRecord
+from workbench.metrics.step_account import overhead_account
 
 NO_FIGURE = "\u2014"  # what the table prints where no undisturbed run gives a figure
 
@@ -63,7 +64,7 @@ class SystemResult:
     valid: bool = True  # False: other processes took more than --max-others in a kept run
     invalid_reason: str = ""
     notes: str = ""
-    # the engine's step account over its timed workload runs (`engine.stats.overhead_account`:
+    # the engine's step account over its timed workload runs (`metrics.step_account.overhead_account`:
     # ms per step and share of step time per phase, overhead_share); None for other systems
     step_account: dict[str, float] | None = None
     token_ids: list[list[int]] = field(default_factory=list, repr=False)

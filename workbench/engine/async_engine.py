@@ -33,7 +33,7 @@ from typing import Any, TypeVar
 from workbench.config import EngineConfig
 from workbench.engine.llm_engine import LLMEngine
 from workbench.engine.request import Request, RequestTimes
-from workbench.engine.stats import StepRecord
+from workbench.metrics.stats import StepRecord
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

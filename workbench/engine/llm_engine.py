@@ -40,11 +40,11 @@ from workbench.engine.request import Request, RequestStatus
 from workbench.engine.runner_output import LogprobsTensors, ModelRunnerOutput
 from workbench.engine.scheduler import Scheduler
 from workbench.engine.scheduler_output import SchedulerOutput
-from workbench.engine.stat_logger import LoggingStatLogger, preemption_warning
-from workbench.engine.stats import EngineStats, StepRecord
 from workbench.executor.tp_runner import create_model_runner
 from workbench.kv_transfer_config import kv_transfer_params
 from workbench.layers.linear_autotune import linear_backend_report
+from workbench.metrics.loggers import LoggingStatLogger, preemption_warning
+from workbench.metrics.stats import EngineStats, StepRecord
 from workbench.models.tokenizer import load_tokenizer
 from workbench.sampling_params import SamplingParams, is_int
 from workbench.worker import cpu_threads, hugepages
@@ -660,7 +660,7 @@ class LLMEngine:
 
 
 class StepAccount(TypedDict):
-    """StepRecord's phase fields (seconds), see `workbench.engine.stats.STEP_PHASES`."""
+    """StepRecord's phase fields (seconds), see `workbench.metrics.stats.STEP_PHASES`."""
 
     schedule_s: float
     prepare_inputs_s: float

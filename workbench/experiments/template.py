@@ -20,7 +20,7 @@ and the baseline engine config, then names exactly ONE variable:
     quality_gate: {min_token_agreement: 1.0, num_prompts: 4}   # optional
 
 `objective.metric` and the `slo` keys are names of the metric registry
-(`workbench.harness.metric_registry`, docs/metrics.md); `objective.direction` defaults to the
+(`workbench.metrics.registry`, docs/metrics.md); `objective.direction` defaults to the
 registry's direction for the metric.
 
 The verdict (workbench.experiments.verdict, verdict_rule): per metric better / worse /
@@ -69,7 +69,7 @@ from workbench.experiments.template_keys import (  # noqa: F401 - re-exported na
     one_variable,
     verdict_key_problem,
 )
-from workbench.harness.metric_registry import spec as metric_spec
+from workbench.metrics.registry import spec as metric_spec
 
 
 @dataclass

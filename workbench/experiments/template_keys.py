@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from workbench.harness.metric_registry import SLO_BOUNDS
 from workbench.harness.runner import CACHE_STATES as CACHE_STATES  # the harness owns them
+from workbench.metrics.registry import SLO_BOUNDS
 
 DIRECTIONS = ("minimize", "maximize")
 SLO_KEYS = tuple(SLO_BOUNDS)  # the metric registry's SLO bounds

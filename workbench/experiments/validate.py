@@ -147,7 +147,7 @@ def _check_objective_metric(metric: Any, direction: str | None, given: bool,
                             out: list[str]) -> None:
     """The objective names a metric a run computes (the metric registry), and its direction
     agrees with the registry's."""
-    from workbench.harness import metric_registry as registry
+    from workbench.metrics import registry
 
     known = registry.metric_names()
     row = registry.spec(metric, registry.DEFAULT_PERCENTILES) if isinstance(metric, str) else None

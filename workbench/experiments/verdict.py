@@ -38,9 +38,9 @@ from typing import Any
 
 from workbench.experiments import verdict_rule as rule
 from workbench.experiments.template import Template
-from workbench.harness import metric_registry
 from workbench.harness.goodput import DIRECTIONS as GOODPUT_DIRECTIONS
-from workbench.harness.metric_registry import SLO_BOUNDS
+from workbench.metrics import registry as metric_registry
+from workbench.metrics.registry import SLO_BOUNDS
 
 REPORTED = (
     "output_throughput", "request_throughput", "median_ttft_ms", "p95_ttft_ms",

@@ -13,7 +13,6 @@
     server_process       start and stop our server (or a peer) as a child process
     runner               replay a workload against a target; RequestRecord per request
     metrics              TTFT / TPOT / ITL / E2E / throughput / goodput as vLLM computes them
-    metric_registry      every metric's name, unit, direction and source (one table)
     prom, join           Prometheus scrapes and their join with client records
     validity             CpuWatch: how much CPU other processes took during a run; lateness
                          and read-lag judgements

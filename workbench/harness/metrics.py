@@ -4,7 +4,7 @@ Place in the flow: a load generator fills one `RequestRecord` per request (clien
 one `time.perf_counter` clock, relative to the run start); `compute_metrics` turns a run into
 the flat dict vLLM's `vllm bench serve` saves; `records_frame` is the per-request artifact;
 `summary_table` prints the dict in the order of vLLM's "Serving Benchmark Result". Every key
-has a row (unit, direction, label) in `workbench.harness.metric_registry`; docs/metrics.md.
+has a row (unit, direction, label) in `workbench.metrics.registry`; docs/metrics.md.
 
 Definitions (checked against vllm-project/vllm `vllm/benchmarks/serve.py::calculate_metrics`
 and `vllm/benchmarks/lib/endpoint_request_func.py`):
@@ -32,13 +32,13 @@ from dataclasses import asdict, dataclass, field, fields
 import numpy as np
 import pandas as pd
 
-from workbench.harness import metric_registry as registry
-from workbench.harness.metric_registry import DEFAULT_PERCENTILES, percentile_key
+from workbench.metrics import registry
+from workbench.metrics.registry import DEFAULT_PERCENTILES, percentile_key
 
 __all__ = ["DEFAULT_PERCENTILES", "SLO", "RequestRecord", "compute_metrics", "percentile_key",
            "records_frame", "summary_table"]
 
-# Names, units, directions and labels live in the metric registry (metric_registry.py).
+# Names, units, directions and labels live in the metric registry (workbench/metrics/registry.py).
 _LATENCY_METRICS = tuple(f.name for f in registry.families("client"))
 _SERVER_METRICS = tuple(f.name.removeprefix("server_") for f in registry.families("server"))
 

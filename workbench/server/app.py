@@ -40,7 +40,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from workbench.config import EngineConfig
 from workbench.engine.async_engine import AsyncEngine
 from workbench.engine.llm_engine import LLMEngine
-from workbench.engine.stat_logger import LoggingStatLogger
+from workbench.metrics.loggers import LoggingStatLogger
 from workbench.server import openapi
 from workbench.server.auth import APIKeyMiddleware
 from workbench.server.metrics import ServerMetrics

@@ -39,8 +39,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from workbench.engine.async_engine import AsyncEngine
 from workbench.engine.request import RequestTimes
-from workbench.engine.stats import FINISHED_REASONS as FINISH_REASONS
-from workbench.harness import metric_registry
+from workbench.metrics import registry as metric_registry
+from workbench.metrics.stats import FINISHED_REASONS as FINISH_REASONS
 
 TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
                 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]

@@ -28,7 +28,7 @@ from typing import Any
 
 from workbench.config import EngineConfig
 from workbench.engine.llm_engine import LLMEngine
-from workbench.engine.stats import EngineStats
+from workbench.metrics.stats import EngineStats
 from workbench.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)

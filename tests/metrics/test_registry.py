@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.harness import metric_registry as registry
 from workbench.harness.metrics import SLO, RequestRecord, compute_metrics, summary_table
+from workbench.metrics import registry
 
 
 def _records() -> list[RequestRecord]:
@@ -107,11 +107,11 @@ def test_docs_metrics_table_matches_the_registry() -> None:
 
     doc = (Path(__file__).parents[2] / "docs" / "metrics.md").read_text()
     assert registry.markdown_table() in doc, (
-        "regenerate: python -m workbench.harness.metric_registry")
+        "regenerate: python -m workbench.metrics.registry")
 
 
 def test_engine_stats_keys_are_the_registry_engine_rows() -> None:
-    from workbench.engine.stats import EngineStats
+    from workbench.metrics.stats import EngineStats
 
     stats = EngineStats()
     stats.record_spec(3, 2)  # the per-position counter appears once speculation ran
@@ -125,7 +125,7 @@ def test_engine_stats_keys_are_the_registry_engine_rows() -> None:
 def test_server_exports_engine_rows_with_the_registry_help_and_type() -> None:
     from prometheus_client import generate_latest
 
-    from workbench.engine.stats import EngineStats
+    from workbench.metrics.stats import EngineStats
     from workbench.server.metrics import ServerMetrics
 
     class _Engine:  # what the collector reads from AsyncEngine at scrape time

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.engine import stats as stats_mod
-from workbench.engine.stats import EngineStats, StepRecord
+from workbench.metrics import stats as stats_mod
+from workbench.metrics.stats import EngineStats, StepRecord
 
 
 def _row(i: int, preemptions: int = 0) -> StepRecord:

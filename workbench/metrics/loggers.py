@@ -22,7 +22,7 @@ import os
 import time
 from collections.abc import Callable
 
-from workbench.engine.stats import EngineStats
+from workbench.metrics.stats import EngineStats
 
 logger = logging.getLogger("workbench.engine")
 INTERVAL_ENV = "WORKBENCH_LOG_STATS_INTERVAL"

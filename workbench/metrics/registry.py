@@ -5,7 +5,7 @@ table's labels and units), the verdict (better / worse), template validation (ob
 metric and slo keys, with "did you mean"), the analysis plots (axis labels with units), the
 engine's statistics (which counters and gauges it keeps) and the server's Prometheus
 collectors (help text and type). Adding a metric is one row here plus its computation;
-`tests/harness/test_metric_registry.py` fails when a computed metric has no row or a row is
+`tests/metrics/test_registry.py` fails when a computed metric has no row or a row is
 never computed.
 
 Two kinds of row:
@@ -473,5 +473,5 @@ def markdown_table() -> str:
     return "\n".join(lines) + "\n"
 
 
-if __name__ == "__main__":  # python -m workbench.harness.metric_registry > the table
+if __name__ == "__main__":  # python -m workbench.metrics.registry > the table
     print(markdown_table(), end="")
