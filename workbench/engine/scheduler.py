@@ -44,6 +44,8 @@ from workbench.engine.request_queue import make_request_queue
 from workbench.engine.scheduler_output import SchedulerOutput
 from workbench.engine.stop import check_stop
 from workbench.kv_cache import KVCacheManager
+from workbench.metrics.spec_decode import SpecDecodingStats
+from workbench.metrics.stats import PrefixCacheStats, SchedulerStats
 
 if TYPE_CHECKING:
     import torch
@@ -90,6 +92,8 @@ class Scheduler:
         # excluded), for the vllm:generation_tokens / vllm:prompt_tokens counters.
         self.num_generated_last_step = 0
         self.num_prompt_tokens_last_step = 0
+        # this step's verifications (update_from_output), until make_stats() reports them
+        self._spec_decoding_stats: SpecDecodingStats | None = None
 
     # ------------------------------------------------------------------ intake
     def add_request(self, request: Request) -> None:
@@ -438,7 +442,42 @@ class Scheduler:
                         seen.remove(req)
         self.num_generated_last_step = generated
         self.num_prompt_tokens_last_step = prompt_tokens
+        if spec:
+            self._observe_spec_decoding(spec, sampled)
         return progressed, finished
+
+    def _observe_spec_decoding(
+        self, spec: dict[str, list[int]], sampled: dict[str, list[int]]
+    ) -> None:
+        """Count each verification whose request got tokens (accepted = tokens - 1)."""
+        for rid, drafts in spec.items():
+            tokens = sampled.get(rid)
+            if tokens:  # none: its request failed
+                if self._spec_decoding_stats is None:
+                    self._spec_decoding_stats = SpecDecodingStats()
+                self._spec_decoding_stats.observe_draft(len(drafts), len(tokens) - 1)
+
+    def make_stats(self) -> SchedulerStats:
+        """The step's report (vLLM's name), once after each step's update: queue sizes and
+        KV usage now; preemptions, prefix-cache lookups, tokens, verifications and the KV
+        connector's counters since the last report (taking them resets them)."""
+        queries, hits = self.kv_cache_manager.make_prefix_cache_stats()
+        stats = SchedulerStats(
+            num_running_reqs=len(self.running), num_waiting_reqs=len(self.waiting),
+            kv_cache_usage=self.kv_cache_manager.usage,
+            prefix_cache_stats=PrefixCacheStats(queries, hits),
+            num_preemptions=self.num_preemptions_last_step,
+            num_generation_tokens=self.num_generated_last_step,
+            num_prompt_tokens=self.num_prompt_tokens_last_step,
+            spec_decoding_stats=self._spec_decoding_stats,
+        )
+        self.num_generated_last_step = self.num_prompt_tokens_last_step = 0
+        self._spec_decoding_stats = None
+        if self.connector is not None:
+            stats.kv_connector_stats = self.connector.make_stats()
+            stats.num_waiting_for_remote_kvs = len(self.loading)
+            stats.kv_offload_cpu_usage = self.connector.host_usage
+        return stats
 
     def update_draft_token_ids(
         self, spec_token_ids: dict[str, list[int]],
