@@ -8,13 +8,14 @@ from os import PathLike
 from typing import Any
 
 from workbench.config import EngineConfig
-from workbench.engine.llm_engine import LLMEngine, PromptType
+from workbench.engine.llm_engine import LLMEngine
 from workbench.engine.outputs import (
     CompletionOutput,
     RequestMetrics,
     RequestOutput,
     collect_prompt_logprobs,
 )
+from workbench.engine.processor import PromptType
 from workbench.engine.request import Request
 from workbench.sampling_params import SamplingParams
 
