@@ -279,7 +279,7 @@ METRICS: tuple[MetricSpec, ...] = (
             "connected or its inbox full; that read pulls instead)."),
     _engine("workbench:kv_transfer_pushed_loads", "requests", "none", "counter",
             "Disaggregation, push, decode side: loads served from pushed KV (no pull)."),
-    # The step's overhead account (engine/stats.py STEP_PHASES, docs/step_account.md)
+    # The step's overhead account (metrics/step_account.py STEP_PHASES, docs/step_account.md)
     _engine("workbench:step_time_seconds", "s", "none", "counter",
             "Engine steps: seconds in engine.step() (the sum of the phases below)."),
     _engine("workbench:step_schedule_time_seconds", "s", "none", "counter",
