@@ -59,7 +59,7 @@ def test_11_kv_offload_host_tier_vs_off(tmp_path: Path) -> None:
     import json
 
     from workbench.analysis import parent_runs, run_artifact_frame
-    from workbench.named_models import resolve_model
+    from workbench.config.named_models import resolve_model
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     nb, figs = execute("11_kv_offload.ipynb", tmp_path, model="demo", num_users=4, num_turns=3,

@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 from workbench import LLM, SamplingParams
-from workbench.engine_args import add_engine_args, engine_kwargs
-from workbench.named_models import resolve_model
+from workbench.engine.arg_utils import add_engine_args, engine_kwargs
+from workbench.config.named_models import resolve_model
 
 DEMO_ENGINE_DEFAULTS = {
     "dtype": "float32", "max_model_len": 1024, "block_size": 16, "max_num_seqs": 32,

@@ -156,12 +156,12 @@ class Model(Spec):
     """A local Hugging Face folder (config.json inside) or a shipped model name."""
 
     def describe(self) -> str:
-        from workbench.named_models import NAMED_MODELS
+        from workbench.config.named_models import NAMED_MODELS
 
         return f"a local model folder or one of {', '.join(NAMED_MODELS)}"
 
     def problem(self, value: Any) -> str | None:
-        from workbench.named_models import NAMED_MODELS, resolve_model
+        from workbench.config.named_models import NAMED_MODELS, resolve_model
 
         if isinstance(value, str) and value and (Path(resolve_model(value)) / "config.json"
                                                  ).is_file():

@@ -11,7 +11,7 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
-from workbench.kv_transfer_config import kv_transfer_params
+from workbench.config.kv_transfer_params import kv_transfer_params
 
 _EPS = 1e-5
 

@@ -1,4 +1,4 @@
-"""The measured compiled-or-eager default (workbench.compile_choice): the record's keys and
+"""The measured compiled-or-eager default (workbench.config.compile_choice): the record's keys and
 threshold, and EngineConfig taking the mode from it only when nobody set one."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from workbench import compile_choice as cc
-from workbench.compilation_config import MODE_ENV, CompilationMode
 from workbench.config import EngineConfig
-from workbench.layers.cpu_info import machine_fingerprint
+from workbench.config import compile_choice as cc
+from workbench.config.compilation import MODE_ENV, CompilationMode
+from workbench.platforms.cpu_info import machine_fingerprint
 from workbench.testing import tiny_checkpoint
 
 

@@ -177,7 +177,7 @@ def test_a_router_template_keeps_its_own_knobs_apart() -> None:
 
 
 def test_the_duplicated_names_match_their_owners() -> None:
-    from workbench.engine_args import engine_knobs as serve_knobs
+    from workbench.engine.arg_utils import engine_knobs as serve_knobs
     from workbench.router.cli import ROUTER_KNOBS as ROUTER
     from workbench.router.policies import POLICIES
 

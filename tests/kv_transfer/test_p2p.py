@@ -332,7 +332,7 @@ def test_an_aborted_staged_leg_gives_its_buffer_back(ckpt: Path,
     ({"send_buffer_bytes": 0}, "send_buffer_bytes (0) must be an integer >= 1"),
 ])
 def test_bad_p2p_config_is_one_named_error(extra: dict[str, Any], message: str) -> None:
-    from workbench.kv_transfer_config import KVTransferConfig
+    from workbench.config.kv_transfer import KVTransferConfig
 
     with pytest.raises(ValueError) as e:
         KVTransferConfig.from_dict({"kv_connector": "P2pConnector", "kv_role": "kv_producer",
@@ -463,7 +463,7 @@ def test_this_host_is_trusted_by_default(ckpt: Path) -> None:
     ([5], "trusted_producers entry (5) must be"),
 ])
 def test_bad_trusted_producers_are_one_named_error(value: Any, message: str) -> None:
-    from workbench.kv_transfer_config import KVTransferConfig
+    from workbench.config.kv_transfer import KVTransferConfig
 
     with pytest.raises(ValueError) as e:
         KVTransferConfig.from_dict({"kv_connector": "P2pConnector", "kv_role": "kv_consumer",

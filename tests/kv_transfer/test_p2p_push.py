@@ -158,7 +158,7 @@ def test_a_full_inbox_drops_the_push_and_the_read_pulls(
      "remote_port (70000) must be an integer in 1..65535"),
 ])
 def test_a_bad_push_target_is_named(kvp: dict[str, Any], message: str) -> None:
-    from workbench.kv_transfer_config import kv_transfer_params
+    from workbench.config.kv_transfer_params import kv_transfer_params
 
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         kv_transfer_params({"kv_transfer_params": kvp})

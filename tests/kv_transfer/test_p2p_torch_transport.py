@@ -181,7 +181,7 @@ def test_gloo_stages_a_device_cache_through_the_host() -> None:
      "torch_dist_backend ('nccl') is only for transport 'torch_dist' (transport is 'zmq')"),
 ])
 def test_transport_config(extra: dict[str, Any], message: str | None) -> None:
-    from workbench.kv_transfer_config import KVTransferConfig
+    from workbench.config.kv_transfer import KVTransferConfig
 
     cfg = {"kv_connector": "P2pConnector", "kv_role": "kv_consumer",
            "kv_connector_extra_config": extra}

@@ -10,7 +10,7 @@ import pytest
 from workbench import LLM
 from workbench.calc import quantized_weight_bytes
 from workbench.config import EngineConfig, QuantConfig
-from workbench.named_models import resolve_model
+from workbench.config.named_models import resolve_model
 from workbench.server.serve import parse_args
 
 BUNDLED = Path(resolve_model("bundled"))  # hidden 64, intermediate 128

@@ -12,7 +12,7 @@ import httpx
 import openai
 import pytest
 
-from workbench.engine_args import engine_knobs
+from workbench.engine.arg_utils import engine_knobs
 from workbench.server.serve import parse_args
 
 
@@ -79,7 +79,7 @@ def test_serve_process_answers_the_openai_client(model_dir: Path) -> None:
 
 
 def test_every_knob_flag_has_its_config_help_and_vllms_policy_spelling(model_dir: Path) -> None:
-    from workbench.engine_args import engine_knobs
+    from workbench.engine.arg_utils import engine_knobs
     from workbench.server.serve import build_parser
 
     assert all(k.help for k in engine_knobs()), [k.name for k in engine_knobs() if not k.help]

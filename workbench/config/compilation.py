@@ -22,10 +22,10 @@ Modes (vLLM's `CompilationMode` numbers and names):
 
 `mode=None` (the default) is resolved by `EngineConfig`: `enforce_eager=True` -> 0 (as vLLM, it
 also overrides an explicit mode, with a warning); otherwise $WORKBENCH_COMPILATION_MODE when
-set, else what `python -m workbench.bench.compile_ab` measured for this model on this machine
-(`workbench.compile_choice`: compiled when it gave >= 5% more output tok/s than eager), else
-the device default (`DEFAULT_MODE`: eager; CUDA stays eager until the compiled CUDA path has
-run on a GPU, vLLM's default there is 3).
+set, else what `python -m workbench.bench.offline.compile_ab` measured for this model on this
+machine (`workbench.config.compile_choice`: compiled when it gave >= 5% more output tok/s than
+eager), else the device default (`DEFAULT_MODE`: eager; CUDA stays eager until the compiled
+CUDA path has run on a GPU, vLLM's default there is 3).
 
 `backend` is torch.compile's: "inductor" (generated C++/OpenMP on CPU, Triton on CUDA), or
 "eager" / "aot_eager" (dynamo alone / plus AOT autograd: no codegen, for checking graph breaks
@@ -90,7 +90,7 @@ def _mode_of(value: Any, name: str) -> CompilationMode:
 def default_mode(device: str, measured: bool | None = None) -> CompilationMode:
     """WORKBENCH_COMPILATION_MODE when set (a mode number or name); else what a measurement on
     this machine decided (`measured`: compiled faster -> VLLM_COMPILE, not -> NONE; see
-    `workbench.compile_choice`); else DEFAULT_MODE."""
+    `workbench.config.compile_choice`); else DEFAULT_MODE."""
     env = os.environ.get(MODE_ENV, "").strip()
     if env:
         return _mode_of(env, f"mode from {MODE_ENV}")

@@ -1,6 +1,6 @@
 """Whether the compiled forward is the default, decided by a measurement on this machine.
 
-    python -m workbench.bench.compile_ab --model M       measures eager vs compiled on the
+    python -m workbench.bench.offline.compile_ab --model M       measures eager vs compiled on the
                                                          offline workload and records the pair
     LLM(M)                                               no compilation_config: the record for
                                                          (this machine, M's shape) decides
@@ -31,9 +31,9 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-from workbench.compilation_config import CACHE_ENV as CACHE_ENV  # re-exported: tests set it
-from workbench.compilation_config import cache_root
-from workbench.layers.cpu_info import machine_fingerprint
+from workbench.config.compilation import CACHE_ENV as CACHE_ENV  # re-exported: tests set it
+from workbench.config.compilation import cache_root
+from workbench.platforms.cpu_info import machine_fingerprint
 
 CHOICE_FILE = "compile_choice.json"
 VERSION = 1
@@ -141,7 +141,7 @@ def measured_default(device: str, hf_config: dict[str, Any], dtype: str
     choice = lookup(model_key(hf_config, dtype))
     if choice is None:
         return None, ("the CPU default: no measurement of this model on this machine (python "
-                      "-m workbench.bench.compile_ab --model MODEL records one)")
+                      "-m workbench.bench.offline.compile_ab --model MODEL records one)")
     verdict = "compiled" if choice.compiles else "eager"
     return choice.compiles, (
         f"{verdict}, measured on this machine {choice.date}: compiled/eager "

@@ -13,7 +13,8 @@ on CPU, where "host" and "device" are both RAM (`docs/kv_offload.md` says what a
 there and on a GPU).
 
 Per request: `SamplingParams(extra_args={"kv_transfer_params": {"max_load_tokens": K}})` (the
-OpenAI server's `kv_transfer_params` field) caps the tokens loaded from the external tiers.
+OpenAI server's `kv_transfer_params` field) caps the tokens loaded from the external tiers
+(validated by `workbench.config.kv_transfer_params`).
 
     kv_transfer_config={"kv_connector": "P2pConnector", "kv_role": "kv_producer",
                         "kv_connector_extra_config": {"side_channel_port": 0}}
@@ -39,7 +40,6 @@ P2P_TRANSPORTS = ("zmq", "torch_dist")
 TORCH_DIST_BACKENDS = ("auto", "gloo", "nccl")
 KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
 OFFLOADING_SPECS = ("CPUOffloadingSpec", "TieringOffloadingSpec")
-PREEMPTION_MODES = ("recompute", "swap")
 
 
 def _positive_number(where: str, name: str, value: Any) -> None:
@@ -74,7 +74,8 @@ def unusable_folder(path: str) -> str | None:
     return None
 
 
-def _positive_int(where: str, name: str, value: Any, minimum: int = 1) -> int:
+def positive_int(where: str, name: str, value: Any, minimum: int = 1) -> int:
+    """`value`, refused (naming `where` and `name`) unless an integer >= `minimum`."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{where} {name} ({value!r}) must be an integer >= {minimum}")
     return value
@@ -96,9 +97,9 @@ class OffloadingConfig:
 
     def __post_init__(self) -> None:
         w = self.WHERE
-        _positive_int(w, "cpu_bytes_to_use", self.cpu_bytes_to_use)
+        positive_int(w, "cpu_bytes_to_use", self.cpu_bytes_to_use)
         if self.block_size is not None:
-            _positive_int(w, "block_size", self.block_size)
+            positive_int(w, "block_size", self.block_size)
         if self.spec_name not in OFFLOADING_SPECS:
             raise ValueError(f"{w} spec_name ({self.spec_name!r}) must be one of "
                              f"{', '.join(OFFLOADING_SPECS)}")
@@ -116,7 +117,7 @@ class OffloadingConfig:
             raise ValueError(f"{w} disk_path / disk_bytes_to_use are only for "
                              "spec_name 'TieringOffloadingSpec'")
         if self.disk_bytes_to_use is not None:
-            _positive_int(w, "disk_bytes_to_use", self.disk_bytes_to_use)
+            positive_int(w, "disk_bytes_to_use", self.disk_bytes_to_use)
         if self.namespace is not None and (not isinstance(self.namespace, str)
                                            or not self.namespace.replace("-", "").replace(
                                                "_", "").isalnum()):
@@ -172,8 +173,8 @@ class P2pConfig:
         w = self.WHERE
         if not isinstance(self.layerwise, bool):
             raise ValueError(f"{w} layerwise ({self.layerwise!r}) must be true or false")
-        _positive_int(w, "send_buffer_bytes", self.send_buffer_bytes)
-        _positive_int(w, "push_inbox_bytes", self.push_inbox_bytes)
+        positive_int(w, "send_buffer_bytes", self.send_buffer_bytes)
+        positive_int(w, "push_inbox_bytes", self.push_inbox_bytes)
         if self.transport not in P2P_TRANSPORTS:
             raise ValueError(f"{w} transport ({self.transport!r}) must be one of "
                              f"{', '.join(P2P_TRANSPORTS)}")
@@ -186,7 +187,7 @@ class P2pConfig:
         if not isinstance(self.side_channel_host, str) or not self.side_channel_host:
             raise ValueError(f"{w} side_channel_host ({self.side_channel_host!r}) must be a "
                              "host name or address")
-        _positive_int(w, "side_channel_port", self.side_channel_port, 0)
+        positive_int(w, "side_channel_port", self.side_channel_port, 0)
         if self.side_channel_port > 65535:
             raise ValueError(f"{w} side_channel_port ({self.side_channel_port}) must be "
                              "<= 65535")
@@ -274,73 +275,6 @@ class KVTransferConfig:
                 if getattr(self, f.name) is not None}
 
 
-# NixlConnector's handshake fields (vLLM): the prefill request asks for do_remote_decode; its
-# response carries the rest, which the decode request sends back with do_remote_prefill.
-REMOTE_FIELDS = ("remote_engine_id", "remote_request_id", "remote_block_ids", "remote_host",
-                 "remote_port")
-# the workbench's own addition: a layerwise producer that pushed the KV names the decode
-# side channel it pushed to ("host:port"), so that consumer waits for the pushes to land
-# `prompt_digest` (also the workbench's): sha256 of the prefill's prompt (`p2p_trust`); the
-# decode instance reads only a hold whose digest is its own prompt's
-KV_TRANSFER_PARAM_KEYS = ("max_load_tokens", "do_remote_decode", "do_remote_prefill",
-                          *REMOTE_FIELDS, "tp_size", "pushed_to", "prompt_digest")
-
-
-def kv_transfer_params(extra_args: dict[str, Any] | None) -> dict[str, Any]:
-    """A request's `kv_transfer_params` (from SamplingParams.extra_args), validated."""
-    params = (extra_args or {}).get("kv_transfer_params") or {}
-    if not isinstance(params, dict):
-        raise ValueError(f"kv_transfer_params ({params!r}) must be a dict such as "
-                         '{"max_load_tokens": 256} or {"do_remote_decode": true}')
-    unknown = sorted(set(params) - set(KV_TRANSFER_PARAM_KEYS))
-    if unknown:
-        raise ValueError(f"kv_transfer_params has unknown key(s) {', '.join(unknown)}; "
-                         f"allowed: {', '.join(KV_TRANSFER_PARAM_KEYS)}")
-    if "max_load_tokens" in params:
-        _positive_int("kv_transfer_params", "max_load_tokens", params["max_load_tokens"], 0)
-    for name in ("do_remote_decode", "do_remote_prefill"):
-        if params.get(name) is not None and not isinstance(params[name], bool):
-            raise ValueError(f"kv_transfer_params {name} ({params[name]!r}) must be true or "
-                             "false")
-    if params.get("tp_size") is not None and params["tp_size"] != 1:
-        raise ValueError(f"kv_transfer_params tp_size ({params['tp_size']!r}) must be 1: "
-                         "the P2pConnector hands over single-rank KV")
-    if params.get("do_remote_decode") and params.get("do_remote_prefill"):
-        raise ValueError("kv_transfer_params do_remote_decode and do_remote_prefill cannot "
-                         "both be true (a request is either the prefill or the decode leg)")
-    if params.get("do_remote_decode"):  # a push target: the decode instance's side channel
-        _push_target(params)
-    if params.get("do_remote_prefill"):
-        missing = [k for k in REMOTE_FIELDS if params.get(k) is None]
-        if missing:
-            raise ValueError(f"kv_transfer_params do_remote_prefill needs {', '.join(missing)} "
-                             "(the prefill instance's response carries them)")
-        for name in ("remote_engine_id", "remote_request_id", "remote_host"):
-            if not isinstance(params[name], str) or not params[name]:
-                raise ValueError(f"kv_transfer_params {name} ({params[name]!r}) must be a "
-                                 "non-empty string")
-        _check_port(params["remote_port"])
-        pushed = params.get("pushed_to")
-        if pushed is not None and (not isinstance(pushed, str) or ":" not in pushed):
-            raise ValueError(f"kv_transfer_params pushed_to ({pushed!r}) must be "
-                             "'host:port' (the side channel the producer pushed to) or null")
-        digest = params.get("prompt_digest")
-        if digest is not None and not _is_digest(digest):
-            raise ValueError(f"kv_transfer_params prompt_digest ({digest!r}) must be 64 "
-                             "lowercase hex digits (the prefill's sha256) or null")
-        ids = params["remote_block_ids"]
-        if not isinstance(ids, list) or not ids or any(
-                isinstance(b, bool) or not isinstance(b, int) or b < 0 for b in ids):
-            raise ValueError(f"kv_transfer_params remote_block_ids ({ids!r}) must be a "
-                             "non-empty list of block ids (integers >= 0)")
-    return params
-
-
-def _is_digest(value: Any) -> bool:
-    return isinstance(value, str) and len(value) == 64 and all(
-        c in "0123456789abcdef" for c in value)
-
-
 def parse_peer(where: str, entry: Any) -> tuple[str, int | None]:
     """("host", port or None) of a "host", "host:port" or "[v6 address]:port" entry; the
     host lowercased, without brackets."""
@@ -359,26 +293,3 @@ def parse_peer(where: str, entry: Any) -> tuple[str, int | None]:
         raise ValueError(f"{where} entry ({entry!r}) must be \"host\", \"host:port\" or "
                          "\"[IPv6 address]:port\" with a port in 1..65535")
     return host.lower(), None if port is None else int(port)
-
-
-def _check_port(port: Any) -> None:
-    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port <= 65535:
-        raise ValueError(f"kv_transfer_params remote_port ({port!r}) must be an integer "
-                         "in 1..65535")
-
-
-def _push_target(params: dict[str, Any]) -> None:
-    """A prefill request may name the decode instance's side channel (remote_host and
-    remote_port, both or neither; vLLM's proxy sends them as null): a layerwise producer
-    pushes the KV there while the prefill runs."""
-    host, port = params.get("remote_host"), params.get("remote_port")
-    if host is None and port is None:
-        return
-    if host is None or port is None:
-        raise ValueError("kv_transfer_params with do_remote_decode need remote_host and "
-                         "remote_port together (the decode instance to push the KV to) or "
-                         "neither")
-    if not isinstance(host, str) or not host:
-        raise ValueError(f"kv_transfer_params remote_host ({host!r}) must be a non-empty "
-                         "string")
-    _check_port(port)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-ASSETS_DIR = Path(__file__).resolve().parent / "assets"
+ASSETS_DIR = Path(__file__).resolve().parents[1] / "assets"
 NAMED_MODELS: dict[str, Path] = {
     "bundled": ASSETS_DIR / "tiny-llama",
     "demo": ASSETS_DIR / "demo-target",

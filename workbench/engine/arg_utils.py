@@ -11,8 +11,9 @@
 
 `workbench serve` (and the router's replicas), `workbench demo-engine` and `workbench bench
 offline` build their flags here, so a knob's name, type, default and help cannot drift
-between them (as vLLM's `EngineArgs.add_cli_args`). A field's help is its `config.knob(...)`
-metadata.
+between them (as vLLM's `EngineArgs.add_cli_args`, in vLLM's `engine/arg_utils.py`). A
+field's help is its `workbench.config.knob(...)` metadata, and a knob's flag type is what the
+knob accepts (`accepts`: e.g. a dict for a JSON knob) else its annotation.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ ALIASES = {"policy": ["--scheduling-policy"], "compilation_config": ["-O"]}
 @dataclasses.dataclass(frozen=True)
 class Knob:
     name: str
-    type: Any
+    type: Any  # what the knob accepts (its input type): the flag's type comes from it
     default: Any
     help: str
 
@@ -65,7 +66,8 @@ def engine_knobs() -> list[Knob]:
                 continue
             seen.add(f.name)
             default = None if f.default is dataclasses.MISSING else f.default
-            out.append(Knob(f.name, hints[f.name], default, f.metadata.get("help", "")))
+            accepts = f.metadata.get("accepts", hints[f.name])
+            out.append(Knob(f.name, accepts, default, f.metadata.get("help", "")))
     return out
 
 

@@ -37,7 +37,7 @@ from typing import Any
 
 from workbench.config import EngineConfig
 from workbench.executor.multiproc_executor import STARTUP_TIMEOUT_S, MultiprocExecutor
-from workbench.ray_utils import import_ray, init_ray
+from workbench.executor.ray_utils import import_ray, init_ray
 
 logger = logging.getLogger(__name__)
 WHO = "distributed_executor_backend='ray'"

@@ -2,12 +2,13 @@
 
     import_ray("--executor ray")         the `ray` module, or a UserError naming what needs it
     init_ray(address, "--executor ray")  connect (or start a local Ray); True when this call did
-    ray_installed()                      whether `import ray` would work (without importing it)
 
-Place in the flow: a leaf module (like `errors`) every layer may import. `workbench router
+Place in the flow: the executor layer (vLLM's `executor/ray_utils.py`). `workbench router
 --executor ray` (router/ray_pool.py) and `distributed_executor_backend="ray"`
 (executor/ray_executor.py) import Ray through here, lazily, so the default (local) paths never
 import it and a machine without it gets one line: what asked for Ray and how to install it.
+`ray_installed` and CLUSTER_EXTRA live in `workbench.config.parallel` (the config refuses the
+"ray" backend without Ray).
 
 `address`: "HOST:PORT" of a running cluster (`ray start --head`), "auto" (RAY_ADDRESS, else
 the cluster `ray start` last started on this machine), "local" (a new one-node Ray in this
@@ -16,17 +17,11 @@ process), or None: Ray's default (as "auto", else a new local one, as vLLM does)
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 from typing import Any
 
+from workbench.config.parallel import CLUSTER_EXTRA
 from workbench.errors import UserError
-
-CLUSTER_EXTRA = "pip install -e '.[cluster]'"  # Ray 2.60.0 (pyproject.toml)
-
-
-def ray_installed() -> bool:
-    return importlib.util.find_spec("ray") is not None
 
 
 def import_ray(who: str) -> Any:

@@ -2,7 +2,7 @@
 and every variant's EngineConfig (config.json is read, no weights are loaded).
 
 Place in the flow: `validate.template_problems` calls `check_target` and `check_engine`;
-`engine_knobs` / `knob_default` also serve `runner.promoted_template`.
+`engine_knobs` / `knob_default` also serve `promote.promoted_template`.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def knob_default(name: str) -> Any:
 # --------------------------------------------------------------------------- target, model
 def _folder_problem(key: str, value: Any, weights: bool) -> str | None:
     """Why `value` (template field `key`) is not a usable model folder, or None."""
-    from workbench.named_models import NAMED_MODELS, resolve_model
+    from workbench.config.named_models import NAMED_MODELS, resolve_model
 
     if not isinstance(value, str) or not value:
         return f"{key} ({value!r}) must be a local Hugging Face folder or a shipped name"
@@ -81,7 +81,7 @@ def check_target(target: dict[str, Any], out: list[str]
                   ) -> tuple[str | None, str | None, str | None]:
     """(engine model folder, tokenizer folder, server) with server None for in-process,
     'serve' / 'router' for the workbench's own server, 'foreign' otherwise."""
-    from workbench.named_models import resolve_model
+    from workbench.config.named_models import resolve_model
 
     for key in sorted(set(target) - set(TARGET_KEYS), key=str):
         out.append(f"unknown target key {key!r}{did_you_mean(key, TARGET_KEYS)}")

@@ -52,7 +52,7 @@ GOLDEN_PROMPTS: tuple[str, ...] = (
 def golden_prompts(model: str | Path, num_prompts: int | None = None) -> list[list[int]]:
     """GOLDEN_PROMPTS (cycled to `num_prompts`) tokenized with `model`'s tokenizer."""
     from workbench.models.tokenizer import load_tokenizer
-    from workbench.named_models import resolve_model
+    from workbench.config.named_models import resolve_model
 
     tok = load_tokenizer(resolve_model(model))
     n = len(GOLDEN_PROMPTS) if num_prompts is None else num_prompts
@@ -68,7 +68,7 @@ def held_out_ids(model: str | Path, num_tokens: int = DEFAULT_PPL_TOKENS) -> lis
     import sysconfig
 
     from workbench.models.tokenizer import load_tokenizer
-    from workbench.named_models import resolve_model
+    from workbench.config.named_models import resolve_model
     from workbench.testing.demo_pair import HOLDOUT_EVERY, corpus_files
 
     tok = load_tokenizer(resolve_model(model))

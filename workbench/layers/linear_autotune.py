@@ -50,10 +50,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from workbench.compilation_config import CACHE_ENV as CACHE_ENV  # re-exported: tests set it
-from workbench.compilation_config import cache_root
+from workbench.config.compilation import CACHE_ENV as CACHE_ENV  # re-exported: tests set it
+from workbench.config.compilation import cache_root
 from workbench.layers import linear_backend as lb
-from workbench.layers.cpu_info import (
+from workbench.platforms.cpu_info import (
     cpu_model_name,
     last_level_cache_bytes,
     machine_fingerprint,

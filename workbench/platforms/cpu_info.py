@@ -1,14 +1,15 @@
 """What the CPU is, for keys and figures: its model name, the ISA flags that change GEMM
 kernels, its last-level cache size (all from /proc/cpuinfo and sysfs; a fallback value when
 unreadable, never an error), and the fingerprint measured choices are keyed by (the linear
-backends' autotune, the compiled-forward default). A shared leaf: torch and the stdlib only."""
+backends' autotune, the compiled-forward default the config resolves).
+
+Importing this module does not import torch (the config imports it, and the config loads
+without torch); `isa()` and `machine_fingerprint()` import it when called."""
 
 from __future__ import annotations
 
 import platform
 from pathlib import Path
-
-import torch
 
 CPU_CACHE_DIR = Path("/sys/devices/system/cpu/cpu0/cache")
 
@@ -32,6 +33,8 @@ def isa() -> str:
     except (OSError, StopIteration):
         flags = set()
     wanted = ("avx2", "avx512f", "avx512_bf16", "amx_tile")
+    import torch
+
     return " ".join([torch.backends.cpu.get_cpu_capability(), *(f for f in wanted if f in flags)])
 
 
@@ -54,5 +57,7 @@ def last_level_cache_bytes(root: Path = CPU_CACHE_DIR) -> int:
 def machine_fingerprint(cpu: str | None = None) -> str:
     """What a measured kernel choice is keyed by: CPU model (`cpu`, default this one's), ISA,
     torch version and torch's thread count."""
+    import torch
+
     cpu = cpu_model_name() if cpu is None else cpu
     return f"cpu={cpu}; isa={isa()}; torch={torch.__version__}; threads={torch.get_num_threads()}"

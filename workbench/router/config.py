@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from workbench.errors import did_you_mean
-from workbench.ray_utils import CLUSTER_EXTRA, ray_installed
+from workbench.config.parallel import CLUSTER_EXTRA, ray_installed
 from workbench.router.policies import POLICIES, RoutingPolicy, make_policy
 
 DECODE_POLICIES = ("round_robin", "least_outstanding")  # a decode leg has no prefix to reuse

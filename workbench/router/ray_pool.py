@@ -37,7 +37,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from workbench.ray_utils import import_ray, init_ray
+from workbench.executor.ray_utils import import_ray, init_ray
 from workbench.router.pool import ROLES, Replica, ReplicaPool
 
 logger = logging.getLogger(__name__)

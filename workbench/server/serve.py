@@ -24,7 +24,7 @@ import logging
 import sys
 
 from workbench.config import EngineConfig
-from workbench.engine_args import add_engine_args, engine_kwargs
+from workbench.engine.arg_utils import add_engine_args, engine_kwargs
 
 
 def build_parser() -> argparse.ArgumentParser:

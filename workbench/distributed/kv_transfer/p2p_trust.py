@@ -31,7 +31,7 @@ import socket
 import struct
 from collections.abc import Iterable
 
-from workbench.kv_transfer_config import parse_peer
+from workbench.config.kv_transfer import parse_peer
 
 LOCAL_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost")
 

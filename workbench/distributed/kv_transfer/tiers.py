@@ -19,7 +19,7 @@ import os
 from collections import OrderedDict
 from pathlib import Path
 
-from workbench.kv_transfer_config import OffloadingConfig
+from workbench.config.kv_transfer import OffloadingConfig
 
 
 class HostTier:
