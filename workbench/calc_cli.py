@@ -285,7 +285,7 @@ def _roofline_shape(a: argparse.Namespace) -> calc.DecoderShape:
                          "model name) or the shape flags (--hidden --layers --heads "
                          "--kv-heads --head-dim --intermediate --vocab), not both or neither")
     if a.config is not None:
-        from workbench.named_models import resolve_model
+        from workbench.config.named_models import resolve_model
 
         try:
             return calc.DecoderShape.from_checkpoint(resolve_model(a.config))
@@ -309,7 +309,7 @@ def _roofline(a: argparse.Namespace) -> None:
     if a.requests is not None:
         requests = parse_requests(a.requests)
     else:
-        from workbench.bench.offline_workload import make_offline_workload
+        from workbench.harness.offline_workload import make_offline_workload
 
         requests = [(len(r.prompt_token_ids), r.max_tokens)
                     for r in make_offline_workload(a.offline_workload)]

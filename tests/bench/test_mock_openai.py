@@ -15,9 +15,9 @@ from typing import Any
 import httpx
 import pytest
 
-from workbench.bench.mock_openai import pin_to_cpus, serve_in_thread
-from workbench.bench.mock_openai_generation import MockConfig
-from workbench.bench.mock_openai_server import MockServer
+from workbench.bench.mock_openai.generation import MockConfig
+from workbench.bench.mock_openai.serve import pin_to_cpus, serve_in_thread
+from workbench.bench.mock_openai.server import MockServer
 from workbench.harness.metrics import RequestRecord
 from workbench.harness.sse import SSEDecoder, StreamParser
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.bench.offline import ENGINE_FIXED, parse_args
-from workbench.engine_args import engine_knobs, engine_kwargs
+from workbench.bench.offline.throughput import ENGINE_FIXED, parse_args
+from workbench.engine.arg_utils import engine_knobs, engine_kwargs
 
 
 def test_every_engine_knob_but_the_fixed_ones_is_a_flag() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench.bench.offline_workload import (
+from workbench.harness.offline_workload import (
     NUM_REQUESTS,
     OUTPUT_LEN_RANGE,
     PROMPT_LEN_RANGE,
@@ -65,7 +65,7 @@ def test_non_special_token_range(tmp_path: Path) -> None:
 
 
 def test_mismatch_details_and_unstable_calls_are_reported() -> None:
-    from workbench.bench.offline import RunPolicy, mismatch_details, timed
+    from workbench.bench.offline.throughput import RunPolicy, mismatch_details, timed
     from workbench.harness.validity import FixedCpuWatch
 
     ref = [[1, 2, 3], [4, 5], [6, 7, 8]]
@@ -82,7 +82,7 @@ def test_mismatch_details_and_unstable_calls_are_reported() -> None:
 
 
 def test_disturbed_runs_are_redone_then_the_system_is_invalid() -> None:
-    from workbench.bench.offline import RunPolicy, SystemResult, judge, table, timed
+    from workbench.bench.offline.throughput import RunPolicy, SystemResult, judge, table, timed
     from workbench.harness.validity import FixedCpuWatch
 
     # warm-up unmeasured; timed calls see 50%, 40% (both redone), 20% (kept), 10%, 30% (kept:
@@ -113,7 +113,7 @@ def test_disturbed_runs_are_redone_then_the_system_is_invalid() -> None:
 
 
 def test_cpu_paths_names_packing_and_every_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
-    from workbench.bench.offline import cpu_paths
+    from workbench.bench.offline.throughput import cpu_paths
 
     monkeypatch.setenv("WORKBENCH_CPU_PACKED_GEMM", "0")
     line = cpu_paths()
@@ -123,7 +123,7 @@ def test_cpu_paths_names_packing_and_every_kernel(monkeypatch: pytest.MonkeyPatc
 
 
 def test_small_preset_builds_its_model_and_workload(tmp_path: Path) -> None:
-    from workbench.bench.offline_workload import (
+    from workbench.harness.offline_workload import (
         BENCH_MODELS,
         SMALL_MODEL_CONFIG,
         build_bench_checkpoint,

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from workbench import calc, cli
-from workbench.bench import pd_capacity
-from workbench.bench.pd_capacity import PDCapacityConfig
+from workbench.bench.disagg import capacity as pd_capacity
+from workbench.bench.disagg.capacity import PDCapacityConfig
 from workbench.harness.validity import FixedCpuWatch
 from workbench.testing import tiny_checkpoint
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from workbench.bench import pd_push
-from workbench.bench.pd_push import FIGURES, PDPushConfig
+from workbench.bench.disagg import push as pd_push
+from workbench.bench.disagg.push import FIGURES, PDPushConfig
 from workbench.harness.validity import FixedCpuWatch
 from workbench.testing import tiny_checkpoint
 

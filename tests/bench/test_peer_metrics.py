@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from workbench.bench.peer_metrics import PEER_COLUMNS, PEER_TOOLS, peer_definitions
 from workbench.harness.metrics import RequestRecord
+from workbench.harness.peer_metrics import PEER_COLUMNS, PEER_TOOLS, peer_definitions
 
 approx = pytest.approx
 

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from workbench.bench.offline_workload import (
+from workbench.harness.offline_workload import (
     OfflineRequest,
     make_offline_workload,
     non_special_token_range,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.bench import sched_micro
+from workbench.bench.micro import sched as sched_micro
 from workbench.harness.validity import FixedCpuWatch
 
 

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from workbench import calc
-from workbench.bench import offline
-from workbench.bench.offline import vllm_system
-from workbench.bench.offline_results import (
+from workbench.bench.micro.roofline import MachineRates, check_machine, measure_machine
+from workbench.bench.offline import throughput as offline
+from workbench.bench.offline.results import (
     NO_FIGURE,
     RunPolicy,
     SystemResult,
@@ -26,9 +26,9 @@ from workbench.bench.offline_results import (
     timed,
     timed_step_account,
 )
-from workbench.bench.offline_workload import OfflineRequest
-from workbench.bench.roofline import MachineRates, check_machine, measure_machine
+from workbench.bench.offline.throughput import vllm_system
 from workbench.calc_cli import main as calc_main
+from workbench.harness.offline_workload import OfflineRequest
 from workbench.harness.validity import FixedCpuWatch
 from workbench.roofline_schedule import (
     Chunk,

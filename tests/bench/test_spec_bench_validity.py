@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.bench.spec import SpecPoint, run_point, table
+from workbench.bench.offline.spec import SpecPoint, run_point, table
 from workbench.harness.validity import FixedCpuWatch
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.bench.collective_bench import allreduce_latency, collectives_per_step
+from workbench.harness.collectives import allreduce_latency, collectives_per_step
 
 
 def test_collectives_per_step_is_embedding_plus_two_per_layer_plus_lm_head() -> None:

@@ -74,7 +74,7 @@ def test_an_unknown_isa_falls_back_with_the_reason(monkeypatch: pytest.MonkeyPat
 
 
 def test_the_isa_limit_is_named_beside_every_figure(monkeypatch: pytest.MonkeyPatch) -> None:
-    from workbench.bench.roofline import ISA_LIMIT_VARS, cpu_summary
+    from workbench.bench.micro.roofline import ISA_LIMIT_VARS, cpu_summary
 
     for var in ISA_LIMIT_VARS:
         monkeypatch.delenv(var, raising=False)

@@ -130,7 +130,7 @@ def allreduce_table(hidden_size: int, tokens: Sequence[int], num_hidden_layers: 
                     iters: int = 200, world_size: int = 2) -> pd.DataFrame:
     """gloo all-reduce latency of `tokens[i] x hidden_size` fp32 values (median / p90 us),
     the collectives a TP forward pass makes (2L + 2) and the floor they add per step (ms)."""
-    from workbench.bench.collective_bench import allreduce_latency, collectives_per_step
+    from workbench.harness.collectives import allreduce_latency, collectives_per_step
 
     comm = pd.DataFrame(allreduce_latency(world_size, tuple(hidden_size * t for t in tokens),
                                           iters=iters))

@@ -109,7 +109,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _model_dir(model: str) -> str | None:
-    from workbench.named_models import resolve_model
+    from workbench.config.named_models import resolve_model
 
     model = resolve_model(model)
     return model if Path(model).is_dir() else None

@@ -172,7 +172,7 @@ def compare_variants(
     from workbench.harness.targets import InProcessTarget
     from workbench.harness.workloads import make_workload
     from workbench.models.tokenizer import load_tokenizer
-    from workbench.named_models import resolve_model
+    from workbench.config.named_models import resolve_model
 
     variants = dict(VARIANTS if variants is None else variants)
     base = {"dtype": "float32", **(base_config or {})}

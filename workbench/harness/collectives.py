@@ -1,6 +1,6 @@
 """What one tensor-parallel collective costs on this machine: the floor under a TP step.
 
-    from workbench.bench.collective_bench import allreduce_latency, collectives_per_step
+    from workbench.harness.collectives import allreduce_latency, collectives_per_step
     allreduce_latency(world_size=2, numels=(256, 65536))   # [{numel, bytes, median_us, ...}]
     collectives_per_step(num_hidden_layers=6)              # 14
 

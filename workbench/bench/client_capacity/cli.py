@@ -10,16 +10,16 @@ The system under test is `mock_openai` (its own process, streaming tokens as fas
 pinned to another core than this process where the machine has two or more. Each step is one
 open-loop run at one rate: `duration_s` seconds of Poisson (or constant) arrivals, prompts of
 `input_len` token ids, `output_len` tokens each, first through the workbench's own HTTP path
-(`client_capacity_ours`), then, when its venv exists, through `vllm bench serve`
-(`client_capacity_vllm`). Rates rise until `stop_after` steps in a row were late or failed
-(`client_capacity_steps`); the table, summary and JSON are `client_capacity_report`'s.
+(`ours`), then, when its venv exists, through `vllm bench serve` (`vllm`). Rates rise
+until `stop_after` steps in a row were late or failed (`steps`); the table, summary and JSON
+are `report`'s. The package `workbench.bench.client_capacity`:
 
-    client_capacity_config   the flags' dataclass (validated)
-    client_capacity_steps    StepResult, statuses, the climb and its ceilings
-    client_capacity_ours     one step of ours, judged by the harness's own validity checks
-    client_capacity_vllm     one step of vLLM's client
-    client_capacity_report   the result: table, summary, JSON
-    client_capacity (here)   start the mock, pin, sweep both clients; the command line
+    config       the flags' dataclass (validated)
+    steps        StepResult, statuses, the climb and its ceilings
+    ours         one step of ours, judged by the harness's own validity checks
+    vllm         one step of vLLM's client
+    report       the result: table, summary, JSON
+    cli (here)   start the mock, pin, sweep both clients; the command line
 """
 
 from __future__ import annotations
@@ -33,13 +33,13 @@ import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from workbench.bench.client_capacity_config import ARRIVALS, MODEL, ClientCapacityConfig
-from workbench.bench.client_capacity_ours import run_ours
-from workbench.bench.client_capacity_report import ClientCapacity
-from workbench.bench.client_capacity_steps import StepResult, sweep
-from workbench.bench.client_capacity_vllm import run_vllm, vllm_plan
-from workbench.bench.mock_openai import pin_to_cpus
-from workbench.bench.pd_capacity import add_output_args
+from workbench.bench.client_capacity.config import ARRIVALS, MODEL, ClientCapacityConfig
+from workbench.bench.client_capacity.ours import run_ours
+from workbench.bench.client_capacity.report import ClientCapacity
+from workbench.bench.client_capacity.steps import StepResult, sweep
+from workbench.bench.client_capacity.vllm import run_vllm, vllm_plan
+from workbench.bench.disagg.capacity import add_output_args
+from workbench.bench.mock_openai.serve import pin_to_cpus
 from workbench.harness.validity import (
     MAX_MEDIAN_LATENESS_S,
     MAX_P95_READ_LAG_S,
@@ -63,7 +63,7 @@ def free_port() -> int:
 def measure(config: ClientCapacityConfig, watch: CpuWatch | None = None,
             print_line: Callable[[str], None] | None = print) -> ClientCapacity:
     """Start the mock, pin, step our client (then vLLM's), stop the mock, unpin."""
-    from workbench.bench.roofline import cpu_summary
+    from workbench.bench.micro.roofline import cpu_summary
     from workbench.harness.server_process import ServerProcess
 
     watch = watch if watch is not None else default_cpu_watch()

@@ -1,9 +1,8 @@
 """What one `workbench bench client-capacity` sweep measures: `ClientCapacityConfig`, the
 rates, the request shape, the mock's pace, the climb's rules (validated on construction).
 
-Place in the flow: `client_capacity.main` builds it from the flags; every other
-client_capacity_* module reads it (`client_capacity_ours` and `client_capacity_vllm` run one
-step of it, `client_capacity_steps.sweep` climbs its rates).
+Place in the flow: `cli.main` builds it from the flags; every other module of this package
+reads it (`ours` and `vllm` run one step of it, `steps.sweep` climbs its rates).
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from workbench.harness.validity import DEFAULT_MAX_OTHER_CPU_SHARE
 DEFAULT_RATES = (50.0, 100.0, 200.0, 300.0, 400.0, 600.0, 800.0, 1200.0, 1600.0)
 ARRIVALS = ("poisson", "constant")
 MODEL = "mock"
-DEFAULT_VLLM_VENV = Path(__file__).resolve().parents[2] / ".venv-vllm"
+DEFAULT_VLLM_VENV = Path(__file__).resolve().parents[3] / ".venv-vllm"
 
 
 @dataclass(frozen=True)

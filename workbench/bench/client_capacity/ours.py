@@ -2,7 +2,7 @@
 `runner.run`, what `workbench bench` and experiments use, against the mock server.
 
 Place in the flow: `client_capacity.measure` calls `run_ours` per rate (through
-`client_capacity_steps.sweep`); `step_from_run` judges the `RunResult`:
+`steps.sweep`); `step_from_run` judges the `RunResult`:
 
     send side   the harness's own `validity.check_validity` (lateness, send rate): "late"
     read side   "slow-read" when the shared read-loop check says so (`validity.read_lag_reason`
@@ -24,8 +24,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from workbench.bench.client_capacity_config import MODEL, ClientCapacityConfig
-from workbench.bench.client_capacity_steps import StepResult, process_cpu_s, step_status
+from workbench.bench.client_capacity.config import MODEL, ClientCapacityConfig
+from workbench.bench.client_capacity.steps import StepResult, process_cpu_s, step_status
 from workbench.harness.validity import (
     MAX_P95_READ_LAG_S,
     MIN_RATE_FRACTION,

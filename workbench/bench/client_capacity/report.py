@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from workbench.bench.client_capacity_config import ClientCapacityConfig
-from workbench.bench.client_capacity_steps import (
+from workbench.bench.client_capacity.config import ClientCapacityConfig
+from workbench.bench.client_capacity.steps import (
     ALL_FAILURES,
     SEND_FAILURES,
     Ceiling,

@@ -1,9 +1,9 @@
 """One step of a client-capacity sweep and the climb: `StepResult` (one client at one rate),
 its status, the `sweep` over the rates and the `Ceiling` found.
 
-Place in the flow: `client_capacity_ours.run_ours` and `client_capacity_vllm.run_vllm` each
+Place in the flow: `ours.run_ours` and `vllm.run_vllm` each
 return a `StepResult` per rate; `sweep` calls one of them rate after rate (redoing disturbed
-steps, stopping after late ones); `client_capacity_report` tabulates the steps and their
+steps, stopping after late ones); `report` tabulates the steps and their
 ceilings.
 
 Status of a step: "ok"; "late" (the sends fell behind the schedule); "slow-read" (sent on
@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from workbench.bench.client_capacity_config import ClientCapacityConfig
+from workbench.bench.client_capacity.config import ClientCapacityConfig
 
 STATUSES = ("ok", "late", "slow-read", "failed", "disturbed")
 SEND_FAILURES = ("late", "failed")  # what the harness's validity (and --strict) judge

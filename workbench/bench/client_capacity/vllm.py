@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from workbench.bench.client_capacity_config import MODEL, ClientCapacityConfig
-from workbench.bench.client_capacity_steps import (
+from workbench.bench.client_capacity.config import MODEL, ClientCapacityConfig
+from workbench.bench.client_capacity.steps import (
     StepFailed,
     StepResult,
     process_cpu_s,
@@ -104,7 +104,7 @@ def parse_vllm_result(data: dict[str, Any], rate: float, cpu_s: float | None,
 def run_vllm(python: Path, config: ClientCapacityConfig, root_url: str,
              server_pid: int | None, rate: float, watch: CpuWatch) -> StepResult:
     """One step through `vllm bench serve` in a subprocess of its venv."""
-    from workbench.named_models import resolve_model
+    from workbench.config.named_models import resolve_model
 
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env.update(PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false",

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench import calc
-from workbench.engine_args import add_engine_args, engine_kwargs
+from workbench.engine.arg_utils import add_engine_args, engine_kwargs
 from workbench.harness.validity import (
     DEFAULT_MAX_OTHER_CPU_SHARE,
     CpuWatch,
@@ -177,7 +177,7 @@ def _prompts(rng: random.Random, n: int, length: int, token_range: tuple[int, in
 
 def model_folder(name: str) -> str:
     """A model folder with config.json, or a shipped name (bundled, demo, demo-draft)."""
-    from workbench.named_models import resolve_model
+    from workbench.config.named_models import resolve_model
 
     model = resolve_model(name)
     if not (Path(model) / "config.json").is_file():
@@ -189,7 +189,7 @@ def model_folder(name: str) -> str:
 def measure(config: PDCapacityConfig, watch: CpuWatch | None = None) -> PDCapacity:
     """Load the engine, warm up, time both phases `repeats` times, and run `calc.pd_ratio`."""
     from workbench import LLM, SamplingParams
-    from workbench.bench.offline_workload import non_special_token_range
+    from workbench.harness.offline_workload import non_special_token_range
 
     model = model_folder(config.model)
     token_range = non_special_token_range(model)

@@ -34,8 +34,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from workbench.bench.pd_capacity import _positive, _prompts, add_output_args, model_folder
-from workbench.engine_args import add_engine_args, engine_kwargs
+from workbench.bench.disagg.capacity import _positive, _prompts, add_output_args, model_folder
+from workbench.engine.arg_utils import add_engine_args, engine_kwargs
 from workbench.harness.validity import (
     DEFAULT_MAX_OTHER_CPU_SHARE,
     CpuWatch,
@@ -111,7 +111,7 @@ class PDPush:
 
 def measure(config: PDPushConfig, watch: CpuWatch | None = None) -> PDPush:
     from workbench import LLM, SamplingParams
-    from workbench.bench.offline_workload import non_special_token_range
+    from workbench.harness.offline_workload import non_special_token_range
 
     model = model_folder(config.model)
     token_range = non_special_token_range(model)

@@ -163,7 +163,7 @@ def _sync(device: str) -> None:
 # ------------------------------------------------------------------------------- 1 kernels
 def check_kernels(cfg: CheckConfig) -> list[dict[str, Any]]:
     """Every kernel vs its twin on the device; see kernel_cases for the shapes."""
-    from workbench.bench.gpu_kernel_cases import kernel_cases
+    from workbench.bench.gpu.kernel_cases import kernel_cases
 
     rows = []
     for case in kernel_cases(cfg.device, cfg.dtype, quick=cfg.quick):
@@ -177,7 +177,7 @@ def check_kernels(cfg: CheckConfig) -> list[dict[str, Any]]:
 # ----------------------------------------------------------------------------- 2 attention
 def decode_attention_bandwidth(cfg: CheckConfig) -> list[dict[str, Any]]:
     """Paged decode attention: bytes of K and V each sequence reads / kernel time."""
-    from workbench.bench.gpu_kernel_cases import decode_attention_call
+    from workbench.bench.gpu.kernel_cases import decode_attention_call
 
     shape = dict(ATTN_SHAPE)
     if cfg.quick:
@@ -333,8 +333,8 @@ def decode_step_roofline(cfg: CheckConfig, ckpt: Path) -> list[dict[str, Any]]:
 # ---------------------------------------------------------------------------- throughput
 def throughput_vs_hf(cfg: CheckConfig, ckpt: Path) -> list[dict[str, Any]]:
     from workbench import SamplingParams
-    from workbench.bench.offline_workload import OfflineRequest
     from workbench.bench.peers import hf_generate as hf
+    from workbench.harness.offline_workload import OfflineRequest
 
     cfg_json = json.loads((ckpt / "config.json").read_text())
     vocab = int(cfg_json["vocab_size"])

@@ -1,6 +1,6 @@
 """Micro-benchmark: the CPU paged-decode attention kernel against its torch twin.
 
-    python -m workbench.bench.decode_kernel [--runs 9] [--threads N]
+    python -m workbench.bench.micro.decode_kernel [--runs 9] [--threads N]
 
 One decode token per sequence through `TorchAttentionBackend.forward` (the KV write, the plan
 and the attention), the C++ kernel switched on and off (`USE_CPU_DECODE_KERNEL`): the torch
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     from kernels.cpu import paged_decode
-    from workbench.bench.roofline import cpu_summary
+    from workbench.bench.micro.roofline import cpu_summary
 
     paged_decode.load()
     print(f"{cpu_summary()}; {torch.get_num_threads()} threads; kernel "

@@ -1,6 +1,6 @@
 """Micro-benchmark: µs per `allocate_slots` call for a batch of running decoding requests.
 
-    python -m workbench.bench.kv_cache_bench [--num-requests 256] [--block-size 16] [--steps 200]
+    python -m workbench.bench.micro.kv_cache [--num-requests 256] [--block-size 16] [--steps 200]
 
 Prompt lengths are staggered (prompt_len + i % block_size) so that every step about
 1/block_size of the requests fill a block (allocation + hashing) and the rest take the fast
@@ -13,8 +13,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from workbench.engine.request import Request
-from workbench.kv_cache.manager import KVCacheManager
+from workbench.core.kv_cache.manager import KVCacheManager
+from workbench.core.request import Request
 from workbench.sampling_params import SamplingParams
 
 

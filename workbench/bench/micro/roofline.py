@@ -27,7 +27,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from workbench.harness.validity import CpuWatch, default_cpu_watch
-from workbench.layers.cpu_info import last_level_cache_bytes
+from workbench.platforms.cpu_info import last_level_cache_bytes
 from workbench.roofline_schedule import DecoderShape, request_flops
 
 __all__ = ["DecoderShape", "request_flops", "MAX_DRIFT", "MachineRates", "RooflineCheck",

@@ -1,6 +1,6 @@
 """Micro-benchmark: scheduler + KV cache manager time per step with N running requests.
 
-    python -m workbench.bench.sched_micro [--num-requests 256] [--steps 300]
+    python -m workbench.bench.micro.sched [--num-requests 256] [--steps 300]
 
 No model: each step runs `schedule()` and `update_from_output()` with one fixed sampled token
 per request, so the figure is the pure-Python engine overhead a forward pass must hide
@@ -20,8 +20,8 @@ import sys
 import time
 
 from workbench.config import CacheConfig, SchedulerConfig
-from workbench.engine.request import Request
-from workbench.engine.scheduler import Scheduler
+from workbench.core.request import Request
+from workbench.core.sched.scheduler import Scheduler
 from workbench.harness.validity import (
     DEFAULT_MAX_OTHER_CPU_SHARE,
     CpuWatch,

@@ -2,7 +2,7 @@
 request's parse into a `Generation` (token counts, how it ends, how it is sent) and the
 response it becomes, in vLLM's shapes (`serving_completion.py`, `serving_chat.py`).
 
-Place in the flow: `mock_openai_server.MockServer` parses each completions / chat body here
+Place in the flow: `server.MockServer` parses each completions / chat body here
 and writes the events or the body `Generation` makes. Pure functions of the request bytes.
 
     streamed   one `data:` event per token, {"id", "object": "text_completion" |

@@ -1,7 +1,7 @@
 """The mock OpenAI server's HTTP/1.1: read one request from a connection, write one
 response head or a whole response.
 
-Place in the flow: `mock_openai_server.MockServer` reads each request with `read_request`
+Place in the flow: `server.MockServer` reads each request with `read_request`
 and answers with `send` (a whole body) or `response_head` and its own chunks (a stream).
 Stdlib asyncio streams only, so the mock spends less CPU per token than the clients it
 measures: keep-alive, Content-Length bodies, chunked streamed responses; no TLS, no

@@ -6,10 +6,10 @@ when the load generator itself is measured (`workbench bench client-capacity`).
 
 No model runs. This module starts it: as a program (until SIGTERM or SIGINT, its address on
 the first line of stdout, pinned with `--cpu`) or on a daemon thread (`serve_in_thread`:
-tests, notebooks). What it serves is in `mock_openai_server` (routes, streams),
-`mock_openai_generation` (vLLM's chunk and body shapes, token counts, refusals) and
-`mock_openai_http` (a minimal HTTP/1.1 on stdlib asyncio streams, so the mock spends less
-CPU per token than the clients it measures). Binds 127.0.0.1 by default.
+tests, notebooks). What it serves is in `server` (routes, streams), `generation` (vLLM's
+chunk and body shapes, token counts, refusals) and `http` (a minimal HTTP/1.1 on stdlib
+asyncio streams, so the mock spends less CPU per token than the clients it measures), beside
+this module in `workbench.bench.mock_openai`. Binds 127.0.0.1 by default.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import signal
 import threading
 from collections.abc import Iterator, Sequence
 
-from workbench.bench.mock_openai_generation import MockConfig
-from workbench.bench.mock_openai_server import MockServer
+from workbench.bench.mock_openai.generation import MockConfig
+from workbench.bench.mock_openai.server import MockServer
 
 __all__ = ["MockConfig", "MockServer", "main", "pin_to_cpus", "serve_in_thread"]
 

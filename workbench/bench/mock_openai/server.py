@@ -2,10 +2,10 @@
 asyncio loop (`await MockServer(config).start()`, then `port`; `await stop()`).
 
 Place in the flow: `mock_openai` runs it as a program (or on a thread: `serve_in_thread`);
-each connection reads requests (`mock_openai_http`), each completions / chat request becomes
-a `mock_openai_generation.Generation` whose events are written one HTTP chunk each.
+each connection reads requests (`http`), each completions / chat request becomes
+a `generation.Generation` whose events are written one HTTP chunk each.
 
-    POST /v1/completions, /v1/chat/completions   streamed or not (mock_openai_generation)
+    POST /v1/completions, /v1/chat/completions   streamed or not (generation)
     GET  /v1/models      the one served model    GET  /health              200, empty
     GET  /metrics        vLLM-named counters     POST /reset_prefix_cache  200, empty
 
@@ -22,8 +22,8 @@ import contextlib
 import time
 from typing import Any
 
-from workbench.bench.mock_openai_generation import Generation, MockConfig, OpenAIRequestError
-from workbench.bench.mock_openai_http import (
+from workbench.bench.mock_openai.generation import Generation, MockConfig, OpenAIRequestError
+from workbench.bench.mock_openai.http import (
     REASONS,
     HttpRequest,
     read_request,

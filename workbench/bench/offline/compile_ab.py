@@ -1,4 +1,5 @@
-"""Compiled vs eager forward, measured: `python -m workbench.bench.compile_ab` (docs/compile.md).
+"""Compiled vs eager forward, measured: `python -m workbench.bench.offline.compile_ab`
+(docs/compile.md).
 
     --model demo | bench | small | DIR   the demo model (6.8M), the offline bench's 30M or small
                                  checkpoint, or a folder
@@ -37,7 +38,7 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
-from workbench.layers.cpu_info import cpu_model_name
+from workbench.platforms.cpu_info import cpu_model_name
 
 DEMO = "demo"
 BENCH = "bench"
@@ -45,15 +46,15 @@ BENCH = "bench"
 
 def resolve(model: str) -> str:
     """demo, a bench preset of the offline benchmark (bench, small) or a folder -> a folder."""
-    from workbench.bench.offline_workload import BENCH_MODELS
+    from workbench.harness.offline_workload import BENCH_MODELS
 
     if model in BENCH_MODELS:
-        from workbench.bench.offline import BENCH_DIR
-        from workbench.bench.offline_workload import build_bench_checkpoint
+        from workbench.bench.offline.throughput import BENCH_DIR
+        from workbench.harness.offline_workload import build_bench_checkpoint
 
         preset = BENCH_MODELS[model]
         return str(build_bench_checkpoint(BENCH_DIR / preset.folder, config=preset.config))
-    from workbench.named_models import resolve_model
+    from workbench.config.named_models import resolve_model
 
     return resolve_model(model)
 
@@ -67,7 +68,7 @@ def workload_preset(model: str) -> Any:
     """The offline bench's workload the model can hold: the bench preset's (64 requests up to
     256 + 128 tokens), or the small preset's (48 up to 128 + 64) for a model of fewer than
     384 positions."""
-    from workbench.bench.offline_workload import BENCH_MODELS
+    from workbench.harness.offline_workload import BENCH_MODELS
 
     bench = BENCH_MODELS["bench"]
     longest = bench.prompt_len_range[1] + bench.output_len_range[1]
@@ -101,7 +102,7 @@ def measure_starts(model: str) -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory(prefix="compile_ab_") as cache:
         for label, mode in (("eager", 0), ("compiled, first start", 3),
                             ("compiled, second start", 3)):
-            cmd = [sys.executable, "-m", "workbench.bench.compile_ab", "--probe", str(mode),
+            cmd = [sys.executable, "-m", "workbench.bench.offline.compile_ab", "--probe", str(mode),
                    "--model", model, "--cache-dir", cache]
             from workbench.harness.validity import default_cpu_watch
 
@@ -155,7 +156,7 @@ def clean_median(runs: Sequence[tuple[float, float]], max_others: float) -> floa
 def measure_engine(model: str, rounds: int, max_others: float, retries: int
                    ) -> dict[str, Any]:
     from workbench import LLM, SamplingParams
-    from workbench.bench.offline_workload import (
+    from workbench.harness.offline_workload import (
         make_offline_workload,
         non_special_token_range,
         workload_tokens,
@@ -199,7 +200,7 @@ def record_choice(model: str, eager_tok_s: float | None, compiled_tok_s: float |
                   tokens_equal: bool, compiled_slowest_tok_s: float | None = None) -> str:
     """Write the measured pair as this machine's default for the model's shape (the record
     `workbench.compile_choice` reads), or say why not; returns the line to print."""
-    from workbench import compile_choice as cc
+    from workbench.config import compile_choice as cc
 
     if COMPILED != {"mode": 3}:
         return f"not recorded: the compiled side ran {json.dumps(COMPILED)}, not the default"
@@ -210,7 +211,8 @@ def record_choice(model: str, eager_tok_s: float | None, compiled_tok_s: float |
     cfg = json.loads((Path(model) / "config.json").read_text())
     key = cc.model_key(cfg, ENGINE["dtype"])
     choice = cc.CompileChoice(eager_tok_s, compiled_tok_s, str(date.today()),
-                              "python -m workbench.bench.compile_ab", compiled_slowest_tok_s)
+                              "python -m workbench.bench.offline.compile_ab",
+                              compiled_slowest_tok_s)
     path = cc.record(key, choice)
     mode = "compiled (mode 3)" if choice.compiles else "eager"
     return f"{mode} for this model on this machine (recorded in {path})"

@@ -64,8 +64,9 @@ class SystemResult:
     valid: bool = True  # False: other processes took more than --max-others in a kept run
     invalid_reason: str = ""
     notes: str = ""
-    # the engine's step account over its timed workload runs (`metrics.step_account.overhead_account`:
-    # ms per step and share of step time per phase, overhead_share); None for other systems
+    # the engine's step account over its timed workload runs
+    # (`metrics.step_account.overhead_account`: ms per step and share of step time per phase,
+    # overhead_share); None for other systems
     step_account: dict[str, float] | None = None
     token_ids: list[list[int]] = field(default_factory=list, repr=False)
 

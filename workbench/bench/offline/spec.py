@@ -20,7 +20,9 @@ Every timed run is measured with `validity.CpuWatch`: a point during which other
 used more than `--max-other-cpu-share` of the CPUs is INVALID (a console line, the table's
 "others' CPU" column) and no speed-up is computed from it.
 
-Prints Markdown tables; `--json PATH` writes every point.
+Prints Markdown tables (`harness.spec_points`: the point, its counters and tables); `--json
+PATH` writes every point. Notebook 07 asks the same question through the experiment runner
+(`workbench.experiments.studies.speculation`).
 """
 
 from __future__ import annotations
@@ -29,12 +31,10 @@ import argparse
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from statistics import median
 from typing import Any
 
-from workbench.calc import spec_predicted_speedup
+from workbench.harness.spec_points import SpecPoint, position_table, spec_counters, table
 from workbench.harness.validity import (
     DEFAULT_MAX_OTHER_CPU_SHARE,
     CpuWatch,
@@ -42,62 +42,6 @@ from workbench.harness.validity import (
     default_cpu_watch,
     disturbed_line,
 )
-
-
-@dataclass
-class SpecPoint:
-    label: str  # "off", "ngram k=5", "draft k=3"
-    concurrency: int
-    run_s: list[float]
-    output_tokens: int
-    num_drafts: int = 0
-    num_draft_tokens: int = 0
-    num_accepted: int = 0
-    accepted_per_pos: list[int] = field(default_factory=list)
-    identical: bool | None = None  # output equal to the "off" point's
-    others_cpu: float = float("nan")  # largest share of the CPUs others used in a timed run
-    valid: bool = True  # False: others_cpu above the threshold
-    token_ids: list[list[int]] = field(default_factory=list, repr=False)
-
-    @property
-    def output_tok_s(self) -> float:
-        return self.output_tokens / median(self.run_s)
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.num_accepted / self.num_draft_tokens if self.num_draft_tokens else 0.0
-
-    @property
-    def mean_acceptance_length(self) -> float:
-        return 1 + self.num_accepted / self.num_drafts if self.num_drafts else 1.0
-
-    @property
-    def predicted_speedup(self) -> float:
-        if not self.num_drafts:
-            return 1.0
-        return spec_predicted_speedup(self.output_tokens, self.num_drafts, self.num_accepted)
-
-    @property
-    def acceptance_by_position(self) -> list[float]:
-        return [c / self.num_drafts for c in self.accepted_per_pos] if self.num_drafts else []
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d.pop("token_ids")
-        d.update(output_tok_s=self.output_tok_s, acceptance_rate=self.acceptance_rate,
-                 mean_acceptance_length=self.mean_acceptance_length,
-                 predicted_speedup=self.predicted_speedup,
-                 acceptance_by_position=self.acceptance_by_position)
-        return d
-
-
-def _spec_counters(stats: dict[str, Any]) -> tuple[int, int, int, list[int]]:
-    return (
-        int(stats.get("vllm:spec_decode_num_drafts", 0)),
-        int(stats.get("vllm:spec_decode_num_draft_tokens", 0)),
-        int(stats.get("vllm:spec_decode_num_accepted_tokens", 0)),
-        list(stats.get("vllm:spec_decode_num_accepted_tokens_per_pos", [])),
-    )
 
 
 def run_point(
@@ -124,17 +68,17 @@ def run_point(
     llm.generate(prompts[:warm], params[:warm])
     times: list[float] = []
     token_ids: list[list[int]] = []
-    before = after = _spec_counters(llm.stats())
+    before = after = spec_counters(llm.stats())
     shares: list[float] = []
     for _ in range(runs):
         llm.reset_prefix_cache()
-        before = _spec_counters(llm.stats())
+        before = spec_counters(llm.stats())
         with watch.measure() as share:
             t0 = time.perf_counter()
             outs = llm.generate(prompts, params)
             times.append(time.perf_counter() - t0)
         shares.append(share.others)
-        after = _spec_counters(llm.stats())
+        after = spec_counters(llm.stats())
         token_ids = [o.outputs[0].token_ids for o in outs]
     per_pos = [a - (before[3][i] if i < len(before[3]) else 0) for i, a in enumerate(after[3])]
     measured = [x for x in shares if not math.isnan(x)]
@@ -154,9 +98,9 @@ def run_point(
 
 def repetitive_requests(model: str | Path, num_requests: int, seed: int
                         ) -> tuple[list[list[int]], list[int]]:
+    from workbench.config.named_models import resolve_model
     from workbench.harness.workloads import make_workload
     from workbench.models.tokenizer import load_tokenizer
-    from workbench.named_models import resolve_model
 
     tok = load_tokenizer(resolve_model(model))
     wl = make_workload("repetitive", seed, tok, num_requests=num_requests)
@@ -169,7 +113,7 @@ def code_requests(model: str | Path, num_requests: int, seed: int, prompt_len: i
     saw): `num_requests` windows of `prompt_len` tokens at seeded offsets."""
     import random
 
-    from workbench.named_models import resolve_model
+    from workbench.config.named_models import resolve_model
     from workbench.testing.demo_pair import held_out_stream
 
     ids = held_out_stream(Path(resolve_model(model))).tolist()
@@ -192,43 +136,6 @@ def compare(
         p.identical = p.token_ids == off.token_ids
         points.append(p)
     return points
-
-
-def table(points: list[SpecPoint]) -> str:
-    """One row per point; no measured speed-up when the point or its "off" is invalid."""
-    rows = ["| concurrency | config | output tok/s | speed-up | predicted | acceptance | "
-            "mean acc. len | drafts | identical | others' CPU |",
-            "|---:|---|---:|---:|---:|---:|---:|---:|---|---:|"]
-    base = {p.concurrency: p for p in points if p.label == "off"}
-    for p in points:
-        off = base.get(p.concurrency)
-        if off is None:
-            speed = "nan"
-        elif p.valid and off.valid:
-            speed = f"{p.output_tok_s / off.output_tok_s:.2f}x"
-        else:
-            speed = "n/a (invalid)"
-        ident = "" if p.identical is None else ("yes" if p.identical else "**NO**")
-        others = "-" if math.isnan(p.others_cpu) else f"{p.others_cpu:.0%}"
-        rows.append(
-            f"| {p.concurrency} | {p.label} | {p.output_tok_s:.1f} | {speed} | "
-            f"{p.predicted_speedup:.2f}x | {p.acceptance_rate:.1%} | "
-            f"{p.mean_acceptance_length:.2f} | {p.num_drafts} | {ident} | "
-            f"{others}{'' if p.valid else ' INVALID'} |"
-        )
-    return "\n".join(rows)
-
-
-def position_table(points: list[SpecPoint]) -> str:
-    k = max((len(p.accepted_per_pos) for p in points), default=0)
-    rows = ["| config | " + " | ".join(f"pos {i}" for i in range(k)) + " |",
-            "|---|" + "---:|" * k]
-    for p in points:
-        if p.num_drafts:
-            acc = p.acceptance_by_position + [float("nan")] * (k - len(p.accepted_per_pos))
-            rows.append(f"| {p.label}, C={p.concurrency} | "
-                        + " | ".join(f"{a:.1%}" for a in acc) + " |")
-    return "\n".join(rows)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -40,7 +40,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from workbench.bench.offline_results import (
+from workbench.bench.micro.roofline import (
+    DecoderShape,
+    MachineRates,
+    RooflineCheck,
+    check_machine,
+    cpu_summary,
+    measure_machine,
+)
+from workbench.bench.offline.results import (
     RunPolicy,
     SystemResult,
     TimedRuns,
@@ -52,8 +60,10 @@ from workbench.bench.offline_results import (
     timed_step_account,
     worse,
 )
-from workbench.bench.offline_results import mismatch_details as mismatch_details  # re-export
-from workbench.bench.offline_workload import (
+from workbench.bench.offline.results import mismatch_details as mismatch_details  # re-export
+from workbench.config import SchedulerConfig
+from workbench.engine.arg_utils import add_engine_args, engine_kwargs
+from workbench.harness.offline_workload import (
     BENCH_MODELS,
     OfflineRequest,
     build_bench_checkpoint,
@@ -63,20 +73,10 @@ from workbench.bench.offline_workload import (
     single_request,
     workload_tokens,
 )
-from workbench.bench.roofline import (
-    DecoderShape,
-    MachineRates,
-    RooflineCheck,
-    check_machine,
-    cpu_summary,
-    measure_machine,
-)
-from workbench.config import SchedulerConfig
-from workbench.engine_args import add_engine_args, engine_kwargs
 from workbench.metrics.stats import StepRecord
 from workbench.roofline_schedule import ScheduleRoofline, schedule_roofline
 
-BENCH_DIR = Path(__file__).resolve().parents[2] / ".bench" / "offline"
+BENCH_DIR = Path(__file__).resolve().parents[3] / ".bench" / "offline"
 DEFAULT_CKPT_DIR = BENCH_DIR / BENCH_MODELS["bench"].folder
 
 

@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 
-from workbench.bench.offline_workload import OfflineRequest
+from workbench.harness.offline_workload import OfflineRequest
 
 # Measured best on the bench workload (see the module docstring).
 CB_BEST: dict[str, Any] = {"attn_implementation": "sdpa", "page_size": 64,

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from workbench.bench.offline_workload import OfflineRequest, to_json
+from workbench.harness.offline_workload import OfflineRequest, to_json
 from workbench.worker import cpu_threads, hugepages
 
 REPO_ROOT = Path(__file__).resolve().parents[3]

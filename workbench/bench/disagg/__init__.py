@@ -1,0 +1,2 @@
+"""Disaggregated serving benchmarks: `capacity` (`workbench bench pd-capacity`) and `push`
+(`workbench bench pd-push`)."""
