@@ -11,7 +11,7 @@ import pytest
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
-from workbench import calc
+from workbench import planning as calc
 from workbench.analysis import disagg, plots
 
 # A plotting warning fails the test; a ResourceWarning is another test's socket or file being

@@ -257,7 +257,7 @@ COMMANDS: dict[str, tuple[str, Callable[[list[str]], None]]] = {
     "disagg": ("the router with P prefill + M decode replicas (disaggregated serving)",
                _lazy("workbench.router.disagg_cli")),
     "calc": ("KV / memory / speculative / TP arithmetic (kv, budget, blocks, prefix, ...)",
-             _lazy("workbench.calc_cli")),
+             _lazy("workbench.planning.cli")),
     "preflight": ("check this machine and environment before measuring",
                   _lazy("workbench.preflight")),
     "demo-engine": ("generate from the bundled checkpoint, print a report",

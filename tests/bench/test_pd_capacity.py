@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from workbench import calc, cli
+from workbench import cli
+from workbench import planning as calc
 from workbench.bench.disagg import capacity as pd_capacity
 from workbench.bench.disagg.capacity import PDCapacityConfig
 from workbench.harness.validity import FixedCpuWatch

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from workbench import calc
+from workbench import planning as calc
 from workbench.bench.micro.roofline import MachineRates, check_machine, measure_machine
 from workbench.bench.offline import throughput as offline
 from workbench.bench.offline.results import (
@@ -27,10 +27,10 @@ from workbench.bench.offline.results import (
     timed_step_account,
 )
 from workbench.bench.offline.throughput import vllm_system
-from workbench.calc_cli import main as calc_main
 from workbench.harness.offline_workload import OfflineRequest
 from workbench.harness.validity import FixedCpuWatch
-from workbench.roofline_schedule import (
+from workbench.planning.cli import main as calc_main
+from workbench.planning.roofline import (
     Chunk,
     DecoderShape,
     RooflineInputError,
@@ -171,7 +171,7 @@ def test_cli_roofline(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_cli_roofline_expands_counts_and_refuses_bad_input(
         capsys: pytest.CaptureFixture[str]) -> None:
-    from workbench.calc_cli import parse_requests
+    from workbench.planning.cli import parse_requests
 
     assert parse_requests(["128:64", "32:16x3"]) == [(128, 64)] + [(32, 16)] * 3
     with pytest.raises(SystemExit) as e:

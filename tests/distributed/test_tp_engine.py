@@ -26,7 +26,7 @@ import pytest
 import torch
 
 from workbench import LLM, SamplingParams
-from workbench.calc import kv_bytes_per_token, tp_kv_heads_per_rank
+from workbench.core.kv_cache.utils import kv_bytes_per_token, tp_kv_heads_per_rank
 from workbench.layers.cpu_gemm import pack_linear_weights
 from workbench.layers.linear import LinearBase, RowParallelLinear
 from workbench.layers.quantization.int8 import dequantize, quantize

@@ -34,8 +34,8 @@ from workbench.attention.torch_backend import (
     quantize_kv,
     write_kv,
 )
-from workbench.calc import fp8_kv_scale, kv_bytes_per_block
 from workbench.config import EngineConfig
+from workbench.core.kv_cache.utils import fp8_kv_scale, kv_bytes_per_block
 from workbench.layers.attention import Attention
 from workbench.testing import tiny_checkpoint
 from workbench.worker.model_runner import ModelRunner

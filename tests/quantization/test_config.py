@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from workbench import LLM
-from workbench.calc import quantized_weight_bytes
 from workbench.config import EngineConfig, QuantConfig
 from workbench.config.named_models import resolve_model
+from workbench.planning import quantized_weight_bytes
 from workbench.server.serve import parse_args
 
 BUNDLED = Path(resolve_model("bundled"))  # hidden 64, intermediate 128

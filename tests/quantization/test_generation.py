@@ -17,9 +17,10 @@ import pytest
 import torch
 
 from workbench import LLM, SamplingParams
-from workbench.calc import cdiv, quantized_weight_bytes
 from workbench.config import EngineConfig
+from workbench.core.kv_cache.utils import cdiv
 from workbench.layers.linear import LinearBase
+from workbench.planning import quantized_weight_bytes
 from workbench.testing import tiny_checkpoint
 from workbench.worker.model_runner import ModelRunner
 

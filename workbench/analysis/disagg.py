@@ -22,7 +22,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from workbench.analysis.plots import _figure, _label, _legend
-from workbench.calc import PDRatio
+from workbench.planning import PDRatio
 
 Point = tuple[float, float, float, float]  # (request rate, median, lo, hi)
 LatencyData = pd.DataFrame | Mapping[str, Sequence[float]] | Sequence[float]

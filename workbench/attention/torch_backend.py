@@ -45,7 +45,7 @@ from workbench.attention.metadata import (
     get_kv_scales,
     is_fp8_kv,
 )
-from workbench.calc import FP8_E4M3_MAX, fp8_kv_scale
+from workbench.core.kv_cache.utils import FP8_E4M3_MAX, fp8_kv_scale
 
 # CPU decodes use the C++ paged-decode kernel when it builds (else the torch path below, which
 # stays its reference twin). Tests flip this to compare the two.

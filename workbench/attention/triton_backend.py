@@ -48,7 +48,7 @@ from workbench.attention.metadata import (
     get_kv_scales,
     is_fp8_kv,
 )
-from workbench.calc import fp8_kv_scale
+from workbench.core.kv_cache.utils import fp8_kv_scale
 
 
 @dataclass

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from workbench.calc import tp_kv_heads_per_rank
+from workbench.core.kv_cache.utils import tp_kv_heads_per_rank
 from workbench.distributed.communication_op import tensor_model_parallel_all_reduce
 from workbench.distributed.parallel_state import (
     get_tensor_model_parallel_rank,

@@ -41,7 +41,7 @@ from typing import Any, Protocol
 import torch
 
 from workbench.attention.metadata import AttentionMetadata
-from workbench.calc import cdiv
+from workbench.core.kv_cache.utils import cdiv
 
 
 def cudagraph_capture_sizes(max_num_seqs: int) -> list[int]:

@@ -21,8 +21,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from workbench.attention.metadata import AttentionMetadata
-from workbench.calc import cdiv
 from workbench.config import EngineConfig
+from workbench.core.kv_cache.utils import cdiv
 
 
 class ProfiledRunner(Protocol):

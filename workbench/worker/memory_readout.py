@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from workbench.calc import max_concurrency
+from workbench.core.kv_cache.utils import max_concurrency
 from workbench.layers.linear_autotune import linear_backend_report
 from workbench.worker import cpu_threads, hugepages
 from workbench.worker.kv_cache_sizing import (

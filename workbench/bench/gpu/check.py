@@ -272,7 +272,8 @@ class ForwardTimer:
 
 def decode_step_roofline(cfg: CheckConfig, ckpt: Path) -> list[dict[str, Any]]:
     from workbench import SamplingParams
-    from workbench.calc import decode_step_lower_bound_s, kv_bytes_per_token
+    from workbench.core.kv_cache.utils import kv_bytes_per_token
+    from workbench.planning import decode_step_lower_bound_s
 
     rows = []
     max_batch = max(cfg.step_batches)

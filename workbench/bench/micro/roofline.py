@@ -27,8 +27,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from workbench.harness.validity import CpuWatch, default_cpu_watch
+from workbench.planning.roofline import DecoderShape, request_flops
 from workbench.platforms.cpu_info import last_level_cache_bytes
-from workbench.roofline_schedule import DecoderShape, request_flops
 
 __all__ = ["DecoderShape", "request_flops", "MAX_DRIFT", "MachineRates", "RooflineCheck",
            "StreamFigures", "check_machine", "cpu_summary", "last_level_cache_bytes",

@@ -74,7 +74,7 @@ from workbench.harness.offline_workload import (
     workload_tokens,
 )
 from workbench.metrics.stats import StepRecord
-from workbench.roofline_schedule import ScheduleRoofline, schedule_roofline
+from workbench.planning.roofline import ScheduleRoofline, schedule_roofline
 
 BENCH_DIR = Path(__file__).resolve().parents[3] / ".bench" / "offline"
 DEFAULT_CKPT_DIR = BENCH_DIR / BENCH_MODELS["bench"].folder

@@ -1,4 +1,4 @@
-"""`workbench calc ...`: the serving arithmetic of `workbench.calc` from the command line.
+"""`workbench calc ...`: the planning calculator (`workbench.planning`) from the command line.
 
     workbench calc kv --layers 40 --kv-heads 8 --head-dim 128 --dtype-bytes 2
                       [--block-size 16 --budget-gib 11 --max-model-len 40960 --tp 1]
@@ -26,7 +26,7 @@
                       SEED) --gflops 350 --bandwidth 25GB [--max-num-batched-tokens 8192]
                       [--max-num-seqs 256] [--dtype-bytes 2] [--kv-dtype-bytes 2] [--steps]
 
-Also `python -m workbench.calc_cli ...`. Sizes take B, KB/MB/GB/TB (10^3) or KiB/MiB/GiB/TiB.
+Also `python -m workbench.planning.cli ...`. Sizes take B, KB/MB/GB/TB (10^3) or KiB/MiB/GiB/TiB.
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ import math
 import re
 import sys
 
-from workbench import calc
+from workbench import planning
+from workbench.core.kv_cache import utils as kv_utils
 from workbench.metrics import spec_decode
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -64,7 +65,7 @@ def _rows(rows: list[tuple[str, object]]) -> None:
 
 
 def _gib(n: float) -> int:
-    return round(n * calc.GiB)
+    return round(n * planning.GiB)
 
 
 def _shape(p: argparse.ArgumentParser) -> None:
@@ -77,25 +78,25 @@ def _shape(p: argparse.ArgumentParser) -> None:
 
 
 def _kv(a: argparse.Namespace) -> None:
-    heads = calc.tp_kv_heads_per_rank(a.kv_heads, a.tp)
-    per_token = calc.kv_bytes_per_token(a.layers, heads, a.head_dim, a.dtype_bytes)
+    heads = kv_utils.tp_kv_heads_per_rank(a.kv_heads, a.tp)
+    per_token = kv_utils.kv_bytes_per_token(a.layers, heads, a.head_dim, a.dtype_bytes)
     rows: list[tuple[str, object]] = []
     if a.tp > 1:
         rows.append(("kv heads per rank", heads))
     rows += [("kv bytes/token", per_token), ("kv bytes/block", per_token * a.block_size)]
     if a.budget_gib is not None:
-        blocks = calc.num_blocks_for_budget(_gib(a.budget_gib), per_token * a.block_size)
-        capacity = calc.kv_token_capacity(blocks, a.block_size)
+        blocks = kv_utils.num_blocks_for_budget(_gib(a.budget_gib), per_token * a.block_size)
+        capacity = planning.kv_token_capacity(blocks, a.block_size)
         rows += [("blocks", blocks), ("token capacity", capacity)]
         if a.max_model_len is not None:
-            conc = calc.max_concurrency(blocks, a.block_size, a.max_model_len)
+            conc = kv_utils.max_concurrency(blocks, a.block_size, a.max_model_len)
             rows.append((f"max concurrency @ {a.max_model_len:,}", f"{conc:.2f}x"))
     _rows(rows)
 
 
 def _budget(a: argparse.Namespace) -> None:
-    per_token = calc.kv_bytes_per_token(a.layers, a.kv_heads, a.head_dim, a.dtype_bytes)
-    r = calc.memory_budget(
+    per_token = kv_utils.kv_bytes_per_token(a.layers, a.kv_heads, a.head_dim, a.dtype_bytes)
+    r = planning.memory_budget(
         _gib(a.available_gib), _gib(a.weights_gib), per_token, a.block_size,
         activation_bytes=_gib(a.activations_gib), graph_reserve_bytes=_gib(a.graph_gib),
         headroom_bytes=_gib(a.headroom_gib), max_model_len=a.max_model_len,
@@ -104,7 +105,7 @@ def _budget(a: argparse.Namespace) -> None:
               "kv_cache_bytes": "kv cache", "activation_bytes": "activations",
               "graph_reserve_bytes": "graph reserve", "headroom_bytes": "headroom"}
     rows: list[tuple[str, object]] = [
-        (f"{label} GiB", f"{(r[key] or 0) / calc.GiB:.4f}") for key, label in labels.items()
+        (f"{label} GiB", f"{(r[key] or 0) / planning.GiB:.4f}") for key, label in labels.items()
     ]
     rows += [("weights + kv GiB", f"{r['weight_plus_kv_gib']:.4f}"),
              ("kv bytes/block", r["kv_bytes_per_block"]), ("kv blocks", r["kv_num_blocks"]),
@@ -115,12 +116,12 @@ def _budget(a: argparse.Namespace) -> None:
 
 
 def _blocks(a: argparse.Namespace) -> None:
-    _rows([("blocks", calc.blocks_needed(a.tokens, a.block_size)),
-           ("last block free slots", calc.last_block_free_slots(a.tokens, a.block_size))])
+    _rows([("blocks", kv_utils.blocks_needed(a.tokens, a.block_size)),
+           ("last block free slots", planning.last_block_free_slots(a.tokens, a.block_size))])
 
 
 def _prefix(a: argparse.Namespace) -> None:
-    hit = calc.prefix_cache_hit_tokens(a.shared, a.block_size, a.prompt)
+    hit = planning.prefix_cache_hit_tokens(a.shared, a.block_size, a.prompt)
     rows: list[tuple[str, object]] = [("prefix hit tokens", hit)]
     if a.prompt is not None:
         rows.append(("tokens to prefill", a.prompt - hit))
@@ -128,14 +129,14 @@ def _prefix(a: argparse.Namespace) -> None:
 
 
 def _passes(a: argparse.Namespace) -> None:
-    total = calc.forward_passes(a.prompt, a.output, a.budget)  # validates the arguments
-    chunks = calc.cdiv(a.prompt, a.budget)
+    total = planning.forward_passes(a.prompt, a.output, a.budget)  # validates the arguments
+    chunks = kv_utils.cdiv(a.prompt, a.budget)
     _rows([("prefill chunks", chunks), ("decode passes", total - chunks),
            ("forward passes", total)])
 
 
 def _decode(a: argparse.Namespace) -> None:
-    step = calc.decode_step_lower_bound_s(a.weights, a.kv, a.bandwidth)
+    step = planning.decode_step_lower_bound_s(a.weights, a.kv, a.bandwidth)
     _rows([("step lower bound ms", step * 1e3), ("tokens/s per request upper bound", 1 / step)])
 
 
@@ -144,10 +145,10 @@ def _spec(a: argparse.Namespace) -> None:
     if a.p is not None or a.q is not None:
         if a.p is None or a.q is None:
             raise SystemExit("calc spec: give both --p and --q")
-        rows.append(("acceptance prob min(1, p/q)", calc.spec_acceptance_prob(a.p, a.q)))
+        rows.append(("acceptance prob min(1, p/q)", planning.spec_acceptance_prob(a.p, a.q)))
     if a.acceptance is not None:
         rows.append(("expected tokens/verification",
-                     calc.spec_expected_tokens(a.acceptance, a.k)))
+                     planning.spec_expected_tokens(a.acceptance, a.k)))
     if not rows:
         raise SystemExit("calc spec: give --acceptance (and --k) or --p and --q")
     _rows(rows)
@@ -165,31 +166,31 @@ def _spec_counters(a: argparse.Namespace) -> None:
     if sum(i * n for i, n in enumerate(counts)) != a.accepted:
         rows.append(("warning", "per-position counters do not sum to --accepted"))
     if a.output_tokens is not None:
-        fwd = calc.spec_forward_passes(a.output_tokens, a.drafts, a.accepted)
+        fwd = planning.spec_forward_passes(a.output_tokens, a.drafts, a.accepted)
         rows += [("decode forwards", fwd), ("without speculation", a.output_tokens),
                  ("predicted speed-up", f"{a.output_tokens / fwd:.2f}x")]
     _rows(rows)
 
 
 def _tp(a: argparse.Namespace) -> None:
-    heads = calc.tp_kv_heads_per_rank(a.kv_heads, a.tp)
+    heads = kv_utils.tp_kv_heads_per_rank(a.kv_heads, a.tp)
     mode = "sharded" if a.tp <= a.kv_heads else f"replicated x{a.tp // a.kv_heads}"
     _rows([("kv heads per rank", heads), ("layout", mode)])
 
 
 def _transfer(a: argparse.Namespace) -> None:
     if (a.link is None) == (a.bandwidth is None):
-        raise ValueError(f"give --link (one of {sorted(calc.LINKS)}) or --bandwidth, not both "
+        raise ValueError(f"give --link (one of {sorted(planning.LINKS)}) or --bandwidth, not both "
                          "or neither")
     if (a.gpu is None) == (a.peak_tflops is None):
-        raise ValueError(f"give --gpu (one of {sorted(calc.GPU_PEAK_FLOPS)}) or --peak-tflops, "
+        raise ValueError(f"give --gpu (one of {sorted(planning.GPU_PEAK_FLOPS)}) or --peak-tflops, "
                          "not both or neither")
     for name in ("links", "gpus"):
         if getattr(a, name) < 1:
             raise ValueError(f"--{name} must be an integer >= 1, got {getattr(a, name)}")
-    one_link = calc.link_bandwidth(a.link) if a.link else a.bandwidth
-    one_gpu = calc.gpu_peak_flops(a.gpu) if a.gpu else a.peak_tflops * 1e12
-    r = calc.kv_transfer_break_even(
+    one_link = planning.link_bandwidth(a.link) if a.link else a.bandwidth
+    one_gpu = planning.gpu_peak_flops(a.gpu) if a.gpu else a.peak_tflops * 1e12
+    r = planning.kv_transfer_break_even(
         num_layers=a.layers, num_kv_heads=a.kv_heads, num_heads=a.heads, head_dim=a.head_dim,
         dtype_bytes=a.dtype_bytes, num_params=a.params, prompt_tokens=a.prompt,
         bandwidth_bytes_per_s=one_link * a.links, peak_flops=one_gpu * a.gpus,
@@ -242,11 +243,11 @@ def _pd(a: argparse.Namespace) -> None:
     bandwidth = None
     if a.kv_bytes_per_token is not None:
         if (a.link is None) == (a.bandwidth is None):
-            raise ValueError(f"--kv-bytes-per-token needs --link (one of {sorted(calc.LINKS)}) "
+            raise ValueError(f"--kv-bytes-per-token needs --link (one of {sorted(planning.LINKS)}) "
                              "or --bandwidth, not both or neither")
-        bandwidth = calc.link_bandwidth(a.link) if a.link else a.bandwidth
+        bandwidth = planning.link_bandwidth(a.link) if a.link else a.bandwidth
     try:
-        r = calc.pd_ratio(a.workers, a.input_len, a.output_len, a.prefill_tok_s,
+        r = planning.pd_ratio(a.workers, a.input_len, a.output_len, a.prefill_tok_s,
                           parse_decode_tok_s(a.decode_tok_s), request_rate=a.rate,
                           kv_bytes_per_token=a.kv_bytes_per_token,
                           link_bandwidth_bytes_per_s=bandwidth,
@@ -278,7 +279,7 @@ _SHAPE_FLAGS = {"hidden_size": "hidden", "num_layers": "layers", "num_heads": "h
                 "intermediate_size": "intermediate", "vocab_size": "vocab"}
 
 
-def _roofline_shape(a: argparse.Namespace) -> calc.DecoderShape:
+def _roofline_shape(a: argparse.Namespace) -> planning.DecoderShape:
     given = {k: getattr(a, v) for k, v in _SHAPE_FLAGS.items() if getattr(a, v) is not None}
     if (a.config is None) == (not given):
         raise ValueError("give --config (a checkpoint folder, its config.json or a shipped "
@@ -288,7 +289,7 @@ def _roofline_shape(a: argparse.Namespace) -> calc.DecoderShape:
         from workbench.config.named_models import resolve_model
 
         try:
-            return calc.DecoderShape.from_checkpoint(resolve_model(a.config))
+            return planning.DecoderShape.from_checkpoint(resolve_model(a.config))
         except (OSError, ValueError, KeyError) as exc:  # JSONDecodeError is a ValueError
             raise ValueError(f"--config {a.config!r}: no readable Llama-style config.json "
                              f"({type(exc).__name__}: {exc})") from None
@@ -299,7 +300,7 @@ def _roofline_shape(a: argparse.Namespace) -> calc.DecoderShape:
     heads = given["num_heads"]
     given.setdefault("num_kv_heads", heads)
     given.setdefault("head_dim", given["hidden_size"] // heads)
-    return calc.DecoderShape(**given)
+    return planning.DecoderShape(**given)
 
 
 def _roofline(a: argparse.Namespace) -> None:
@@ -313,7 +314,7 @@ def _roofline(a: argparse.Namespace) -> None:
 
         requests = [(len(r.prompt_token_ids), r.max_tokens)
                     for r in make_offline_workload(a.offline_workload)]
-    r = calc.schedule_roofline(
+    r = planning.schedule_roofline(
         _roofline_shape(a), requests, a.max_num_batched_tokens, a.max_num_seqs, a.gflops,
         a.bandwidth / 1e9, a.dtype_bytes, kv_dtype_bytes=a.kv_dtype_bytes)
     if a.steps:
@@ -407,15 +408,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="weights each token multiplies (no embeddings), e.g. 70e9")
     p.add_argument("--prompt", type=int, required=True, help="prefix tokens moved or redone")
     p.add_argument("--link", default=None, help="preset: " + "; ".join(
-        f"{k} {v / 1e9:,.1f} GB/s" for k, (v, _) in calc.LINKS.items()))
+        f"{k} {v / 1e9:,.1f} GB/s" for k, (v, _) in planning.LINKS.items()))
     p.add_argument("--bandwidth", type=parse_bytes, default=None, help="bytes per second")
     p.add_argument("--links", type=int, default=1, help="links in parallel (one per GPU)")
     p.add_argument("--latency-ms", type=float, default=0.0, help="fixed cost per transfer")
     p.add_argument("--gpu", default=None, help="preset: " + "; ".join(
-        f"{k} {v / 1e12:,.0f} TFLOP/s" for k, v in calc.GPU_PEAK_FLOPS.items()))
+        f"{k} {v / 1e12:,.0f} TFLOP/s" for k, v in planning.GPU_PEAK_FLOPS.items()))
     p.add_argument("--peak-tflops", type=float, default=None, help="dense peak per GPU")
     p.add_argument("--gpus", type=int, default=1, help="GPUs sharing the prefill (TP)")
-    p.add_argument("--efficiency", type=float, default=calc.DEFAULT_EFFICIENCY,
+    p.add_argument("--efficiency", type=float, default=planning.DEFAULT_EFFICIENCY,
                    help="share of the peak a prefill sustains (MFU)")
     p.set_defaults(run=_transfer)
     p = sub.add_parser("pd", help="prefill:decode split of W disaggregated instances: each "
@@ -433,7 +434,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-bytes-per-token", type=parse_bytes, default=None,
                    help="KV moved per prompt token (see `calc kv`), with --link/--bandwidth")
     p.add_argument("--link", default=None, help="preset, one per prefill instance: "
-                   + ", ".join(calc.LINKS))
+                   + ", ".join(planning.LINKS))
     p.add_argument("--bandwidth", type=parse_bytes, default=None, help="bytes per second")
     p.add_argument("--latency-ms", type=float, default=0.0, help="fixed cost per transfer")
     p.set_defaults(run=_pd)

@@ -1,9 +1,9 @@
 """Schedule-aware roofline: the fastest a workload could run, step by step, on a machine with a
 peak FLOP rate and a memory bandwidth.
 
-Place in the flow: a shared leaf (pure Python, no torch, never the engine). `workbench.calc`
-exposes it as `calc.schedule_roofline`, `workbench calc roofline` prints it and the offline
-benchmark (`workbench.bench.offline`) divides its measured tok/s by it.
+Place in the flow: the planning calculator (pure Python, no torch, never the engine):
+`workbench.planning.schedule_roofline`, printed by `workbench calc roofline`; the offline
+benchmark divides its measured tok/s by it.
 
 The schedule is simulated from (prompt_len, max_tokens) pairs as the engine's V1 scheduler
 (`workbench/core/sched/scheduler.py`) runs it, greedy with `ignore_eos`, FCFS, no prefix hits and

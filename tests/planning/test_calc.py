@@ -1,4 +1,6 @@
-"""workbench.calc against the worked examples of the seeds (/work/shared/seeds/*.txt)."""
+"""The planning calculator (workbench.planning) and the KV arithmetic it builds on
+(workbench.core.kv_cache.utils) against the worked examples of the seeds
+(/work/shared/seeds/*.txt)."""
 
 from __future__ import annotations
 
@@ -6,17 +8,27 @@ import math
 
 import pytest
 
-from workbench import calc
-from workbench.calc import (
-    GiB,
+from workbench import planning
+from workbench.core.kv_cache.utils import (
     blocks_needed,
-    decode_step_lower_bound_s,
-    forward_passes,
+    cdiv,
     kv_bytes_per_block,
     kv_bytes_per_token,
+    max_concurrency,
+    num_blocks_for_budget,
+    tp_kv_heads_per_rank,
+)
+from workbench.metrics.spec_decode import (
+    accepted_length_counts,
+    accepted_length_distribution,
+    mean_acceptance_length,
+)
+from workbench.planning import (
+    GiB,
+    decode_step_lower_bound_s,
+    forward_passes,
     kv_token_capacity,
     last_block_free_slots,
-    max_concurrency,
     memory_budget,
     prefix_cache_hit_tokens,
     spec_acceptance_prob,
@@ -24,13 +36,7 @@ from workbench.calc import (
     spec_forward_passes,
     spec_predicted_speedup,
     theoretical_concurrency,
-    tp_kv_heads_per_rank,
     weight_bytes,
-)
-from workbench.metrics.spec_decode import (
-    accepted_length_counts,
-    accepted_length_distribution,
-    mean_acceptance_length,
 )
 
 QWEN3_14B = {"num_layers": 40, "num_kv_heads": 8, "head_dim": 128, "dtype_bytes": 2}
@@ -62,7 +68,6 @@ def test_blocks_fill_left_to_right_221_tokens() -> None:
     assert last_block_free_slots(41, 16) == 7
     assert blocks_needed(100, 16) == 7 and blocks_needed(96, 16) == 6  # CoW question
     assert last_block_free_slots(96, 16) == 0 and blocks_needed(0, 16) == 0
-    assert calc.blocks_per_request(221, 16) == 14
 
 
 def test_prefix_hit_full_blocks_only_1530_to_1520() -> None:
@@ -286,14 +291,14 @@ def test_bad_arguments_name_the_argument_and_value(call, needle: str) -> None:
 
 def test_engine_helpers_keep_their_behaviour() -> None:
     """The engine imports cdiv, num_blocks_for_budget, max_concurrency and kv_bytes_per_block."""
-    assert calc.cdiv(17, 16) == 2 and calc.cdiv(16, 16) == 1 and calc.cdiv(0, 16) == 0
-    assert calc.num_blocks_for_budget(11 * GiB, 2_621_440) == 4505
+    assert cdiv(17, 16) == 2 and cdiv(16, 16) == 1 and cdiv(0, 16) == 0
+    assert num_blocks_for_budget(11 * GiB, 2_621_440) == 4505
     assert max_concurrency(4504, 16, 40_960) == pytest.approx(1.759375)
 
 
 # ------------------------------------------------------------------ `workbench calc` CLI
 def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, str]:
-    from workbench.calc_cli import main
+    from workbench.planning.cli import main
 
     main(list(argv))
     out = capsys.readouterr().out
@@ -364,7 +369,7 @@ def test_cli_tp_and_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
     assert (_row(rows, "kv heads per rank"), _row(rows, "layout")) == ("1", "replicated x2")
     rows = _cli(capsys, "tp", "--kv-heads", "8", "--tp", "4")
     assert (_row(rows, "kv heads per rank"), _row(rows, "layout")) == ("2", "sharded")
-    from workbench.calc_cli import main
+    from workbench.planning.cli import main
 
     with pytest.raises(SystemExit) as exit_:
         main(["tp", "--kv-heads", "8", "--tp", "3"])
@@ -375,7 +380,7 @@ def test_cli_tp_and_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_parse_bytes_units() -> None:
-    from workbench.calc_cli import parse_bytes
+    from workbench.planning.cli import parse_bytes
 
     assert parse_bytes("16GB") == 16e9
     assert parse_bytes("2 GiB") == 2 * GiB
@@ -394,12 +399,12 @@ SEED003 = dict(num_layers=80, num_kv_heads=8, num_heads=64, head_dim=128, dtype_
 
 
 def test_kv_transfer_seed003_8k_prompt_over_400g() -> None:
-    r = calc.kv_transfer_break_even(prompt_tokens=8192, **SEED003)
+    r = planning.kv_transfer_break_even(prompt_tokens=8192, **SEED003)
     assert r["kv_bytes_per_token"] == 327_680 == 320 * 1024  # "about 320 KB"
     assert r["kv_bytes"] == 2_684_354_560 == 2.5 * GiB  # 8,192 tokens: 2.68 GB
-    assert calc.kv_transfer_break_even(prompt_tokens=8000, **SEED003)["kv_bytes"] == 2.62144e9
+    assert planning.kv_transfer_break_even(prompt_tokens=8000, **SEED003)["kv_bytes"] == 2.62144e9
     assert r["transfer_s"] == pytest.approx(0.05369, abs=1e-5)  # "a little over 50 ms"
-    assert calc.link_bandwidth("400gbe") == 50e9  # 400 Gb/s / 8: the seed's "about 50 GB/s"
+    assert planning.link_bandwidth("400gbe") == 50e9  # 400 Gb/s / 8: the seed's "about 50 GB/s"
     assert r["linear_flops"] == 2 * 70e9 * 8192
     assert r["attention_flops"] == 4 * 80 * 64 * 128 * 8192 * 8193 / 2
     assert r["recompute_s"] == pytest.approx(0.3121, abs=1e-4)  # "hundreds of ms"
@@ -407,44 +412,44 @@ def test_kv_transfer_seed003_8k_prompt_over_400g() -> None:
     assert r["break_even_bandwidth_bytes_per_s"] == pytest.approx(8.5997e9, rel=1e-4)
     assert r["break_even_tokens"] == 0  # no fixed cost: the transfer wins at any length
     # "on short prompts the transfer overhead eats the gain": 1 ms per transfer
-    short = calc.kv_transfer_break_even(prompt_tokens=16, latency_s=1e-3, **SEED003)
+    short = planning.kv_transfer_break_even(prompt_tokens=16, latency_s=1e-3, **SEED003)
     assert short["winner"] == "recompute" and short["recompute_s"] < short["transfer_s"]
     assert short["break_even_tokens"] == pytest.approx(34.665, abs=1e-3)
     assert short["break_even_bandwidth_bytes_per_s"] == math.inf  # latency alone loses
-    assert calc.kv_transfer_break_even(prompt_tokens=34, latency_s=1e-3,
+    assert planning.kv_transfer_break_even(prompt_tokens=34, latency_s=1e-3,
                                        **SEED003)["winner"] == "recompute"
-    assert calc.kv_transfer_break_even(prompt_tokens=35, latency_s=1e-3,
+    assert planning.kv_transfer_break_even(prompt_tokens=35, latency_s=1e-3,
                                        **SEED003)["winner"] == "transfer"
 
 
 def test_kv_transfer_break_even_is_where_the_times_meet() -> None:
-    assert calc.prefill_flops(1000, 3, 2, 2, 4) == {"linear": 6000.0, "attention": 384.0,
+    assert planning.prefill_flops(1000, 3, 2, 2, 4) == {"linear": 6000.0, "attention": 384.0,
                                                    "total": 6384.0}
     shape = {**SEED003, "num_params": 8e9, "num_layers": 32, "num_heads": 32}
-    r = calc.kv_transfer_break_even(prompt_tokens=4096, **shape)
-    at = calc.kv_transfer_break_even(
+    r = planning.kv_transfer_break_even(prompt_tokens=4096, **shape)
+    at = planning.kv_transfer_break_even(
         prompt_tokens=4096, **{**shape, "bandwidth_bytes_per_s":
                                r["break_even_bandwidth_bytes_per_s"]})
     assert at["transfer_s"] == pytest.approx(at["recompute_s"], rel=1e-12)
-    slow = calc.kv_transfer_break_even(prompt_tokens=4096, **{**shape,
+    slow = planning.kv_transfer_break_even(prompt_tokens=4096, **{**shape,
                                                              "bandwidth_bytes_per_s": 1e9})
     assert slow["winner"] == "recompute" and slow["break_even_tokens"] > 4096
     n = slow["break_even_tokens"]
     for tokens, winner in ((math.floor(n), "recompute"), (math.ceil(n), "transfer")):
-        got = calc.kv_transfer_break_even(prompt_tokens=tokens, **{
+        got = planning.kv_transfer_break_even(prompt_tokens=tokens, **{
             **shape, "bandwidth_bytes_per_s": 1e9})
         assert got["winner"] == winner
-    assert calc.kv_transfer_time_s(1e9, 31.5e9, 2e-3) == pytest.approx(1 / 31.5 + 2e-3)
+    assert planning.kv_transfer_time_s(1e9, 31.5e9, 2e-3) == pytest.approx(1 / 31.5 + 2e-3)
 
 
 def test_link_and_gpu_presets() -> None:
-    assert calc.link_bandwidth("pcie4-x16") == pytest.approx(31.5077e9, rel=1e-5)
-    assert calc.link_bandwidth("pcie5-x16") == pytest.approx(63.0154e9, rel=1e-5)
-    assert calc.link_bandwidth("nvlink-h100") == calc.link_bandwidth("nvlink-h200") == 450e9
-    assert calc.link_bandwidth("100gbe") == 12.5e9
-    assert calc.link_bandwidth("host-dram") == 8 * 38.4e9 / 2
-    assert calc.gpu_peak_flops("h100-sxm") == calc.gpu_peak_flops("h200") == 989e12
-    assert calc.gpu_peak_flops("a100") == 312e12
+    assert planning.link_bandwidth("pcie4-x16") == pytest.approx(31.5077e9, rel=1e-5)
+    assert planning.link_bandwidth("pcie5-x16") == pytest.approx(63.0154e9, rel=1e-5)
+    assert planning.link_bandwidth("nvlink-h100") == planning.link_bandwidth("nvlink-h200") == 450e9
+    assert planning.link_bandwidth("100gbe") == 12.5e9
+    assert planning.link_bandwidth("host-dram") == 8 * 38.4e9 / 2
+    assert planning.gpu_peak_flops("h100-sxm") == planning.gpu_peak_flops("h200") == 989e12
+    assert planning.gpu_peak_flops("a100") == 312e12
 
 
 @pytest.mark.parametrize(("kw", "needle"), [
@@ -461,12 +466,12 @@ def test_link_and_gpu_presets() -> None:
 ])
 def test_kv_transfer_bad_arguments(kw: dict[str, object], needle: str) -> None:
     with pytest.raises(ValueError) as err:
-        calc.kv_transfer_break_even(**{**SEED003, "prompt_tokens": 8192, **kw})
+        planning.kv_transfer_break_even(**{**SEED003, "prompt_tokens": 8192, **kw})
     assert needle in str(err.value)
     with pytest.raises(ValueError, match=r"link \('pcie6'\) must be one of \['100gbe', "):
-        calc.link_bandwidth("pcie6")
+        planning.link_bandwidth("pcie6")
     with pytest.raises(ValueError, match=r"gpu \('b200'\) must be one of \['a100', "):
-        calc.gpu_peak_flops("b200")
+        planning.gpu_peak_flops("b200")
 
 
 SEED003_CLI = ("transfer", "--layers", "80", "--kv-heads", "8", "--heads", "64",
@@ -504,7 +509,7 @@ def test_cli_transfer_seed003(capsys: pytest.CaptureFixture[str]) -> None:
 ])
 def test_cli_transfer_bad_input(capsys: pytest.CaptureFixture[str], extra: tuple[str, ...],
                                 needle: str) -> None:
-    from workbench.calc_cli import main
+    from workbench.planning.cli import main
 
     with pytest.raises(SystemExit) as exit_:
         main([*SEED003_CLI, "--prompt", "8192", *extra])
@@ -517,7 +522,7 @@ def test_cli_transfer_bad_input(capsys: pytest.CaptureFixture[str], extra: tuple
 def test_pd_ratio_balances_the_pools() -> None:
     """1,024-token prompts at 8,192 tok/s: 8 req/s per prefill instance; 257 outputs (256
     decoded) at 1,024 tok/s: 4 req/s per decode instance; balance at P:M = 4 / 8 = 0.5."""
-    r = calc.pd_ratio(4, 1024, 257, 8192, 1024, request_rate=3)
+    r = planning.pd_ratio(4, 1024, 257, 8192, 1024, request_rate=3)
     assert [(s.label, s.prefill_rate, s.decode_rate, s.system_rate, s.bottleneck)
             for s in r.splits] == [("1:3", 8.0, 12.0, 8.0, "prefill"),
                                    ("2:2", 16.0, 8.0, 8.0, "decode"),
@@ -538,7 +543,7 @@ def test_pd_ratio_balances_the_pools() -> None:
 
 
 def test_pd_ratio_exact_balance_and_rate_requirements() -> None:
-    r = calc.pd_ratio(3, 1000, 101, 10_000, 500, request_rate=12)
+    r = planning.pd_ratio(3, 1000, 101, 10_000, 500, request_rate=12)
     # p = 10 req/s, d = 5 req/s: 1:2 gives 10 and 10
     assert r.best.label == "1:2" and r.best.bottleneck == "balanced"
     assert r.best.system_rate == 10.0 and r.balanced_ratio == 0.5
@@ -554,7 +559,7 @@ def test_pd_ratio_exact_balance_and_rate_requirements() -> None:
 
 
 def test_pd_ratio_decode_curve_takes_its_best_point() -> None:
-    r = calc.pd_ratio(4, 512, 65, 4096, {1: 100.0, 8: 640.0, 32: 512.0})
+    r = planning.pd_ratio(4, 512, 65, 4096, {1: 100.0, 8: 640.0, 32: 512.0})
     assert (r.decode_tok_s, r.decode_batch) == (640.0, 8)
     assert r.decode_rate_per_instance == 10.0 and r.balanced_ratio == 1.25
     assert "decode 65 - 1 tokens at 640 tok/s at batch 8" in r.table()
@@ -563,7 +568,7 @@ def test_pd_ratio_decode_curve_takes_its_best_point() -> None:
 def test_pd_ratio_link_bounds_the_prefill_instances() -> None:
     """8,192 tokens x 327,680 bytes over 50 GB/s: 53.687 ms, 18.63 req/s per prefill
     instance, below the 100 req/s its compute allows."""
-    r = calc.pd_ratio(4, 8192, 101, 819_200, 2000, kv_bytes_per_token=327_680,
+    r = planning.pd_ratio(4, 8192, 101, 819_200, 2000, kv_bytes_per_token=327_680,
                       link_bandwidth_bytes_per_s=50e9)
     assert r.transfer_s == pytest.approx(8192 * 327_680 / 50e9)
     assert r.prefill_rate_per_instance == pytest.approx(50e9 / (8192 * 327_680))
@@ -590,7 +595,7 @@ def test_pd_ratio_bad_arguments(kw: dict[str, object], needle: str) -> None:
     args: dict[str, object] = {"num_workers": 4, "input_tokens": 1024, "output_tokens": 257,
                                "prefill_tok_s": 8192, "decode_tok_s": 1024, **kw}
     with pytest.raises(ValueError) as exc:
-        calc.pd_ratio(**args)  # type: ignore[arg-type]
+        planning.pd_ratio(**args)  # type: ignore[arg-type]
     assert needle in str(exc.value)
 
 
@@ -599,7 +604,7 @@ PD_CLI = ("pd", "--workers", "4", "--input-len", "1024", "--output-len", "257",
 
 
 def test_cli_pd_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
-    from workbench.calc_cli import main
+    from workbench.planning.cli import main
 
     main([*PD_CLI, "--decode-tok-s", "1:120", "8:700", "32:1024", "--rate", "3",
           "--kv-bytes-per-token", "320KB", "--link", "400gbe"])
@@ -636,7 +641,7 @@ def test_cli_pd_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
 ])
 def test_cli_pd_bad_input_is_one_line(capsys: pytest.CaptureFixture[str],
                                       extra: tuple[str, ...], needle: str) -> None:
-    from workbench.calc_cli import main
+    from workbench.planning.cli import main
 
     with pytest.raises(SystemExit) as exit_:
         main([*PD_CLI, *extra])
