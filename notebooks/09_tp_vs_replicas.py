@@ -26,8 +26,10 @@
 # The experiment is `experiments/tp_vs_replicas.yaml` (run here with smaller numbers): the router
 # knob `num_workers: 2` holds the worker count fixed, so the one variable is
 # `tensor_parallel_size` (1: two replicas; 2: one replica of two ranks). Both layouts go through
-# the same router, so the router hop is in both. Then a one-worker reference run on the same
-# traffic, a concurrency-1 pair (the latency side), and the price of one all-reduce here.
+# the same router, so the router hop is in both. Then a one-worker reference on the same
+# traffic, a concurrency-1 pair (the latency side), and the price of one all-reduce here. Each
+# is an experiment of its own, derived from the template and run by the same runner
+# (`workbench.experiments.studies.layouts`), so every number below is judged and logged alike.
 
 # %% tags=["parameters"]
 model = "demo"                  # trained demo target; "bundled": a random tiny Llama
@@ -77,20 +79,18 @@ from IPython.display import Markdown, display
 from workbench.analysis import bar_compare, latency_ecdf
 from workbench.analysis.measure import allreduce_table
 from workbench.analysis.notebook import (
-    ensure_experiment,
     override_template,
     publish,
     raw_template,
     resolve_tracking_uri,
 )
+from workbench.analysis.replicas import layout_names
 from workbench.analysis.tables import layout_metrics
-from workbench.experiments.runner import run_experiment
+from workbench.config.named_models import resolve_model
+from workbench.experiments.studies.layouts import latency_pair, layout_table, one_worker
+from workbench.experiments.studies.measure import measure
+from workbench.experiments.studies.targets import local_target
 from workbench.experiments.template import parse_template
-from workbench.harness.arrivals import ArrivalSpec
-from workbench.harness.workloads import make_workload
-from workbench.models.tokenizer import load_tokenizer
-from workbench.named_models import resolve_model
-from workbench.router.experiment import latency_pair, layout_names, layout_table, local_target
 
 raw = override_template(raw_template(template_file, "tp_vs_replicas.yaml"), name=experiment,
                         seed=seed, workload_params={"num_requests": num_requests},
@@ -113,22 +113,20 @@ print(f"model: {hf_config['num_hidden_layers']} layers, hidden {hf_config['hidde
 # it as the method at work, not a decision.
 
 # %%
-ensure_experiment(template.name, uri)
-result = run_experiment(template, uri=uri)
+result = measure(raw, uri)
 display(Markdown(result.table))
 
 # %% [markdown]
 # ## 2. Against one worker: throughput, tails, scaling efficiency
 #
-# The same traffic on one worker (`num_workers: 1`, TP=1), then one row per layout: scaling
-# efficiency = throughput / (2 x one worker's throughput).
+# The same traffic on one worker (`num_workers: 1`, TP=1): the experiment
+# "<experiment>-one-worker", one worker against the template's two replicas. Then one row per
+# layout: scaling efficiency = throughput / (2 x one worker's throughput).
 
 # %%
-arrival = ArrivalSpec(mode="closed", concurrency=concurrency)
-tokenizer = load_tokenizer(resolve_model(model))
-workload = make_workload(raw["workload"]["fixture"], seed, tokenizer, **raw["workload"]["params"])
-assert workload.checksum == result.workload_checksum  # the experiment's traffic
-layouts, requests, throughput_1 = layout_table(result, template, workload, arrival, uri)
+reference = one_worker(raw, uri)
+display(Markdown(reference.table))
+layouts, requests, throughput_1 = layout_table(result, reference, template, uri)
 layouts
 
 # %%
@@ -149,10 +147,8 @@ fig_tpot
 
 # %%
 latency = pd.DataFrame()
-if latency_requests:
-    wl1 = make_workload(raw["workload"]["fixture"], seed + 1, tokenizer,
-                        **{**raw["workload"]["params"], "num_requests": latency_requests})
-    latency = latency_pair(template, wl1, ArrivalSpec(mode="closed", concurrency=1))
+if latency_requests:  # the experiment "<experiment>-latency": other requests (seed + 1)
+    latency = latency_pair(raw, latency_requests, seed + 1, uri)
 latency
 
 # %% [markdown]
@@ -180,7 +176,8 @@ comm
 metrics = layout_metrics(layouts, latency, comm, throughput_1,
                          {LAYOUTS[1]: "replicas", LAYOUTS[workers]: f"tp{workers}"})
 publish("09_tp_vs_replicas", metrics=metrics,
-        tags={"experiment_parent_run_id": result.parent_run_id},
+        tags={"experiment_parent_run_id": result.parent_run_id,
+              "reference_parent_run_id": reference.parent_run_id},
         figures={"throughput": fig_tput, "tpot_ecdf": fig_tpot},
         tables={"layouts": layouts, "latency": latency, "allreduce": comm},
         params={"model": model, "num_workers": workers, "concurrency": concurrency},

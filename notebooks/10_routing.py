@@ -78,20 +78,17 @@ from IPython.display import Markdown, display
 
 from workbench.analysis import bar_compare, latency_ecdf
 from workbench.analysis.notebook import (
-    ensure_experiment,
     override_template,
     publish,
     raw_template,
     resolve_tracking_uri,
 )
+from workbench.analysis.replicas import policy_tables, scaling_row
 from workbench.analysis.tables import group_medians
-from workbench.experiments.runner import run_experiment
+from workbench.experiments.studies.layouts import scaling
+from workbench.experiments.studies.measure import measure
+from workbench.experiments.studies.targets import local_target
 from workbench.experiments.template import parse_template
-from workbench.harness.arrivals import ArrivalSpec
-from workbench.harness.workloads import make_workload
-from workbench.models.tokenizer import load_tokenizer
-from workbench.named_models import resolve_model
-from workbench.router.experiment import local_target, policy_tables, scaling
 
 raw = override_template(
     raw_template(template_file, "routing_policy.yaml"), name=experiment, seed=seed,
@@ -111,8 +108,7 @@ print("MLflow store:", uri)
 # it as a smoke test of the method, not a decision.
 
 # %%
-ensure_experiment(template.name, uri)
-result = run_experiment(template, uri=uri)
+result = measure(raw, uri)
 display(Markdown(result.table))
 
 # %% [markdown]
@@ -140,16 +136,17 @@ fig_hits
 # ## 2. Scaling efficiency: 1 replica vs N on the same closed loop
 #
 # Balanced-chat traffic (64 prompt / 32 output tokens each), round-robin, `scaling_concurrency`
-# clients; output throughput with 1 replica and with `num_replicas`, and `calc.scaling_efficiency`.
+# clients: the experiment "<experiment>-scaling", variable `num_replicas` (1, then
+# `num_replicas`), one run each; output throughput of both and `calc.scaling_efficiency`.
 
 # %%
 scale = {}
 if scaling_requests:
-    wl = make_workload("balanced-chat", seed, load_tokenizer(resolve_model(model)),
-                       num_requests=scaling_requests, input_len={"kind": "fixed", "value": 64},
-                       output_len={"kind": "fixed", "value": 32})
-    scale = scaling(local_target(template.target, port=port + 1), template.baseline, wl,
-                    ArrivalSpec(mode="closed", concurrency=scaling_concurrency), num_replicas)
+    scaled = scaling({**raw, "target": local_target(raw["target"], port=port + 1)},
+                     num_replicas, uri, num_requests=scaling_requests,
+                     concurrency=scaling_concurrency, seed=seed)
+    display(Markdown(scaled.table))
+    scale = scaling_row(scaled, num_replicas)
 scale_table = pd.DataFrame([scale])
 scale_table
 

@@ -44,7 +44,7 @@ def test_template_target_runs_with_this_interpreter_on_another_port() -> None:
     import sys
 
     from workbench.experiments.template import load_template
-    from workbench.router.experiment import local_target
+    from workbench.experiments.studies.targets import local_target
 
     t = load_template(Path(__file__).parents[2] / "experiments" / "routing_policy.yaml")
     assert t.target["command"][:2] == ["workbench", "router"]
@@ -114,7 +114,7 @@ def test_a_tp_rank_takes_omp_num_threads_as_a_replica_does(
 def test_tp_vs_replicas_template_changes_tp_at_a_fixed_worker_count() -> None:
     from workbench.experiments.template import load_template
     from workbench.harness.server_process import server_command_for
-    from workbench.router.experiment import local_target
+    from workbench.experiments.studies.targets import local_target
 
     t = load_template(Path(__file__).parents[2] / "experiments" / "tp_vs_replicas.yaml")
     assert t.variable_name == "tensor_parallel_size" and t.variable_values == [2]
@@ -129,7 +129,7 @@ def test_tp_vs_replicas_template_changes_tp_at_a_fixed_worker_count() -> None:
 
 
 def test_layout_row_takes_the_tails_and_the_efficiency_against_one_worker() -> None:
-    from workbench.router.experiment import LAYOUT_METRICS, layout_row
+    from workbench.analysis.replicas import LAYOUT_METRICS, layout_row
 
     metrics = {k: float(i) for i, k in enumerate(LAYOUT_METRICS, start=1)}
     metrics["output_throughput"] = 300.0

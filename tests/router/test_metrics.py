@@ -8,10 +8,10 @@ import math
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from workbench.calc import scaling_efficiency
+from workbench.analysis.replicas import replica_summary, split_key
 from workbench.harness import prom
+from workbench.planning import scaling_efficiency
 from workbench.router.metrics import replica_families
-from workbench.router.summary import replica_summary, split_key
 
 
 def replica_text(hits: float, queries: float, usage: float, running: float,

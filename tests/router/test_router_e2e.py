@@ -30,7 +30,7 @@ from workbench.router.app import build_router_app
 from workbench.router.config import RouterConfig
 from workbench.router.forward import Router
 from workbench.router.pool import ReplicaPool
-from workbench.router.summary import replica_summary
+from workbench.analysis.replicas import replica_summary
 from workbench.testing import tiny_checkpoint
 
 SERVE = ["--dtype", "float32", "--max-model-len", "384", "--block-size", "16",

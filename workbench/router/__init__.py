@@ -9,7 +9,7 @@
                      └  pool.py     N processes, each its own process group, 1 thread each
 
     config.py   RouterConfig (the router's knobs)      app.py   the FastAPI app and lifespan
-    summary.py  per-replica / aggregate run summary    cli.py   `workbench router ...`
+    cli.py      `workbench router ...`
 
 On a Ray cluster (`--executor ray`, the `cluster` extra; docs/cluster_serving.md):
     ray_pool.py     RayReplicaPool: the replicas as Ray actors spread over the nodes (one
@@ -24,7 +24,10 @@ Disaggregated prefill/decode (`--num-prefill P --num-decode M`, `workbench disag
 
 Replicas split independent requests: each has its own engine, KV pool and prefix cache, so
 where a request lands decides whether its prefix is already cached (seed 001 step 08, seed
-003). Scaling efficiency = throughput_N / (N x throughput_1) (`workbench.calc`).
+003). Scaling efficiency = throughput_N / (N x throughput_1) (`workbench.calc`). Experiments
+through the router (its templates' targets, layouts, scaling) are
+`workbench.experiments.studies.layouts`; a run's per-replica read-out is
+`workbench.analysis.replicas`.
 """
 
 from __future__ import annotations
@@ -42,10 +45,9 @@ from workbench.router.policies import (
     RoutingPolicy,
     make_policy,
 )
-from workbench.router.summary import replica_summary
 
 __all__ = [
     "POLICIES", "Decision", "LeastOutstandingPolicy", "NoLiveReplicaError",
     "PrefixAwarePolicy", "ReplicaLoad", "RoundRobinPolicy", "RouteRequest", "RouterConfig",
-    "RoutingPolicy", "make_policy", "replica_summary",
+    "RoutingPolicy", "make_policy",
 ]

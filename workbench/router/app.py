@@ -25,9 +25,12 @@ With `config.disaggregated` (num_prefill, num_decode >= 1) the router is a
 `disagg.DisaggRouter`: a prefill leg on a prefill replica, then the decode leg.
 
 With `api_key` (`workbench router --api-key KEY`, the replicas' key too) every route but
-/health and /metrics needs `Authorization: Bearer KEY` (401 otherwise, `server.auth`), and the
-router sends the key on its own calls to the replicas (health checks, scrapes,
-/kv_transfer_info); clients' requests go on with the client's own header.
+/health and /metrics needs `Authorization: Bearer KEY` (401 otherwise, the protocol's
+`APIKeyMiddleware`, as on a replica), and the router sends the key on its own calls to the
+replicas (health checks, scrapes, /kv_transfer_info); clients' requests go on with the
+client's own header. Bodies, errors and streams use the protocol package
+(`workbench.entrypoints.openai.protocol`); the router reaches the replicas over HTTP only and
+imports nothing of `workbench.server`.
 """
 
 from __future__ import annotations
@@ -44,18 +47,21 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from workbench.entrypoints.openai.protocol.auth import APIKeyMiddleware
+from workbench.entrypoints.openai.protocol.errors import APIError
+from workbench.entrypoints.openai.protocol.http import (
+    DEFAULT_MAX_BODY_BYTES,
+    add_error_handlers,
+    decode_json,
+    read_body,
+)
 from workbench.router.config import RouterConfig
 from workbench.router.disagg import DisaggRouter
 from workbench.router.forward import Router, forward_headers
 from workbench.router.metrics import RouterCollector
 from workbench.router.pool import Replica, ReplicaPool
 from workbench.router.prompts import routed_request
-from workbench.server.app import DEFAULT_MAX_BODY_BYTES
-from workbench.server.auth import APIKeyMiddleware
-from workbench.server.openai_routes import decode_json, read_body
-from workbench.server.protocol import APIError
 
 logger = logging.getLogger(__name__)
 SCRAPE_TIMEOUT_S = 5.0
@@ -176,7 +182,7 @@ def build_router_app(config: RouterConfig, pool: ReplicaPool, tokenizer: Any,
         records = router.records if isinstance(router, DisaggRouter) else []
         return JSONResponse({"requests": [dataclasses.asdict(r) for r in records]})
 
-    _add_error_handlers(app)
+    add_error_handlers(app, logger, "routing")
     if api_key:
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
     return app
@@ -234,20 +240,3 @@ async def _reset(router: Router, replica: Replica, headers: dict[str, str],
     except (httpx.HTTPError, ValueError, AttributeError) as e:
         logger.warning("reset_prefix_cache on replica %d failed: %s", replica.index, e)
         return False
-
-
-def _add_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(APIError)
-    async def api_error(request: Request, exc: APIError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        err = APIError(str(exc.detail), exc.status_code)
-        return JSONResponse(err.body(), status_code=exc.status_code)
-
-    @app.exception_handler(Exception)
-    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
-        logger.exception("unhandled error routing %s", request.url.path)
-        err = APIError(f"internal error: {type(exc).__name__}: {exc}", 500)
-        return JSONResponse(err.body(), status_code=500)

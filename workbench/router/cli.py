@@ -218,8 +218,8 @@ def parse_args(argv: list[str], disaggregated: bool = False
     """(router args, RouterConfig, the replicas' `workbench serve` flags, the model folder).
     Disaggregated (`disaggregated`, or any disaggregation flag): the serve flags come without
     the user's --kv-transfer-config, which is `args.kv_transfer_config` (a dict or None)."""
+    from workbench.entrypoints.openai.cli_args import parse_args as serve_parse_args
     from workbench.router.disagg_pool import split_kv_transfer_config
-    from workbench.server.serve import parse_args as serve_parse_args
 
     ap = build_parser("workbench disagg" if disaggregated else "workbench router")
     args, serve_args = ap.parse_known_args(argv)

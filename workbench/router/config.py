@@ -28,8 +28,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from workbench.errors import did_you_mean
 from workbench.config.parallel import CLUSTER_EXTRA, ray_installed
+from workbench.errors import did_you_mean
 from workbench.router.policies import POLICIES, RoutingPolicy, make_policy
 
 DECODE_POLICIES = ("round_robin", "least_outstanding")  # a decode leg has no prefix to reuse

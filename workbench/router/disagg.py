@@ -58,13 +58,13 @@ import httpx
 from fastapi.responses import Response
 from starlette.responses import StreamingResponse
 
+from workbench.entrypoints.openai.protocol.errors import APIError
 from workbench.router.config import RouterConfig
 from workbench.router.disagg_push import SideChannels
 from workbench.router.forward import Router, response_headers
 from workbench.router.policies import NoLiveReplicaError
 from workbench.router.pool import Replica, ReplicaPool
 from workbench.router.prompts import RoutedRequest
-from workbench.server.protocol import APIError
 
 logger = logging.getLogger(__name__)
 

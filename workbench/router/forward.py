@@ -31,14 +31,14 @@ import anyio
 import httpx
 from fastapi.responses import JSONResponse, Response
 
-from workbench.harness.sse import SSEDecoder
+from workbench.entrypoints.openai.protocol.errors import APIError
+from workbench.entrypoints.openai.protocol.http import ClosingStreamingResponse
+from workbench.entrypoints.openai.protocol.sse import SSEDecoder
 from workbench.router.config import RouterConfig
 from workbench.router.policies import NoLiveReplicaError, ReplicaLoad, RoutingPolicy
 from workbench.router.pool import Replica, ReplicaPool
 from workbench.router.prompts import RoutedRequest
 from workbench.router.relay import Continuation, StreamRelay
-from workbench.server.protocol import APIError
-from workbench.server.streaming import ClosingStreamingResponse
 
 logger = logging.getLogger(__name__)
 FORWARD_HEADERS = ("authorization", "x-request-id")

@@ -38,9 +38,9 @@ only: every client request is one decode-leg request there, so a run's Δcount s
 its requests (the prefill legs stay in the `replica`-labelled series).
 
 So a client that reads vLLM names (the bench's `prom.parse` / `prom.delta`, e.g. the
-prefix-cache hit rate) sees the whole deployment, and `summary.replica_summary` splits it per
-replica. In PromQL, select either the `replica`-labelled series or the unlabelled aggregate,
-never sum both.
+prefix-cache hit rate) sees the whole deployment, and `replica_summary`
+(`workbench.analysis.replicas`) splits it per replica. In PromQL, select either the
+`replica`-labelled series or the unlabelled aggregate, never sum both.
 """
 
 from __future__ import annotations

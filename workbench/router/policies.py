@@ -42,7 +42,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from workbench.kv_cache.hashing import BlockHash, HashFn, hash_request_blocks, sha256_hash_fn
+from workbench.core.kv_cache.hashing import BlockHash, HashFn, hash_request_blocks, sha256_hash_fn
 
 POLICIES = ("round_robin", "least_outstanding", "prefix_aware")
 

@@ -37,6 +37,7 @@ from workbench.harness.server_process import ServerProcess
 logger = logging.getLogger(__name__)
 REPLICA_HOST = "127.0.0.1"
 ROLES = ("both", "prefill", "decode")
+STOP_TIMEOUT_S = 10.0  # SIGTERM to SIGKILL when a replica is stopped
 
 
 @dataclass
@@ -82,6 +83,18 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
+def replica_process(serve_args: list[str], host: str, port: int, threads: int,
+                    ready_timeout_s: float, log_path: Path | None = None) -> ServerProcess:
+    """One replica: `python -m workbench.cli serve *serve_args --host HOST --port PORT` in its
+    own process group, OMP_NUM_THREADS / MKL_NUM_THREADS = `threads` (inherited by its TP
+    ranks), not started yet. The local pool runs it here, a Ray replica on its node."""
+    cmd = [sys.executable, "-m", "workbench.cli", "serve", *serve_args, "--host", host,
+           "--port", str(port)]
+    env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    return ServerProcess(cmd, f"http://{host}:{port}", ready_timeout_s=ready_timeout_s, env=env,
+                         log_path=log_path, stop_timeout_s=STOP_TIMEOUT_S)
+
+
 class ReplicaPool:
     """N replicas started from `serve_args`, or the servers at `urls`."""
 
@@ -113,16 +126,12 @@ class ReplicaPool:
                              f"({num_replicas}), not {len(replica_args)}")
         extra = replica_args or [[] for _ in range(num_replicas)]
         ports = ports or free_ports(num_replicas)
-        env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
         self.replicas = []
         for i, port in enumerate(ports):
-            url = f"http://{REPLICA_HOST}:{port}"
             log = Path(log_dir) / f"replica-{i}.log" if log_dir is not None else None
-            cmd = [sys.executable, "-m", "workbench.cli", "serve", *serve_args, *extra[i],
-                   "--host", REPLICA_HOST, "--port", str(port)]
-            proc = ServerProcess(cmd, url, ready_timeout_s=ready_timeout_s, env=env,
-                                 log_path=log, stop_timeout_s=10.0)
-            self.replicas.append(Replica(i, url, proc, role=roles[i]))
+            proc = replica_process([*serve_args, *extra[i]], REPLICA_HOST, port, threads,
+                                   ready_timeout_s, log)
+            self.replicas.append(Replica(i, proc.base_url, proc, role=roles[i]))
 
     def __len__(self) -> int:
         return len(self.replicas)

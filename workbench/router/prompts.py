@@ -2,23 +2,30 @@
 
 Place in the flow: `app` reads the JSON body -> `routed_request()` -> the policy keys on
 `route.prompt_token_ids`, and a broken stream is resumed from `prompt_token_ids` (+ the
-tokens already generated). The body is validated and tokenized with the server's own code
-(`workbench.server.protocol` / `inputs`) and the replicas' tokenizer, so the ids are exactly
-what a replica computes: text prompts with `add_special_tokens`, chat messages through the
-chat template. A bad body is the same `APIError` (400) a replica would answer; the body
-forwarded to the replica is the client's, unchanged. `app` calls this in a worker thread,
-off the event loop (a 4 MB prompt takes seconds to tokenize).
+tokens already generated). The body is validated and tokenized with the code the server uses
+(the protocol package: `requests.parse_request`, `prompts`) and the replicas' tokenizer, so
+the ids are exactly what a replica computes: text prompts with `add_special_tokens`, chat
+messages through the chat template. A bad body is the same `APIError` (400) a replica would
+answer; the body forwarded to the replica is the client's, unchanged. `app` calls this in a
+worker thread, off the event loop (a 4 MB prompt takes seconds to tokenize).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Any
 
+from workbench.entrypoints.openai.protocol.prompts import (
+    PromptTokenizer,
+    chat_prompt,
+    completion_prompts,
+)
+from workbench.entrypoints.openai.protocol.requests import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    parse_request,
+)
 from workbench.router.policies import RouteRequest
-from workbench.server import inputs
-from workbench.server.protocol import ChatCompletionRequest, CompletionRequest, parse_request
 
 ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 
@@ -53,15 +60,14 @@ def routed_request(kind: str, body: Any, tokenizer: Any) -> RoutedRequest:
     """Validate `body` for endpoint `kind` and tokenize its prompt(s); APIError if invalid."""
     if kind not in ENDPOINTS:
         raise ValueError(f"kind ({kind!r}) must be one of {list(ENDPOINTS)}")
-    # inputs reads `.tokenizer` and `.max_model_len` (None: the replicas check the length)
-    shim: Any = SimpleNamespace(tokenizer=tokenizer, max_model_len=None)
+    source = PromptTokenizer(tokenizer)  # max_model_len None: the replicas check the length
     if kind == "chat":
         req: Any = parse_request(ChatCompletionRequest, body)
-        prompts = [inputs.chat_prompt(shim, req)]
+        prompts = [chat_prompt(source, req)]
         max_tokens = req.max_tokens_param[1]
     else:
         req = parse_request(CompletionRequest, body)
-        prompts = inputs.completion_prompts(shim, req)
+        prompts = completion_prompts(source, req)
         max_tokens = req.max_tokens
     return RoutedRequest(
         kind=kind, body=dict(body), route=RouteRequest(prompts[0], req.cache_salt),

@@ -4,8 +4,9 @@
       start(): ray.init(address)  (unless this process already is connected)
                one placement group, one bundle per replica, strategy SPREAD:
                  bundle = {CPU: num_cpus, GPU: num_gpus (cuda), **resources}
-               replica i = ReplicaServer actor in bundle i (ray_replica.py), max_restarts=-1;
-               its URL http://<node IP>:<port> once its /health is 200
+               replica i = ReplicaServer actor in bundle i (ray_replica.py), max_restarts=-1,
+               running `workbench serve` as a process on its node; its URL
+               http://<node IP>:<port> once its /health is 200
       stop():  stop each server (bounded), kill the actors (no restart), remove the group
 
 Same interface as `pool.ReplicaPool` (replicas, live, with_role, mark_dead, failure,
@@ -25,8 +26,9 @@ only come back on a node that is free, or a new one).
 Failure and recovery: a replica is marked dead when a request to it fails (the router's
 retry covers its requests and streams), when its liveness watch ends (`wait_stopped`: the
 actor died with its process or node, or its server stopped), or when its /health refuses.
-Marking a replica dead whose actor still runs kills that actor with restart allowed, so
-every dead replica comes back through the same path: Ray restarts the actor (after a node
+Marking a replica dead whose actor still runs has that actor stop its server and exit
+(`ReplicaServer.restart`), so every dead replica comes back through the same path: Ray
+restarts the actor (after a node
 loss, once the group's bundle is rescheduled on a node with room: ~15-20 s for Ray to declare
 the node dead, then the replica's start-up) and `recovered()`, polled by the router's health
 loop, hands it back with its new URL and `restarts_total` + 1, its other counters kept.
@@ -82,6 +84,7 @@ class RayReplicaPool(ReplicaPool):
         self.incarnations: dict[int, str] = {}  # replica -> the incarnation it routes to
         self._watches: dict[int, Any] = {}  # replica -> wait_stopped() of that incarnation
         self._pending: dict[int, Any] = {}  # dead replica -> wait_ready() of the next one
+        self._restarts: dict[int, Any] = {}  # dead replica -> its restart() (ends in an error)
         self._ray: Any = None
         self._group: Any = None
         self._owns_ray = False
@@ -117,7 +120,7 @@ class RayReplicaPool(ReplicaPool):
                     "scheduling_strategy": PlacementGroupSchedulingStrategy(
                         self._group, placement_group_bundle_index=i)}
             self.actors.append(remote.options(**opts).remote(
-                [*self.serve_args, *self.extra[i]], self.threads))
+                [*self.serve_args, *self.extra[i]], self.threads, self.ready_timeout_s))
         refs = [a.wait_ready.remote(self.ready_timeout_s) for a in self.actors]
         errors = []
         for r, ref in zip(self.replicas, refs, strict=True):
@@ -186,16 +189,14 @@ class RayReplicaPool(ReplicaPool):
         return None if self.failure(replica) is None else 1
 
     def mark_dead(self, replica: Replica, reason: str) -> bool:
-        """As ReplicaPool's; then, if the replica's actor still runs, kill it with restart
-        allowed: a dead replica comes back only as a new incarnation (`recovered`)."""
+        """As ReplicaPool's; then, if the replica's actor still runs, have it stop its server
+        and exit, so that Ray restarts it (never blocks): a dead replica comes back only as a
+        new incarnation (`recovered`)."""
         if not super().mark_dead(replica, reason):
             return False
         if not self._stopped and self.failure(replica) is None and replica.index < len(
                 self.actors):
-            try:
-                self._ray.kill(self.actors[replica.index], no_restart=False)
-            except Exception as e:  # noqa: BLE001 - Ray restarts it anyway once it is gone
-                logger.warning("restarting replica %d's actor failed: %s", replica.index, e)
+            self._restarts[replica.index] = self.actors[replica.index].restart.remote()
         return True
 
     def recovered(self) -> list[Replica]:
@@ -222,7 +223,8 @@ class RayReplicaPool(ReplicaPool):
                 logger.debug("replica %d not back yet: %s", r.index, _reason(e))
                 continue
             if info["incarnation"] == self.incarnations.get(r.index):
-                continue  # the old one answered before the kill reached it
+                continue  # the old one answered before its restart
+            self._restarts.pop(r.index, None)  # its actor process exited: an error, expected
             self._adopt(r, info)
             r.restarts_total += 1
             r.failure = None

@@ -1,22 +1,29 @@
-"""One `workbench serve` replica as a Ray actor: the server runs in the actor's own process.
+"""One `workbench serve` replica as a Ray actor: the actor runs the server as a process on its
+node, watches it and stops it; the router reaches the server over HTTP only.
 
-    ray.remote(ReplicaServer).options(placement bundle i, max_restarts=-1).remote(args, 1)
-      __init__      bind (node IP, free port); build `workbench serve`'s app from `args`
-                    (server.serve.parse_args + server.app.build_app); uvicorn in a thread
+    ray.remote(ReplicaServer).options(placement bundle i, max_restarts=-1).remote(args, 1, 300)
+      __init__      a free port on the node's IP; the replica's process
+                    (`pool.replica_process`: `python -m workbench.cli serve *args --host IP
+                    --port P`, its own process group, OMP_NUM_THREADS = threads, as the local
+                    pool's replicas) launched by a thread that then waits for it to exit
       wait_ready()  blocks until its /health is 200 -> info(); raises on a failed start-up
       wait_stopped()  blocks while the server runs: the pool's liveness watch on it
-      stop()        graceful: the server and its engine shut down
+      stop()        graceful: the server's process group stopped (SIGTERM, then SIGKILL)
+      restart()     stop(), then the actor's process exits so that Ray restarts the actor:
+                    how the pool retires a replica it marked dead (a new incarnation)
 
 Place in the flow: `ray_pool.RayReplicaPool` creates one actor per replica and routes to the
-URL it reports. The server lives and dies with the actor's process, so a node lost takes
-the server with it; Ray then restarts the actor (its bundle rescheduled on a node with room)
-and `__init__` runs again: a new port, a new URL, a new `incarnation` id.
+URL it reports. The server runs on the actor's node in a process the actor owns and stops,
+so a node lost takes both with it; Ray then restarts the actor (its bundle rescheduled on a
+node with room) and `__init__` runs again: a new port, a new URL, a new `incarnation` id. The
+pool never kills an actor whose server runs (`restart()` stops the server first), so no server
+outlives its actor but for a crash of the actor's process itself.
 
 Bound to the node's IP (`ray.util.get_node_ip_address()`), the address the router and the
 other nodes reach it by. A disaggregated replica's P2pConnector side channel is bound there
 too (`kv_connector_extra_config.side_channel_host`, unless the flags give one), so a decode
-replica on another node can read (or be pushed) the KV. OMP_NUM_THREADS and torch's thread
-count are `threads` (TP ranks the engine spawns inherit them), as the local pool does.
+replica on another node can read (or be pushed) the KV. The server's output goes to a log
+file on the node (`info()["log_path"]`); a failed start-up's reason is in the actor's error.
 """
 
 from __future__ import annotations
@@ -25,13 +32,13 @@ import json
 import os
 import socket
 import threading
-import time
 import uuid
 from typing import Any
 
 from workbench.router.disagg_pool import FLAG, KV_CONNECTOR, split_kv_transfer_config
+from workbench.router.pool import replica_process
 
-HEALTH_POLL_S = 0.25
+STARTUP_FAILED = "start-up failed in phase"  # `workbench serve`'s last line when it fails
 
 
 def with_side_channel_host(serve_args: list[str], host: str) -> list[str]:
@@ -47,85 +54,89 @@ def with_side_channel_host(serve_args: list[str], host: str) -> list[str]:
     return [*rest, FLAG, json.dumps(kv)]
 
 
+def startup_failure(error: str) -> str:
+    """Why a replica did not start, in one line: `workbench serve`'s own "start-up failed in
+    phase ..." line when its output has one, else the first line of `error`."""
+    lines = [ln for ln in error.splitlines() if STARTUP_FAILED in ln]
+    if lines:
+        return lines[-1][lines[-1].index(STARTUP_FAILED):]
+    return error.strip().splitlines()[0] if error.strip() else "unknown"
+
+
+def free_port(host: str) -> int:
+    """A TCP port free on `host` now (the server binds it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
 class ReplicaServer:
     """The actor class (`ray.remote(ReplicaServer)` in the pool)."""
 
-    def __init__(self, serve_args: list[str], threads: int) -> None:
-        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-            os.environ[var] = str(threads)
-        import logging
-
+    def __init__(self, serve_args: list[str], threads: int, ready_timeout_s: float = 300.0
+                 ) -> None:
         import ray
-        import torch
-        import uvicorn
 
-        from workbench.server.app import DEFAULT_MAX_BODY_BYTES, build_app
-        from workbench.server.serve import parse_args
-
-        torch.set_num_threads(threads)
         self.incarnation = uuid.uuid4().hex
         self.node_ip = str(ray.util.get_node_ip_address())
         self.node_id = ray.get_runtime_context().get_node_id()
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.node_ip, 0))
-        port = sock.getsockname()[1]
+        port = free_port(self.node_ip)
         self.url = f"http://{self.node_ip}:{port}"
-        args, config = parse_args([*with_side_channel_host(serve_args, self.node_ip),
-                                   "--host", self.node_ip, "--port", str(port)])
-        logging.basicConfig(level=args.log_level.upper(),
-                            format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        self.failed: list[str] = []
-        self.server: Any = None
-
-        def on_startup_failure(message: str) -> None:  # on the start-up thread
-            self.failed.append(message)
-            if self.server is not None:
-                self.server.should_exit = True
-
-        app = build_app(config, served_model_name=args.served_model_name, api_key=args.api_key,
-                        max_body_bytes=args.max_body_bytes or DEFAULT_MAX_BODY_BYTES,
-                        on_startup_failure=on_startup_failure,
-                        log_stats=not args.disable_log_stats)
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level=args.log_level,
-                                                    timeout_graceful_shutdown=5))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [sock]},
-                                       daemon=True, name="workbench-serve")
+        self.process = replica_process(with_side_channel_host(serve_args, self.node_ip),
+                                       self.node_ip, port, threads, ready_timeout_s)
+        self.failed: str | None = None  # why start-up failed
+        self.exit_code: int | None = None
+        self._ready = threading.Event()  # start-up is over, ready or failed
+        self._stopping = False
+        self.thread = threading.Thread(target=self._run, daemon=True, name="workbench-serve")
         self.thread.start()
+
+    def _run(self) -> None:
+        """Launch, wait for /health, then wait for the server to exit."""
+        try:
+            self.process.start()
+        except Exception as e:  # noqa: BLE001 - reported by wait_ready and wait_stopped
+            self.failed = startup_failure(str(e))
+            return
+        finally:
+            self._ready.set()
+        proc = self.process.proc
+        if self._stopping:  # stop() came while it started
+            self.process.stop()
+        elif proc is not None:
+            proc.wait()
+        self.exit_code = proc.returncode if proc is not None else self.process.returncode
 
     def info(self) -> dict[str, Any]:
         return {"url": self.url, "node_id": self.node_id, "node_ip": self.node_ip,
-                "pid": os.getpid(), "incarnation": self.incarnation}
+                "pid": self.process.pid, "incarnation": self.incarnation,
+                "log_path": str(self.process.log_path)}
 
     def wait_ready(self, timeout_s: float) -> dict[str, Any]:
         """info() once /health answers 200; RuntimeError when start-up failed or the server
         stopped, TimeoutError after `timeout_s`."""
-        import httpx
-
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if self.failed:
-                raise RuntimeError(f"start-up failed in phase {self.failed[0]}")
-            if not self.thread.is_alive():
-                raise RuntimeError("its server stopped during start-up")
-            try:
-                if httpx.get(self.url + "/health", timeout=5.0,
-                             trust_env=False).status_code == 200:
-                    return self.info()
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"not ready at {self.url} in {timeout_s:.0f} s")
-            time.sleep(HEALTH_POLL_S)
+        if not self._ready.wait(timeout_s):
+            raise TimeoutError(f"not ready at {self.url} in {timeout_s:.0f} s")
+        if self.failed is not None:
+            raise RuntimeError(self.failed)
+        if not self.thread.is_alive():
+            raise RuntimeError("its server stopped")
+        return self.info()
 
     def wait_stopped(self) -> str:
         """Block while the server runs; why it stopped."""
         self.thread.join()
-        if self.failed:
-            return f"its server stopped (start-up failed in phase {self.failed[0]})"
-        return "its server stopped"
+        if self.failed is not None:
+            return f"its server stopped ({self.failed})"
+        return f"its server stopped (exit code {self.exit_code})"
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        if self.server is not None:
-            self.server.should_exit = True
+        self._stopping = True
+        self.process.stop()
         self.thread.join(timeout_s)
+
+    def restart(self) -> None:
+        """Stop the server, then end this process: Ray restarts the actor (max_restarts), whose
+        `__init__` starts a new server (os._exit: an exit Ray counts as a failure)."""
+        self.stop()
+        os._exit(1)

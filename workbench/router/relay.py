@@ -34,15 +34,15 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from workbench.entrypoints.openai.protocol import responses as R
+from workbench.entrypoints.openai.protocol.detokenizer import StopStringChecker
+from workbench.entrypoints.openai.protocol.errors import APIError
+from workbench.entrypoints.openai.protocol.sse import DONE_EVENT, encode_event
 from workbench.router.prompts import RoutedRequest
-from workbench.server import responses as R
-from workbench.server.detokenizer import StopStringChecker
-from workbench.server.protocol import APIError
 
 # Fields copied from the client's body into a continuation (sampling and request options).
 CONTINUATION_FIELDS = ("model", "temperature", "top_p", "top_k", "seed", "stop_token_ids",
                        "ignore_eos", "skip_special_tokens", "priority", "cache_salt", "user")
-DONE = R.sse("[DONE]")
 
 
 @dataclass(frozen=True)
@@ -136,10 +136,10 @@ class StreamRelay:
             if self._pending is not None:  # a resumed stream whose usage chunk never came
                 return self._final_events(None, usage=self._usage(None), metrics=None)
             self.done = True
-            return [DONE]
+            return [DONE_EVENT]
         obj = json.loads(payload)
         if not isinstance(obj, dict) or "choices" not in obj:  # an error event: pass it on
-            return self._sent([R.sse(obj)])
+            return self._sent([encode_event(obj)])
         if self.envelope is None and "id" in obj:
             self.envelope = (str(obj["id"]), int(obj.get("created") or 0), str(obj.get("model")))
         return self._feed_resumed(obj) if self.resumed else self._feed_direct(obj)
@@ -147,7 +147,7 @@ class StreamRelay:
     def error_events(self, message: str, status: int = 502) -> list[str]:
         """An error event and [DONE]: how a stream that cannot be completed ends."""
         self.done = self.failed = True
-        return [R.sse(APIError(message, status).body()), DONE]
+        return [encode_event(APIError(message, status).body()), DONE_EVENT]
 
     def _sent(self, events: list[str]) -> list[str]:
         self.events_sent += len(events)
@@ -170,7 +170,7 @@ class StreamRelay:
                 self.finished.add(i)
             keep = keep or bool(text) or ch.get("finish_reason") is not None or (
                 "role" in delta) or (self.req.return_token_ids and bool(ids))
-        return self._sent([R.sse(obj)]) if keep else []
+        return self._sent([encode_event(obj)]) if keep else []
 
     def _feed_resumed(self, obj: dict[str, Any]) -> list[str]:
         if not obj["choices"]:  # the continuation's usage chunk: the end is near
@@ -182,9 +182,9 @@ class StreamRelay:
                 return []
             if self.req.include_usage:
                 self._usage_sent = True
-                return self._sent([R.sse(pending), R.sse(self._envelope([], usage=usage,
-                                                                        metrics=metrics))])
-            return self._sent([R.sse({**pending, "metrics": metrics})])
+                last = self._envelope([], usage=usage, metrics=metrics)
+                return self._sent([encode_event(pending), encode_event(last)])
+            return self._sent([encode_event({**pending, "metrics": metrics})])
         ch = obj["choices"][0]
         ids = list(ch.get("token_ids") or [])
         self.generated[0].extend(ids)
@@ -202,8 +202,8 @@ class StreamRelay:
             return []
         if not (text or (self.req.return_token_ids and ids)):
             return []
-        return self._sent([R.sse(self._envelope([self._choice(text, None, None, ids)],
-                                                **extra))])
+        chunk = self._envelope([self._choice(text, None, None, ids)], **extra)
+        return self._sent([encode_event(chunk)])
 
     def _release_text(self, final: bool) -> tuple[str, str | None]:
         """The text of all generated ids beyond what was decoded before, through the stop
@@ -240,13 +240,13 @@ class StreamRelay:
         """Finish the stream here: the finish chunk (if any), usage if asked, [DONE]."""
         out = []
         if self._pending is not None:
-            out.append(R.sse(self._pending))
+            out.append(encode_event(self._pending))
             self._pending = None
         if choice is not None:
             last = {} if self.req.include_usage else {"metrics": metrics}
-            out.append(R.sse(self._envelope([choice], **last)))
+            out.append(encode_event(self._envelope([choice], **last)))
         if self.req.include_usage and not self._usage_sent:
-            out.append(R.sse(self._envelope([], usage=usage, metrics=metrics)))
+            out.append(encode_event(self._envelope([], usage=usage, metrics=metrics)))
             self._usage_sent = True
         self.done = True
-        return [*self._sent(out), DONE]
+        return [*self._sent(out), DONE_EVENT]
