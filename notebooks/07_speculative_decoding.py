@@ -26,6 +26,13 @@
 # `workbench sweep notebooks/07_speculative_decoding.ipynb -p num_speculative_tokens 0 1 2 3 5 8`
 # (each point logs its numbers into its MLflow child run; every point then redraws the curve
 # from all points finished so far, so the last one holds the whole sweep).
+#
+# Each concurrency is one experiment (`experiments/ngram_speculation.yaml` scaled down:
+# speculation off as the baseline, `speculative_config` at k as the variable, `runs` repeats
+# interleaved, the greedy-identity quality gate), run by the same runner as `workbench run`
+# against a `workbench serve` started per run, so the spec-decode counters are the server's
+# over exactly the measured requests (`workbench.experiments.studies.speculation`). k = 0 is
+# that baseline: it needs no run of its own.
 
 # %% tags=["parameters"]
 model = "demo"                  # the trained demo target (workbench/assets/demo-target)
@@ -64,22 +71,25 @@ SWEEP_METRICS = ["speedup_c*", "predicted_speedup_c*"]
 # %matplotlib inline
 from IPython.display import Markdown, display
 
-from workbench.analysis.notebook import publish
+from workbench.analysis.notebook import publish, resolve_tracking_uri
 from workbench.analysis.spec import (
     acceptance_by_position,
-    measure_spec,
+    reference_frame,
     spec_frame,
     spec_metrics,
     speedup_vs_k,
     sweep_curve,
 )
-from workbench.bench.spec import table
+from workbench.experiments.studies.speculation import measure_spec
+from workbench.harness.spec_points import table
 
 k = int(num_speculative_tokens)
+uri = resolve_tracking_uri(mlflow_uri)  # empty: a throwaway temp sqlite store
 points = measure_spec(model, method, k, concurrencies, num_requests, seed, runs,
-                      draft_model=draft_model)
-display(Markdown(table(points)))
-frame = spec_frame(points, k)
+                      draft_model=draft_model, uri=uri)
+if points:
+    display(Markdown(table(points)))
+frame = spec_frame(points, k) if k else reference_frame(concurrencies)
 assert frame["identical"].all(), "speculation changed the greedy output"
 frame
 

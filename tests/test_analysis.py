@@ -177,7 +177,7 @@ def test_spec_frame_gives_no_speedup_for_a_disturbed_point() -> None:
     import math
 
     from workbench.analysis.spec import spec_frame
-    from workbench.bench.spec import SpecPoint
+    from workbench.harness.spec_points import SpecPoint
 
     off = [SpecPoint("off", 1, [2.0], 100), SpecPoint("off", 4, [1.0], 100, valid=False)]
     on = [SpecPoint("ngram k=3", 1, [1.0], 100), SpecPoint("ngram k=3", 4, [0.5], 100)]

@@ -1,15 +1,18 @@
 """Speculative-decoding read-outs for notebooks: frames, headline metrics and two plots.
 
     spec_frame(points, k)            SpecPoints of one k -> one row per concurrency
+    reference_frame(concurrencies)   k = 0's rows: speculation off against itself
     spec_metrics(frame)              -> {"speedup_c1": .., "acceptance_rate_c1": .., ...}
     sweep_spec_frame(uri, run_id)    a `workbench sweep` point's sibling runs -> rows (k, c)
     speedup_vs_k(frame)              measured (solid, band = range of timed runs) and
                                      predicted (dashed) speed-up vs k   (workbench.analysis.plots)
     acceptance_by_position(frame)    P(position i accepted | drafted), one line per row; None
                                      at k = 0                          (workbench.analysis.plots)
-    spec_config(method, k)           the speculative_config of one point (ngram / draft_model)
-    measure_spec(model, method, k, concurrencies, ...)   off vs on at each concurrency
     sweep_curve(frame, metrics, ...) inside a sweep point: log, then every point so far
+
+The points are measured through the runner (`workbench.experiments.studies.speculation`:
+one experiment per concurrency, speculation off against on at k); `harness.spec_points`
+defines them.
 
 A sweep over `num_speculative_tokens` runs one notebook per k; each publishes
 `spec_metrics` into its child run, so the last point can read all of them back
@@ -24,9 +27,9 @@ from typing import Any
 import pandas as pd
 
 from workbench.analysis.plots import acceptance_by_position, speedup_vs_k
-from workbench.bench.spec import SpecPoint
+from workbench.harness.spec_points import SpecPoint
 
-__all__ = ["acceptance_by_position", "measure_spec", "spec_config", "spec_frame", "spec_metrics",
+__all__ = ["acceptance_by_position", "reference_frame", "spec_frame", "spec_metrics",
            "speedup_vs_k", "sweep_curve", "sweep_spec_frame"]
 
 _METRIC = re.compile(r"^metrics\.(speedup|speedup_low|speedup_high|predicted_speedup|"
@@ -62,6 +65,19 @@ def spec_frame(points: list[SpecPoint], k: int) -> pd.DataFrame:
             "acceptance_by_position": p.acceptance_by_position,
         })
     return pd.DataFrame(rows)
+
+
+def reference_frame(concurrencies: list[int]) -> pd.DataFrame:
+    """k = 0, one row per concurrency: speculation off against itself (speed-up 1, predicted
+    1, nothing drafted). It is the baseline every k > 0 point measures beside itself, so it
+    needs no run of its own; its output tok/s is NaN."""
+    nan = float("nan")
+    return pd.DataFrame([{
+        "k": 0, "concurrency": int(c), "config": "off", "output_tok_s": nan, "off_tok_s": nan,
+        "valid": True, "speedup": 1.0, "speedup_low": 1.0, "speedup_high": 1.0,
+        "predicted_speedup": 1.0, "acceptance_rate": 0.0, "mean_acceptance_length": 1.0,
+        "identical": True, "acceptance_by_position": [],
+    } for c in concurrencies])
 
 
 def spec_metrics(frame: pd.DataFrame) -> dict[str, float]:
@@ -107,31 +123,6 @@ def sweep_spec_frame(uri: str, run_id: str, param: str = "num_speculative_tokens
         pos = row["acceptance_by_position"]
         row["acceptance_by_position"] = [pos[i] for i in sorted(pos)]
     return pd.DataFrame(sorted(rows.values(), key=lambda r: (r["concurrency"], r["k"])))
-
-
-def spec_config(method: str, k: int, draft_model: str = "demo-draft") -> dict[str, Any]:
-    """The speculative_config of one point: n-gram prompt lookup (2..5-gram) or a draft model."""
-    if method == "ngram":
-        return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_min": 2,
-                "prompt_lookup_max": 5}
-    if method == "draft_model":
-        return {"method": "draft_model", "model": draft_model, "num_speculative_tokens": k}
-    raise ValueError(f"method ({method!r}) must be 'ngram' or 'draft_model'")
-
-
-def measure_spec(model: str, method: str, k: int, concurrencies: list[int], num_requests: int,
-                 seed: int = 0, runs: int = 2, draft_model: str = "demo-draft"
-                 ) -> list[SpecPoint]:
-    """At each concurrency C: repetitive requests (at least 2 x C), speculation off and, for
-    k > 0, on with `spec_config(method, k)` (bench.spec.compare: identical output checked)."""
-    from workbench.bench.spec import compare, repetitive_requests
-
-    specs = [] if k == 0 else [(f"{method} k={k}", spec_config(method, k, draft_model))]
-    points: list[SpecPoint] = []
-    for c in concurrencies:
-        prompts, max_tokens = repetitive_requests(model, max(num_requests, 2 * c), seed)
-        points += compare(model, prompts, max_tokens, c, specs, runs)
-    return points
 
 
 def sweep_curve(frame: pd.DataFrame, metrics: dict[str, float], *, mlflow_uri: str = "",
