@@ -29,10 +29,15 @@
 # matmul first dequantizes its weights (extra work, not fewer bytes), FP8 is emulated exactly in
 # fp32, and attention dequantizes every FP8 KV block it reads. The quantized variants are
 # expected to be *slower* here; section 3 measures by how much, down to one linear layer.
+#
+# Each variant changes one knob against full precision, so they are measured as experiments
+# (`experiments/quantization.yaml` and `kv_cache_dtype.yaml` scaled down, one per concurrency:
+# the weight formats, then the FP8 KV cache), by the same runner as `workbench run`, with its
+# validity checks and its quality gate (`workbench.experiments.studies.quantization`).
 
 # %% tags=["parameters"]
 model = "demo"                  # the trained demo target (bundled: a random tiny Llama)
-variants = ["full", "int8", "int4", "fp8", "fp8-kv"]  # keys of bench.quant.VARIANTS
+variants = ["full", "int8", "int4", "fp8", "fp8-kv"]  # keys of studies.quantization.VARIANTS
 int4_group_size = 128           # quantization_group_size of int4: 32, 64 or 128
 concurrencies = [1, 32]         # closed-loop concurrency (engine max_num_seqs: the largest)
 rounds = 2                      # requests per concurrency: max(4, rounds x C)
@@ -90,22 +95,22 @@ import pandas as pd
 from IPython.display import Markdown, display
 
 from workbench.analysis import bar_compare, memory_split
-from workbench.analysis.notebook import publish
+from workbench.analysis.notebook import publish, resolve_tracking_uri
 from workbench.analysis.tables import row_metrics, skipped_note, variant_configs
-from workbench.bench.quant import compare_variants
-from workbench.experiments.quality import judge_variants
+from workbench.experiments.studies.quantization import compare_variants
 
 MiB = 1 << 20
 chosen = variant_configs(variants, int4_group_size=int4_group_size)
 base_config = {"dtype": "float32", "max_model_len": 1024, "block_size": 16,
                "max_num_batched_tokens": 2048,
                "cpu_memory_budget_bytes": int(memory_budget_mib * MiB)}
+uri = resolve_tracking_uri(mlflow_uri)  # empty: a throwaway temp sqlite store
 cmp = compare_variants(
-    model, chosen, concurrencies, base_config, workload="balanced-chat",
+    model, chosen, concurrencies, base_config, uri=uri, workload="balanced-chat",
     workload_params={"input_len": {"kind": "fixed", "value": input_len},
                      "output_len": {"kind": "fixed", "value": output_len}},
     rounds=rounds, seed=seed, gate=gate, quality_prompts=quality_prompts,
-    quality_max_tokens=quality_max_tokens, ppl_tokens=ppl_tokens, judge=judge_variants)
+    quality_max_tokens=quality_max_tokens, ppl_tokens=ppl_tokens)
 if cmp.skipped:
     display(Markdown(skipped_note(cmp.skipped)))
 side = cmp.side_by_side()
@@ -135,22 +140,25 @@ fig_memory
 # %% [markdown]
 # ## 2. Quality: each variant against full precision
 #
-# Perplexity on held-out text (the demo corpus's held-out stdlib files, never trained on),
-# mean KL(full || variant) and top-1 agreement of next-token distributions on the full
-# model's greedy continuations (teacher-forced), and greedy agreement: identical tokens at
-# identical positions, with the first divergence per prompt. Greedy agreement is harsh: one
-# flipped near-tie shifts every later token, which is why the gate gives it a loose bound.
+# The experiments' quality gate, once per group on the first `quality_prompts` prompts of the
+# traffic: perplexity on held-out text (the demo corpus's held-out stdlib files, never
+# trained on), mean KL(full || variant) and top-1 agreement of next-token distributions on
+# the full model's greedy continuations (teacher-forced), and greedy agreement: identical
+# tokens at identical positions, with the first divergence per prompt. Greedy agreement is
+# harsh: one flipped near-tie shifts every later token, which is why the gate gives it a
+# loose bound. `quality_reference` names what each row was judged against.
 
 # %%
 cmp.quality.set_index("variant")[["perplexity", "ppl_increase_pct", "mean_kl", "max_kl",
                                   "top1_agreement", "text_top1_agreement", "token_agreement",
-                                  "identical_sequences", "first_divergence", "gate",
-                                  "gate_reasons"]]
+                                  "identical_sequences", "first_divergence",
+                                  "quality_reference", "gate", "gate_reasons"]]
 
 # %% [markdown]
 # ## 3. Speed on this CPU: throughput and TPOT at each concurrency
 #
-# Same seeded requests for every variant, closed loop, after two warm-up requests.
+# Same seeded requests for every variant, closed loop, after two warm-up requests, a fresh
+# engine per run.
 
 # %%
 cmp.perf.sort_values("concurrency", kind="stable").set_index(["concurrency", "variant"])[

@@ -1,8 +1,8 @@
 """The notebook helpers that keep cells short: tables, metric dicts, template overrides.
 
-The loops that start engines or routers (`analysis.measure`, `router.experiment`'s
-layout_table / latency_pair / policy_tables) run in tests/test_notebooks.py, which executes
-every notebook; this file covers the pure parts."""
+The loops that start engines or routers (`analysis.measure`, the studies'
+layout_table / latency_pair / scaling, `analysis.replicas.policy_tables`) run in
+tests/test_notebooks*.py, which execute every notebook; this file covers the pure parts."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ import pytest
 
 from workbench.analysis import tables
 from workbench.analysis.notebook import override_template, raw_template
-from workbench.analysis.spec import spec_config, sweep_curve
-from workbench.calc import memory_budget
+from workbench.analysis.spec import sweep_curve
+from workbench.experiments.studies.speculation import spec_config
+from workbench.planning import memory_budget
 
 MiB = 1 << 20
 
@@ -90,7 +91,7 @@ def test_group_medians_and_layout_metrics() -> None:
 
 
 def test_skipped_note_and_variant_configs() -> None:
-    from workbench.bench.quant import VARIANTS
+    from workbench.experiments.studies.quantization import VARIANTS
 
     assert tables.skipped_note({}) == ""
     assert "- `fp8`: no" in tables.skipped_note({"fp8": "no"})
@@ -142,7 +143,7 @@ def test_spec_config_and_standalone_curve() -> None:
 
 
 def test_layout_names() -> None:
-    from workbench.router.experiment import layout_names
+    from workbench.analysis.replicas import layout_names
 
     assert layout_names(2) == {1: "2 replicas (TP=1)", 2: "1 replica, TP=2"}
     assert layout_names(4)[4] == "1 replica, TP=4"

@@ -193,8 +193,8 @@ CACHE_STATES = ("cold", "warm-model", "warm-prefix")  # the harness's cache stat
 
 
 def __getattr__(name: str) -> Any:
-    if name == "QUANT_VARIANTS":  # keys of workbench.bench.quant.VARIANTS (imports torch)
-        from workbench.bench.quant import VARIANTS
+    if name == "QUANT_VARIANTS":  # keys of workbench.experiments.studies.quantization.VARIANTS
+        from workbench.experiments.studies.quantization import VARIANTS
 
         return tuple(VARIANTS)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

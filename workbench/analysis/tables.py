@@ -12,7 +12,7 @@ notebook cell stays one call.
     group_medians(frame, by, columns)       {"<group>_<column>": median} per group
     layout_metrics(layouts, latency, comm)  09's headline numbers (replicas vs TP=2)
     skipped_note(skipped)                   markdown list of the configs an engine refused
-    variant_configs(names, int4_group_size) the engine configs of bench.quant's variants
+    variant_configs(names, int4_group_size) the engine configs of studies.quantization's variants
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 import pandas as pd
 
-from workbench.calc import memory_budget
+from workbench.planning import memory_budget
 
 MiB = 1 << 20
 CAPACITY_COLUMNS = ("kv_num_blocks", "kv_token_capacity", "max_concurrency")
@@ -129,9 +129,9 @@ def skipped_note(skipped: Mapping[str, str]) -> str:
 
 def variant_configs(names: Iterable[str], int4_group_size: int | None = None
                     ) -> dict[str, dict[str, Any]]:
-    """Copies of `bench.quant.VARIANTS[name]` for each name, int4's
+    """Copies of `studies.quantization.VARIANTS[name]` for each name, int4's
     quantization_group_size set to `int4_group_size` when given."""
-    from workbench.bench.quant import VARIANTS
+    from workbench.experiments.studies.quantization import VARIANTS
 
     names = list(names)
     unknown = [n for n in names if n not in VARIANTS]
