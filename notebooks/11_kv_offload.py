@@ -25,6 +25,11 @@
 # reuse turn t's KV. With `num_users` sessions sharing a pool smaller than their histories,
 # the device prefix cache evicts a history while its user thinks; the host tier keeps a copy
 # of every full block and loads it back instead of recomputing it.
+#
+# The measurement is `experiments/kv_offload_multi_turn.yaml` with this notebook's numbers,
+# run by the same runner as `workbench run` (`workbench.experiments.studies.kv_tiers`): the
+# host tier off as the baseline, on as the variable, repeats interleaved, validity checks
+# and the template's greedy-identity quality gate included.
 
 # %% tags=["parameters"]
 model = "demo"                  # trained demo target; "bundled": a random tiny Llama
@@ -63,26 +68,20 @@ SWEEP_METRICS = ["*.p95_ttft_ms", "*.prefix_cache_hit_rate"]
 
 # %%
 # %matplotlib inline
-from workbench.analysis.kv_tiers import (
-    by_turn,
-    host_tier,
-    measure_tiers,
-    tier_metrics,
-    tier_table,
-    turn_table,
-)
+from workbench.analysis.kv_tiers import by_turn, tier_metrics, tier_table, turn_table
 from workbench.analysis.measure import workload_table
-from workbench.analysis.notebook import publish
-from workbench.harness.arrivals import ArrivalSpec
+from workbench.analysis.notebook import publish, resolve_tracking_uri
+from workbench.config.named_models import resolve_model
+from workbench.experiments.studies.kv_tiers import host_tier, measure_tiers
 from workbench.harness.workloads import make_workload
 from workbench.models.tokenizer import load_tokenizer
-from workbench.named_models import resolve_model
 
 model_path = resolve_model(model)  # a folder, or bundled / demo / demo-draft
 engine_kwargs = {"dtype": "float32", "max_model_len": 640, "block_size": 16,
                  "num_gpu_blocks_override": num_gpu_blocks, "max_num_seqs": max_num_seqs,
                  "max_num_batched_tokens": 512}
 configs = {"off": None, "host tier": host_tier(cpu_bytes_to_use)}  # kv_transfer_config
+uri = resolve_tracking_uri(mlflow_uri)  # empty: a throwaway temp sqlite store
 
 # %% [markdown]
 # The traffic: `num_users` sessions of `num_turns` turns (`multi_turn_chat`, the shape of
@@ -91,13 +90,12 @@ configs = {"off": None, "host tier": host_tier(cpu_bytes_to_use)}  # kv_transfer
 # answer on average).
 
 # %%
-workload = make_workload(
-    "multi_turn_chat", seed, load_tokenizer(model_path), num_users=num_users,
-    num_turns=num_turns, think_time_s=think_time_s,
-    first_message_len={"kind": "uniform", "low": 64, "high": 128},
-    message_len={"kind": "uniform", "low": 16, "high": 48},
-    answer_len={"kind": "uniform", "low": 16, "high": 32},
-    system_prompt_len=32, max_model_len=640)
+traffic = {"num_users": num_users, "num_turns": num_turns, "think_time_s": think_time_s,
+           "first_message_len": {"kind": "uniform", "low": 64, "high": 128},
+           "message_len": {"kind": "uniform", "low": 16, "high": 48},
+           "answer_len": {"kind": "uniform", "low": 16, "high": 32},
+           "system_prompt_len": 32, "max_model_len": 640}
+workload = make_workload("multi_turn_chat", seed, load_tokenizer(model_path), **traffic)
 workload_table({"multi_turn_chat": workload})
 
 # %% [markdown]
@@ -107,16 +105,15 @@ workload_table({"multi_turn_chat": workload})
 # device cache (load) and out of it (store), copy time over engine time, and preemptions.
 
 # %%
-runs, requests = measure_tiers(model_path, engine_kwargs, workload,
-                               ArrivalSpec(mode="closed", concurrency=num_users), configs,
-                               repeats=repeats)
+runs, requests = measure_tiers(model, engine_kwargs, traffic, num_users, configs,
+                               repeats=repeats, seed=seed, uri=uri)
 table = tier_table(runs)
 table
 
 # %% [markdown]
-# Per turn, over every repeat: TTFT, and the prompt tokens each request did not compute when
-# it was first scheduled (`cached_tokens`: device prefix cache + host tier) and how many of
-# those came from the host tier (`external_tokens`).
+# Per turn, over every repeat: TTFT, the prompt tokens each request did not compute when it
+# was first scheduled (`cached_tokens`: device prefix cache + host tier), and the share of
+# requests that waited for blocks loaded from the host tier (`loaded_share`).
 
 # %%
 turns = turn_table(requests)
@@ -150,12 +147,12 @@ publish("11_kv_offload", metrics=tier_metrics(table, turns),
 #   evicted from the device pool while its user thought is computed again, and the longer
 #   the conversation, the more of it is lost: reused tokens stop growing, TTFT grows with
 #   the prompt. With the host tier on, the evicted blocks come back from host memory
-#   (`external_tokens`), and only the new message (plus the answer, which the synthetic
-#   history does not reuse) is prefilled.
+#   (`loaded_share`: the requests that waited for such a load), and only the new message
+#   (plus the answer, which the synthetic history does not reuse) is prefilled.
 # - **Hit rates** are in tokens over the run, each hits / prompt tokens looked up (vLLM's
 #   counters): in the device prefix cache, and in the host tier (the external rate). The
 #   host tier also brings back a preempted request's blocks, which the run-level numbers
-#   count and the per-turn columns (first schedule only) do not.
+#   count and the per-turn `cached_tokens` (first schedule only) do not.
 # - **Bytes and time:** every full block computed is stored once (`kv_store_mb`); a hit
 #   loads it (`kv_load_mb`). The transfer time share is the copy time (loads + stores) over
 #   the engine's summed step time.

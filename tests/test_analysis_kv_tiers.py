@@ -1,6 +1,7 @@
 """workbench.analysis.kv_tiers's tables and figure from fixture frames (no engine; notebook
-11's test in test_notebooks.py measures for real): medians over repeats, configs in the
-order measured, turns in order, flat metric names, unit labels, no figure from nothing."""
+11's test in test_notebooks_variants.py measures for real): medians over repeats, configs in
+the order measured, turns in order, flat metric names, unit labels, no figure from nothing;
+the study's host-tier config."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from workbench.analysis import by_turn, host_tier, tier_table, turn_table
+from workbench.analysis import by_turn, tier_table, turn_table
 from workbench.analysis.kv_tiers import TIER_COLUMNS, tier_metrics
+from workbench.experiments.studies.kv_tiers import host_tier
 
 # A plotting warning fails the test; a ResourceWarning is another test's socket or file being
 # collected meanwhile (seen in the suite: a client socket of an earlier test in the worker).
@@ -37,7 +39,7 @@ def requests_frame() -> pd.DataFrame:
                 rows.append({"config": config, "repeat": 0, "turn": turn,
                              "success": not (config == "off" and turn == 1 and i == 2),
                              "prompt_tokens": 100 + 50 * turn, "ttft_ms": ttft + turn,
-                             "cached_tokens": 32 + ext, "external_tokens": ext})
+                             "cached_tokens": 32 + ext, "kv_loaded": ext > 16})
     return pd.DataFrame(rows)
 
 
@@ -62,7 +64,7 @@ def test_turn_table_counts_successful_requests_per_turn() -> None:
         ("off", 0), ("off", 1), ("host tier", 0), ("host tier", 1)]
     assert list(turns["requests"]) == [3, 2, 3, 3]  # off's failed turn-1 request left out
     assert list(turns["median_ttft_ms"]) == [20.0, 16.0, 20.0, 21.0]
-    assert list(turns["external_tokens"]) == [0.0, 0.0, 0.0, 32.0]
+    assert list(turns["loaded_share"]) == [0.0, 0.0, 0.0, 2 / 3]
     assert list(turns["cached_tokens"]) == [32.0, 32.0, 32.0, 64.0]
 
 

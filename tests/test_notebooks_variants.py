@@ -1,6 +1,6 @@
 """Notebooks 07, 08 and 11 under papermill with small parameters: a sweep over k, the
-quantization variants, the KV offload tiers. Helpers and the pair checks:
-tests/test_notebooks.py."""
+quantization variants, the KV offload tiers, each measured through the experiment runner
+(`workbench.experiments.studies`). Helpers and the pair checks: tests/test_notebooks.py."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ def test_07_speculative_sweep_over_k_draws_the_curve_from_every_point(tmp_path: 
     draft (every draft accepted): the last point reads both points back from MLflow."""
     from workbench.analysis import runs_frame
     from workbench.analysis.spec import sweep_spec_frame
-    from workbench.sweep import sweep
+    from workbench.sweeps.driver import sweep
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     rows = sweep(NOTEBOOKS / "07_speculative_decoding.ipynb", "num_speculative_tokens", [0, 2],
@@ -90,12 +90,12 @@ def test_11_kv_offload_host_tier_vs_off(tmp_path: Path) -> None:
     requests = run_artifact_frame(run["run_id"], "11_kv_offload/requests.csv", uri)
     assert requests.groupby("config")["success"].agg(["size", "all"]).to_dict("index") == {
         "host tier": {"size": 12, "all": True}, "off": {"size": 12, "all": True}}
-    assert (requests.loc[requests["config"] == "off", "external_tokens"] == 0).all()
+    assert not requests.loc[requests["config"] == "off", "kv_loaded"].any()
     first = requests[requests["turn"] == 0]
-    assert (first["cached_tokens"] <= 32).all() and (first["external_tokens"] == 0).all()
+    assert (first["cached_tokens"] <= 32).all() and not first["kv_loaded"].any()
     later = requests[(requests["config"] == "host tier") & (requests["turn"] > 0)]
-    assert later["external_tokens"].sum() > 0
-    assert (later["external_tokens"] <= later["cached_tokens"]).all()
+    assert later["kv_loaded"].any()  # a history evicted from the pool came back from the tier
+    assert (later.loc[later["kv_loaded"], "cached_tokens"] >= 16).all()  # a whole block at least
     turns = run_artifact_frame(run["run_id"], "11_kv_offload/turns.csv", uri)
     assert list(zip(turns["config"], turns["turn"], strict=True)) == [
         ("off", 0), ("off", 1), ("off", 2), ("host tier", 0), ("host tier", 1),

@@ -4,8 +4,9 @@ Place in the flow: experiments and sweeps write runs to MLflow (`workbench.track
 `frames` reads them back as one row per run (params, metrics and tags flattened) and builds
 the baseline-vs-variant comparison; `plots` turns frames into matplotlib Figures (Agg
 canvas, never a window); `notebook` is the small glue notebooks use to resolve a tracking
-URI and publish their figures and headline metrics; `kv_tiers` measures a tiered KV cache
-per config and per chat turn (notebook 11; imported on first use: it loads the engine).
+URI and publish their figures and headline metrics; `kv_tiers` reads a tiered KV cache's
+runs back per config and per chat turn (notebook 11). Nothing here measures: the measuring
+drivers are `workbench.experiments` (its runner and `studies`).
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ from workbench.analysis.plots import (
     sweep_tradeoff,
 )
 
-# workbench.analysis.kv_tiers's names, imported on first use (it imports the engine and torch)
-_KV_TIERS = ("by_turn", "host_tier", "measure_tiers", "tier_table", "turn_table")
+# workbench.analysis.kv_tiers's names, imported on first use
+_KV_TIERS = ("by_turn", "tier_table", "turn_table")
 
 __all__ = [
     "bar_compare",
@@ -42,9 +43,7 @@ __all__ = [
     "compare_plot",
     "experiment_sweep",
     "grid_heatmap",
-    "host_tier",
     "latency_ecdf",
-    "measure_tiers",
     "memory_split",
     "parent_runs",
     "request_frames",

@@ -1,27 +1,30 @@
-"""A tiered KV cache on session traffic (notebook 11): the same workload on one engine config
-per KV tier setup, repeats interleaved, read out per run and per chat turn.
+"""A tiered KV cache on session traffic (notebook 11) read back: one row per run, one row per
+request, and their tables per config and per chat turn.
 
-    host_tier(cpu_bytes_to_use)         the OffloadingConnector's kv_transfer_config
-    measure_tiers(model, kwargs, workload, arrival, configs, repeats)
-                                        -> (one row per run, one row per request)
+    run_rows(result, labels)            one row per finished run of the tier experiment
+                                        (TIER_COLUMNS from its metrics, completed, engine
+                                        time, duration, validity)
+    request_rows(result, labels, workload, uri)   one row per measured request (requests.csv):
+                                        session, turn, TTFT, prompt tokens, the tokens it
+                                        reused at its first schedule and whether it waited
+                                        for a load from a tier
     tier_table(runs)                    one row per config: medians over its repeats
     turn_table(requests)                one row per (config, turn): TTFT and reused tokens
     tier_metrics(table, turns)          both as flat MLflow metrics
     by_turn(requests, y)                a figure: median y per turn, one bar per config
 
-Per request, besides the client's TTFT, a `TierProbe` (an InProcessTarget) records what the
-engine reused for it when it was first scheduled: `cached_tokens`, the prompt tokens it did
-not compute (the engine's `num_cached_tokens`: device prefix cache + tokens loaded from the
-tiers), and of those `external_tokens`, the tokens the KV connector loaded. A reload after a
-preemption is not a request's reuse of earlier turns and is left out here; the run-level
-read-out (`workbench.harness.cache_metrics.kv_cache_metrics` on the engine counters' delta)
-counts it.
+The runs are the experiment of `workbench.experiments.studies.kv_tiers` (the host tier off
+vs on, repeats interleaved, a fresh engine per run). Per request, `cached_tokens` is the
+engine's `num_cached_tokens`: the prompt tokens it did not compute when first scheduled
+(device prefix cache + tokens loaded from the tiers; the harness records it per request),
+and `kv_loaded` says the request waited for the KV connector to load blocks into the device
+cache (its `server_kv_wait_s`). The run-level read-out (`workbench.harness.cache_metrics.
+kv_cache_metrics` on the engine counters' delta) also counts reloads after preemptions.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
@@ -29,11 +32,6 @@ from matplotlib.figure import Figure
 
 from workbench.analysis.plots import bar_compare
 from workbench.experiments.labels import metric_label
-from workbench.harness.arrivals import ArrivalSpec
-from workbench.harness.cache_metrics import kv_cache_metrics
-from workbench.harness.metrics import records_frame
-from workbench.harness.runner import RunResult, run, run_sync
-from workbench.harness.targets import InProcessTarget
 from workbench.harness.workloads import Workload
 
 MB = 1e6
@@ -42,112 +40,58 @@ TIER_COLUMNS = ("p50_ttft_ms", "p95_ttft_ms", "prefix_cache_hit_rate",
                 "kv_store_mb", "kv_transfer_time_share", "num_preemptions")
 
 
-def host_tier(cpu_bytes_to_use: int) -> dict[str, Any]:
-    """kv_transfer_config for a host-memory tier of `cpu_bytes_to_use` bytes (vLLM 0.32's
-    OffloadingConnector, CPUOffloadingSpec; docs/kv_offload.md)."""
-    return {"kv_connector": "OffloadingConnector", "kv_role": "kv_both",
-            "kv_connector_extra_config": {"cpu_bytes_to_use": int(cpu_bytes_to_use)}}
+def _label(labels: Mapping[str, Any], value: Any) -> str:
+    """The config label of a run's variable value (None: the baseline's)."""
+    return next(k for k, v in labels.items() if (v is None and value is None) or v == value)
 
 
-class TierProbe(InProcessTarget):
-    """The in-process engine, plus what it reused per request at its first schedule (see the
-    module docstring): after a run, `reuse()` maps request id -> {"cached_tokens",
-    "external_tokens"}. It wraps the engine's `make_request` and the connector's
-    `update_state_after_alloc` (called at each allocation with the tokens to load; the first
-    call is the first schedule) on the engine it builds; nothing else changes."""
-
-    def __init__(self, model: str, engine_kwargs: Mapping[str, Any] | None = None) -> None:
-        super().__init__(model, dict(engine_kwargs or {}))
-        self._requests: dict[str, Any] = {}
-        self._loaded: dict[str, int] = {}
-
-    def _build(self) -> Any:
-        ae = super()._build()
-        engine = ae.engine
-        make = engine.make_request
-
-        def make_request(*args: Any, **kwargs: Any) -> Any:
-            request = make(*args, **kwargs)
-            self._requests[request.request_id] = request
-            return request
-
-        engine.make_request = make_request
-        connector = engine.scheduler.connector
-        if connector is not None:
-            update = connector.update_state_after_alloc
-
-            def update_state_after_alloc(request: Any, block_ids: Any, num_external: int) -> Any:
-                self._loaded.setdefault(request.request_id, max(int(num_external), 0))
-                return update(request, block_ids, num_external)
-
-            connector.update_state_after_alloc = update_state_after_alloc
-        return ae
-
-    def reuse(self) -> dict[str, dict[str, int]]:
-        return {rid: {"cached_tokens": max(r.num_cached_tokens, 0),
-                      "external_tokens": self._loaded.get(rid, 0)}
-                for rid, r in self._requests.items()}
+def run_rows(result: Any, labels: Mapping[str, Any]) -> pd.DataFrame:
+    """One row per finished run of `result` (an ExperimentResult of the tier experiment),
+    labelled by `labels` ({config label: kv_transfer_config}, None for the baseline)."""
+    rows = []
+    for r in result.runs:
+        if r.error is not None:
+            continue
+        m = r.metrics
+        rows.append({"config": _label(labels, r.value), "repeat": r.repeat,
+                     "p50_ttft_ms": m["median_ttft_ms"], "p95_ttft_ms": m["p95_ttft_ms"],
+                     "prefix_cache_hit_rate": m.get("prefix_cache_hit_rate", 0.0),
+                     "external_prefix_cache_hit_rate":
+                         m.get("external_prefix_cache_hit_rate", 0.0),
+                     "kv_host_hit_tokens": m.get("kv_host_hit_tokens", 0.0),
+                     "kv_load_mb": m.get("kv_load_bytes", 0.0) / MB,
+                     "kv_store_mb": m.get("kv_store_bytes", 0.0) / MB,
+                     "kv_transfer_time_share": m.get("kv_transfer_time_share", 0.0),
+                     "num_preemptions": m.get("num_preemptions", 0.0),
+                     "completed": m["completed"], "engine_time_s": m.get("engine_time_s", 0.0),
+                     "duration_s": m["duration"], "valid": r.valid})
+    return pd.DataFrame(rows)
 
 
-def _run_row(res: RunResult, config: str, repeat: int) -> dict[str, Any]:
-    engine_time_s = sum(r["duration_s"] for r in res.step_trace) or None
-    kv = kv_cache_metrics(res.server_delta, engine_time_s)
-    m = res.metrics()
-    return {"config": config, "repeat": repeat,
-            "p50_ttft_ms": m["median_ttft_ms"], "p95_ttft_ms": m["p95_ttft_ms"],
-            "prefix_cache_hit_rate": kv.get("prefix_cache_hit_rate", 0.0),
-            "external_prefix_cache_hit_rate": kv.get("external_prefix_cache_hit_rate", 0.0),
-            "kv_host_hit_tokens": kv.get("kv_host_hit_tokens", 0.0),
-            "kv_load_mb": kv.get("kv_load_bytes", 0.0) / MB,
-            "kv_store_mb": kv.get("kv_store_bytes", 0.0) / MB,
-            "kv_transfer_time_share": kv.get("kv_transfer_time_share", 0.0),
-            "num_preemptions": kv.get("num_preemptions", 0.0),
-            "completed": m["completed"], "engine_time_s": engine_time_s or 0.0,
-            "duration_s": res.duration_s, "valid": res.validity.valid}
+def request_rows(result: Any, labels: Mapping[str, Any], workload: Workload, uri: str
+                 ) -> pd.DataFrame:
+    """One row per measured request of every finished run (its requests.csv): config,
+    repeat, request_id, session, turn, success, prompt_tokens, ttft_ms, cached_tokens (the
+    engine's num_cached_tokens; 0 when not reported) and kv_loaded."""
+    from workbench.analysis.frames import run_artifact_frame
 
-
-def _request_rows(res: RunResult, workload: Workload, reuse: Mapping[str, Mapping[str, int]],
-                  config: str, repeat: int) -> pd.DataFrame:
     turns = {r.request_id: r for r in workload.requests}
-    frame = records_frame(res.records)
-    frame = frame[frame["request_id"].isin(turns)].reset_index(drop=True)
-    req = [turns[rid] for rid in frame["request_id"]]
-    none = {"cached_tokens": 0, "external_tokens": 0}
-    return pd.DataFrame({
-        "config": config, "repeat": repeat, "request_id": frame["request_id"],
-        "session": [r.group for r in req], "turn": [r.turn for r in req],
-        "success": frame["success"], "prompt_tokens": frame["prompt_tokens"],
-        "ttft_ms": frame["ttft_ms"],
-        "cached_tokens": [reuse.get(rid, none)["cached_tokens"] for rid in frame["request_id"]],
-        "external_tokens": [reuse.get(rid, none)["external_tokens"]
-                            for rid in frame["request_id"]],
-    })
-
-
-def measure_tiers(model: str | Path, engine_kwargs: Mapping[str, Any], workload: Workload,
-                  arrival: ArrivalSpec, configs: Mapping[str, Mapping[str, Any] | None],
-                  repeats: int = 1, **run_kw: Any) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """`workload` under each named kv_transfer_config (None: no connector), on a fresh
-    engine per run, stopped after it; repeats interleaved (config A, B, A, B, ...). Returns
-    one row per run (TIER_COLUMNS, completed, engine_time_s, valid) and one row per request
-    (config, repeat, session, turn, ttft_ms, cached_tokens, external_tokens; the reuse at
-    first schedule, see the module docstring)."""
-    if repeats < 1:
-        raise ValueError(f"repeats ({repeats}) must be >= 1")
-    runs, requests = [], []
-    for repeat in range(repeats):
-        for name, kv_transfer_config in configs.items():
-            target = TierProbe(str(model), {**engine_kwargs,
-                                            "kv_transfer_config": kv_transfer_config})
-            try:
-                res = run(target, workload, arrival, **run_kw)
-            finally:
-                run_sync(target.stop)
-            if res.error:
-                raise RuntimeError(f"config {name!r}, repeat {repeat}: {res.error}")
-            runs.append(_run_row(res, name, repeat))
-            requests.append(_request_rows(res, workload, target.reuse(), name, repeat))
-    return pd.DataFrame(runs), pd.concat(requests, ignore_index=True)
+    frames = []
+    for r in result.runs:
+        if r.error is not None:
+            continue
+        frame = run_artifact_frame(r.run_id, "requests.csv", uri)
+        frame = frame[frame["request_id"].isin(turns)].reset_index(drop=True)
+        req = [turns[rid] for rid in frame["request_id"]]
+        frames.append(pd.DataFrame({
+            "config": _label(labels, r.value), "repeat": r.repeat,
+            "request_id": frame["request_id"], "session": [q.group for q in req],
+            "turn": [q.turn for q in req], "success": frame["success"].astype(bool),
+            "prompt_tokens": frame["prompt_tokens"], "ttft_ms": frame["ttft_ms"],
+            "cached_tokens": frame["num_cached_tokens"].fillna(0).astype(int),
+            "kv_loaded": frame["server_kv_wait_s"].notna(),
+        }))
+    return pd.concat(frames, ignore_index=True)
 
 
 def tier_table(runs: pd.DataFrame) -> pd.DataFrame:
@@ -162,15 +106,15 @@ def tier_table(runs: pd.DataFrame) -> pd.DataFrame:
 
 def turn_table(requests: pd.DataFrame) -> pd.DataFrame:
     """One row per (config, turn) over every repeat's successful requests: how many, median
-    and p95 TTFT, mean prompt tokens, and the mean tokens reused per request (cached: device
-    prefix cache + tiers at first schedule; external: of those, loaded from the tiers)."""
+    and p95 TTFT, mean prompt tokens, the mean tokens reused per request (cached: device
+    prefix cache + tiers at first schedule) and the share that loaded KV from a tier."""
     ok = requests[requests["success"].astype(bool)]
     g = ok.groupby(["config", "turn"], sort=False)
     table = g.agg(requests=("ttft_ms", "size"), median_ttft_ms=("ttft_ms", "median"),
                   p95_ttft_ms=("ttft_ms", lambda s: s.quantile(0.95)),
                   prompt_tokens=("prompt_tokens", "mean"),
                   cached_tokens=("cached_tokens", "mean"),
-                  external_tokens=("external_tokens", "mean"))
+                  loaded_share=("kv_loaded", "mean"))
     order = {c: i for i, c in enumerate(dict.fromkeys(requests["config"]))}
     table = table.reset_index()
     rank = table["config"].map(order)
@@ -193,7 +137,6 @@ def tier_metrics(table: pd.DataFrame, turns: pd.DataFrame) -> dict[str, float]:
 
 
 TOKEN_COLUMNS = {"cached_tokens": "reused prompt (tokens)",
-                 "external_tokens": "loaded from the tiers (tokens)",
                  "prompt_tokens": "prompt (tokens)"}
 
 

@@ -71,6 +71,10 @@ class RequestRecord:
     server_kv_transfer_s: float | None = None  # the read: wire + copy into the cache
     server_kv_wait_s: float | None = None  # first scheduled -> KV in place
     server_kv_transfer_bytes: float | None = None
+    # prompt tokens not computed at the first schedule (device prefix cache + a KV connector's
+    # tiers): vLLM's RequestOutput.num_cached_tokens, usage.prompt_tokens_details.cached_tokens;
+    # None when the target does not say
+    num_cached_tokens: int | None = None
 
     @property
     def ttft_s(self) -> float | None:
@@ -223,6 +227,7 @@ _OPTIONAL_FLOAT_FIELDS = (
     "end_s",
     *(f"server_{name}_s" for name in _SERVER_METRICS),
     "server_kv_transfer_bytes",
+    "num_cached_tokens",
 )
 
 
