@@ -94,16 +94,18 @@ from workbench.analysis.disagg_runs import (
     calc_vs_measured,
     capacity_row,
     layout_bands,
-    measure_capacity,
     per_shape,
     point_requests,
     point_runs,
-    run_shapes,
     split_measured,
-    sweep_plan,
 )
 from workbench.analysis.notebook import publish, raw_template, resolve_tracking_uri
-from workbench.router.experiment import local_target
+from workbench.experiments.studies.pd_disaggregation import (
+    measure_capacity,
+    run_shapes,
+    sweep_plan,
+)
+from workbench.experiments.studies.targets import local_target
 
 raw = raw_template(template_file, "pd_disaggregation.yaml")
 slo = raw["rate_sweep"]["slo"]
@@ -196,16 +198,20 @@ kv
 # %% [markdown]
 # ## 5. calc.pd_ratio against the measurement
 #
-# `workbench bench pd-capacity` on one engine in-process, held to one thread like a replica:
-# prefill tok/s (batches of prompts, `max_tokens=1`) and decode tok/s (`capacity_batch`
-# requests decoding) at each shape's mean lengths. `calc.pd_ratio` turns them into requests/s
+# One engine in-process, held to one thread like a replica, measured through the runner like
+# the sweeps (the experiment "<experiment>-<shape>-capacity": `capacity_batch` requests of the
+# shape's mean lengths at once, max_num_seqs `capacity_batch` against half of it): prefill
+# tok/s over the steps that scheduled prompt tokens, decode tok/s over the decode-only steps
+# (`workbench bench pd-capacity` measures the same on the engine directly, as two calls per
+# repeat). `calc.pd_ratio` turns them into requests/s
 # per prefill instance (p) and per decode instance (d), the balanced ratio P:M = d / p, the
 # best split of 8 instances, and for our 2 workers the rate of 1P:1D (min(p, d)) and of 2
 # colocated instances. These are capacities with no SLO, no queueing and no interference, so
 # the measured goodput should sit below them; what to compare is the *order* of the layouts.
 
 # %%
-capacity = {shape: measure_capacity(shape, model, batch=capacity_batch,
+capacity = {shape: measure_capacity(shape, model, batch=capacity_batch, uri=uri,
+                                    name=f"{experiment}-{shape}-capacity",
                                     repeats=1 if quick else capacity_repeats, seed=seed)
             for shape in plan}
 calc_table = pd.DataFrame([capacity_row(shape, cap) for shape, cap in capacity.items()])

@@ -1,5 +1,7 @@
 """workbench.analysis.disagg_runs: a logged colocated-vs-disaggregated rate sweep read back
-from a throwaway MLflow store laid out as `rate_sweep_run` logs it, and the pure helpers."""
+from a throwaway MLflow store laid out as `rate_sweep_run` logs it, and the pure helpers; the
+study that builds and runs those templates (`workbench.experiments.studies.pd_disaggregation`,
+`st`): shapes, counts, plans, the capacity measurement through the runner."""
 
 from __future__ import annotations
 
@@ -9,10 +11,11 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from workbench import calc
+from workbench import planning as calc
 from workbench.analysis import disagg_runs as dr
 from workbench.analysis.disagg import pd_ratio_plot
 from workbench.analysis.notebook import raw_template
+from workbench.experiments.studies import pd_disaggregation as st
 from workbench.experiments.template import parse_template
 
 KV_TOKEN = 6144  # demo model: 2 (K, V) x 6 layers x 4 KV heads x 32 x 4 bytes
@@ -182,7 +185,7 @@ def test_layout_name() -> None:
 def test_shape_template_reshapes_the_shipped_template() -> None:
     raw = raw_template("", "pd_disaggregation.yaml")
     for shape in dr.SHAPES:
-        out = dr.shape_template(raw, shape, rates=[1, 2], num_requests=6, repeats=1, seed=3)
+        out = st.shape_template(raw, shape, rates=[1, 2], num_requests=6, repeats=1, seed=3)
         t = parse_template(out)  # still a valid rate-sweep template
         assert t.name == f"pd-disaggregation-{shape}"
         assert t.workload["params"]["input_len"] == dr.SHAPES[shape]["input_len"]
@@ -191,12 +194,12 @@ def test_shape_template_reshapes_the_shipped_template() -> None:
         assert t.rate_sweep.seed == 3 and t.repeats == 1
         assert t.baseline["num_prefill"] == 0 and t.variable_values == [1]
     assert raw["workload"]["params"]["num_requests"] != 6  # the input is not modified
-    assert dr.shape_template(raw, "mixed")["workload"] == {
+    assert st.shape_template(raw, "mixed")["workload"] == {
         **raw["workload"], "params": {**raw["workload"]["params"], **dr.SHAPES["mixed"]}}
     with pytest.raises(ValueError, match="shape .'long'. must be one of prefill-heavy"):
-        dr.shape_template(raw, "long")
+        st.shape_template(raw, "long")
     with pytest.raises(ValueError, match="no rate_sweep block"):
-        dr.shape_template({"workload": {}}, "mixed")
+        st.shape_template({"workload": {}}, "mixed")
 
 
 def test_num_requests_per_shape() -> None:
@@ -207,24 +210,24 @@ def test_num_requests_per_shape() -> None:
     per_shape = {"decode-heavy": 96, "prefill-heavy": 32}
 
     def count(shape: str, n: Any) -> int:
-        out = dr.shape_template(raw, shape, num_requests=n)
+        out = st.shape_template(raw, shape, num_requests=n)
         return parse_template(out).workload["params"]["num_requests"]
 
     assert {s: count(s, per_shape) for s in dr.SHAPES} == {
         "prefill-heavy": 32, "decode-heavy": 96, "mixed": 48}
     assert {s: count(s, 20) for s in dr.SHAPES} == dict.fromkeys(dr.SHAPES, 20)
     assert {s: count(s, None) for s in dr.SHAPES} == dict.fromkeys(dr.SHAPES, 48)
-    assert {s: dr.shape_num_requests(per_shape, s) for s in dr.SHAPES} == {
+    assert {s: st.shape_num_requests(per_shape, s) for s in dr.SHAPES} == {
         "prefill-heavy": 32, "decode-heavy": 96, "mixed": None}
-    assert dr.shape_num_requests(7, "mixed") == 7 and dr.shape_num_requests(None, "mixed") is None
+    assert st.shape_num_requests(7, "mixed") == 7 and st.shape_num_requests(None, "mixed") is None
     with pytest.raises(ValueError, match=r"num_requests has unknown shapes \['decode'\]"):
-        dr.shape_template(raw, "mixed", num_requests={"decode": 96})
+        st.shape_template(raw, "mixed", num_requests={"decode": 96})
     for bad in (0, 2.0, True, {"mixed": 0}):
         with pytest.raises(ValueError, match="num_requests for shape 'mixed' .* must be an "
                                              "integer >= 1"):
-            dr.shape_template(raw, "mixed", num_requests=bad)  # type: ignore[arg-type]
+            st.shape_template(raw, "mixed", num_requests=bad)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="shape .'long'. must be one of"):
-        dr.shape_num_requests(3, "long")
+        st.shape_num_requests(3, "long")
 
 
 def test_run_shapes_refuses_a_bad_count_before_any_sweep(tmp_path: Any) -> None:
@@ -232,15 +235,15 @@ def test_run_shapes_refuses_a_bad_count_before_any_sweep(tmp_path: Any) -> None:
     plan = {"mixed": [1.0], "decode-heavy": [1.0]}
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     with pytest.raises(ValueError, match="num_requests for shape 'decode-heavy' .0."):
-        dr.run_shapes(raw, plan, uri, num_requests={"mixed": 4, "decode-heavy": 0})
+        st.run_shapes(raw, plan, uri, num_requests={"mixed": 4, "decode-heavy": 0})
     with pytest.raises(ValueError, match="unknown shapes"):
-        dr.run_shapes(raw, plan, uri, num_requests={"mixed-ish": 4})
+        st.run_shapes(raw, plan, uri, num_requests={"mixed-ish": 4})
     assert not (tmp_path / "mlflow.db").exists()  # nothing ran, no store was made
 
 
 def test_mean_lengths_and_capacity_config() -> None:
     assert dr.mean_lengths("prefill-heavy") == (640.0, 20.0)
-    cfg = dr.capacity_config("decode-heavy", "demo", batch=4, repeats=1, max_num_seqs=4)
+    cfg = st.capacity_config("decode-heavy", "demo", batch=4, repeats=1, max_num_seqs=4)
     assert (cfg.input_len, cfg.output_len, cfg.batch, cfg.num_workers) == (40, 192, 4, 2)
     assert cfg.engine == {"max_num_seqs": 4}
 
@@ -284,14 +287,14 @@ def test_the_template_ships_one_variable_at_two_workers() -> None:
 # --------------------------------------------------------------------------- notebook glue
 def test_sweep_plan_and_quick() -> None:
     rates = {"mixed": [6, 12, 24], "decode-heavy": [1.0, 2.0]}
-    assert dr.sweep_plan(["mixed", "decode-heavy"], rates) == {
+    assert st.sweep_plan(["mixed", "decode-heavy"], rates) == {
         "mixed": [6.0, 12.0, 24.0], "decode-heavy": [1.0, 2.0]}
-    assert dr.sweep_plan(["mixed", "decode-heavy"], rates, quick=True) == {
+    assert st.sweep_plan(["mixed", "decode-heavy"], rates, quick=True) == {
         "mixed": [12.0], "decode-heavy": [2.0]}
     with pytest.raises(ValueError, match="no rates for shape 'prefill-heavy'"):
-        dr.sweep_plan(["prefill-heavy"], rates)
+        st.sweep_plan(["prefill-heavy"], rates)
     with pytest.raises(ValueError, match="shapes is empty"):
-        dr.sweep_plan([], rates)
+        st.sweep_plan([], rates)
 
 
 def test_layout_bands_and_per_shape(sweep: tuple[str, str]) -> None:
@@ -312,7 +315,7 @@ def test_layout_bands_and_per_shape(sweep: tuple[str, str]) -> None:
 def test_capacity_row_from_calc() -> None:
     from types import SimpleNamespace
 
-    cfg = dr.capacity_config("mixed", "demo")
+    cfg = st.capacity_config("mixed", "demo")
     ratio = calc.pd_ratio(2, cfg.input_len, cfg.output_len, 2720.0, {8: 710.0})
     row = dr.capacity_row("mixed", SimpleNamespace(config=cfg, ratio=ratio, valid=True))
     # p = 2720 / 272 = 10 req/s, d = 710 / 71 = 10 req/s: balanced at 1:1
@@ -328,7 +331,7 @@ def test_measure_capacity_holds_torch_to_one_thread() -> None:
     import torch
 
     before = torch.get_num_threads()
-    cap = dr.measure_capacity("decode-heavy", "bundled", batch=2, repeats=1)
+    cap = st.measure_capacity("decode-heavy", "bundled", batch=2, repeats=1)
     assert torch.get_num_threads() == before
     assert (cap.config.input_len, cap.config.output_len) == (40, 192)
     assert cap.prefill.median_tok_s > 0 and cap.decode.median_tok_s > 0

@@ -94,8 +94,8 @@ def test_12_defaults_queue_decode_heavy_past_one_batch() -> None:
     """Notebook 12's defaults: 32 requests per point on prefill-heavy and mixed traffic, 96
     (three times the template's max_num_seqs) on decode-heavy, whose rates are the ones the
     docs' figures come from; the templates the notebook runs carry those counts."""
-    from workbench.analysis import disagg_runs as dr
     from workbench.analysis.notebook import raw_template
+    from workbench.experiments.studies import pd_disaggregation as st
 
     nb = nbformat.read(NOTEBOOKS / "12_pd_disaggregation.ipynb", as_version=4)
     defaults: dict[str, Any] = {}
@@ -107,6 +107,6 @@ def test_12_defaults_queue_decode_heavy_past_one_batch() -> None:
     assert defaults["rates_decode_heavy"] == [6.0, 12.0, 18.0]
     raw = raw_template("", "pd_disaggregation.yaml")
     assert counts["decode-heavy"] == 3 * raw["baseline"]["max_num_seqs"]
-    shaped = {shape: dr.shape_template(raw, shape, num_requests=counts) for shape in dr.SHAPES}
+    shaped = {shape: st.shape_template(raw, shape, num_requests=counts) for shape in st.SHAPES}
     assert {s: t["workload"]["params"]["num_requests"] for s, t in shaped.items()} == counts
 

@@ -5,11 +5,11 @@ whose one variable is the router knob `num_prefill` (0: colocated replicas; P >=
 + the rest decode replicas at the same `num_workers`). Every sweep point logs `requests.csv`
 and the router's /metrics delta (`server_delta.json`); every (value, repeat) logs its goodput.
 These helpers turn one logged sweep (its parent run id) into frames, and put calc's estimate
-beside the measurement:
+beside the measurement; the sweeps and the capacity measurement themselves run through the
+runner (`workbench.experiments.studies.pd_disaggregation`):
 
     SHAPES                             traffic shapes: workload params of balanced-chat
-    shape_template(raw, shape, ...)    the raw template re-shaped and scaled for one shape
-    shape_num_requests(n, shape)       requests per point for a shape: one count or per shape
+    mean_lengths(shape)                (mean prompt, mean output) tokens of a shape
     layout_name(num_prefill, W)        "colocated x2" | "1P:1D"
     point_runs(parent, uri)            one row per sweep point: layout, repeat, rate, run id,
                                        attainment, validity
@@ -19,35 +19,34 @@ beside the measurement:
     kv_transfer_row(delta)             one /metrics delta -> KV bytes, tokens, reads, time
     kv_moved(parent, uri)              kv_transfer_row per sweep point (and its layout, rate)
     kv_summary(moved)                  per layout: bytes, MB per request, bytes per token
-    capacity_config(shape, ...)        pd_capacity's config at a shape's mean lengths
-    calc_vs_measured(ratio, goodputs)  calc.pd_ratio's rates beside the measured goodputs
+    calc_vs_measured(ratio, goodputs)  planning.pd_ratio's rates beside the measured goodputs
+    split_measured(goodputs)           layout names -> `analysis.disagg.pd_ratio_plot`'s keys
+    layout_bands(points)               attainment bands per layout (the plot's input)
+    per_shape(parents, uri, what)      goodput or KV tables of several shapes' experiments
+    capacity_row(shape, capacity)      one shape's capacity figures and planning's answers
 
 Layouts are named from the variable's value, so frames from several shapes concatenate.
 """
 
 from __future__ import annotations
 
-import copy
-import json
 import re
 import statistics
-import tempfile
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from workbench.analysis.artifacts import run_delta
 from workbench.analysis.frames import (
     BASELINE_LABEL,
     PARENT_TAG,
     _client,
     _frame,
     _search,
-    no_progress_bar,
     run_artifact_frame,
 )
-from workbench.calc import PDRatio
+from workbench.planning import PDRatio
 
 SHAPES: dict[str, dict[str, Any]] = {  # balanced-chat params per traffic shape
     "prefill-heavy": {"input_len": {"kind": "uniform", "low": 384, "high": 896},
@@ -84,59 +83,6 @@ def mean_lengths(shape: str) -> tuple[float, float]:
     """(mean prompt tokens, mean output tokens) of a shape (uniform: (low + high) / 2)."""
     p = _check_shape(shape)
     return tuple((p[k]["low"] + p[k]["high"]) / 2 for k in ("input_len", "output_len"))
-
-
-def shape_num_requests(num_requests: int | Mapping[str, int] | None,
-                       shape: str) -> int | None:
-    """Requests per sweep point for `shape`: `num_requests` itself (one count for every
-    shape), or its entry for `shape` ({shape: count}; a shape left out gets None: the
-    template's count); None stays None. Keys must be SHAPES; counts integers >= 1."""
-    _check_shape(shape)
-    if num_requests is None:
-        return None
-    if isinstance(num_requests, Mapping):
-        unknown = [k for k in num_requests if k not in SHAPES]
-        if unknown:
-            raise ValueError(f"num_requests has unknown shapes {unknown}: keys must be some "
-                             f"of {', '.join(SHAPES)}")
-        n = num_requests.get(shape)
-        if n is None:
-            return None
-    else:
-        n = num_requests
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ValueError(f"num_requests for shape {shape!r} ({n!r}) must be an integer >= 1")
-    return n
-
-
-def shape_template(raw: Mapping[str, Any], shape: str, *, rates: Sequence[float] | None = None,
-                   num_requests: int | Mapping[str, int] | None = None,
-                   repeats: int | None = None, seed: int | None = None,
-                   name: str | None = None) -> dict[str, Any]:
-    """A copy of the raw pd_disaggregation template with the shape's lengths (fixture
-    balanced-chat), and when given the sweep's `rates`, `num_requests` (one count, or
-    {shape: count} per shape: `shape_num_requests`; else the template's), `repeats`, the
-    workload and arrival `seed` and the experiment `name` (default: "<name>-<shape>")."""
-    params = _check_shape(shape)
-    count = shape_num_requests(num_requests, shape)
-    if "rate_sweep" not in raw:
-        raise ValueError("raw template has no rate_sweep block: give the pd_disaggregation "
-                         "template (or another rate sweep)")
-    out = copy.deepcopy(dict(raw))
-    workload = out.setdefault("workload", {})
-    workload["fixture"] = "balanced-chat"
-    workload["params"] = {**workload.get("params", {}), **copy.deepcopy(params)}
-    if count is not None:
-        workload["params"]["num_requests"] = count
-    if seed is not None:
-        workload["seed"] = seed
-        out["arrivals"] = {**(out.get("arrivals") or {}), "seed": seed}
-    if rates is not None:
-        out["rate_sweep"] = {**out["rate_sweep"], "rates": [float(r) for r in rates]}
-    if repeats is not None:
-        out["repeats"] = repeats
-    out["name"] = name or f"{raw.get('name', 'pd-disaggregation')}-{shape}"
-    return out
 
 
 def layout_name(num_prefill: int, num_workers: int) -> str:
@@ -306,14 +252,6 @@ def kv_transfer_row(delta: Mapping[str, Any]) -> dict[str, float]:
     return row
 
 
-def run_delta(run_id: str, uri: str | None = None) -> dict[str, Any]:
-    """The /metrics delta an HTTP run logged (server_delta.json's "delta")."""
-    client = _client(uri)
-    with tempfile.TemporaryDirectory() as tmp, no_progress_bar():
-        path = client.download_artifacts(run_id, "server_delta.json", tmp)
-        return dict(json.loads(Path(path).read_text())["delta"])
-
-
 def kv_moved(parent_run_id: str, uri: str | None = None) -> pd.DataFrame:
     """kv_transfer_row of every FINISHED sweep point, with its layout, repeat and rate."""
     points = point_runs(parent_run_id, uri)
@@ -343,18 +281,6 @@ def kv_summary(moved: pd.DataFrame) -> pd.DataFrame:
                      "failed_reads": int(g["failed_recvs"].sum()),
                      "prefill_fallbacks": int(g["prefill_fallbacks"].sum())})
     return pd.DataFrame(rows)
-
-
-def capacity_config(shape: str, model: str, *, num_workers: int = 2, batch: int = 8,
-                    repeats: int = 3, seed: int = 0, **engine: Any) -> Any:
-    """`bench.pd_capacity.PDCapacityConfig` at the shape's mean prompt and output lengths
-    (rounded), `batch` decodes at once; `engine` knobs reach the engine."""
-    from workbench.bench.pd_capacity import PDCapacityConfig
-
-    mean_in, mean_out = mean_lengths(shape)
-    return PDCapacityConfig(model=model, input_len=round(mean_in), output_len=round(mean_out),
-                            batch=batch, num_workers=num_workers, repeats=repeats, seed=seed,
-                            engine=dict(engine))
 
 
 def calc_vs_measured(ratio: PDRatio, measured: Mapping[str, float]) -> pd.DataFrame:
@@ -394,57 +320,13 @@ def split_measured(measured: Mapping[str, float]) -> dict[str, float]:
     return out
 
 
-__all__ = ["BASELINE_LABEL", "KV_COUNTERS", "SHAPES", "calc_vs_measured", "capacity_config",
+__all__ = ["BASELINE_LABEL", "KV_COUNTERS", "SHAPES", "calc_vs_measured", "capacity_row",
            "goodput_runs", "goodput_table", "kv_moved", "kv_summary", "kv_transfer_row",
-           "layout_name", "mean_lengths", "point_requests", "point_runs", "run_delta",
-           "shape_num_requests", "shape_template", "split_measured"]
+           "layout_bands", "layout_name", "mean_lengths", "per_shape", "point_requests",
+           "point_runs", "run_delta", "split_measured"]
 
 
 # --------------------------------------------------------------------------- notebook glue
-def sweep_plan(shapes: Sequence[str], rates: Mapping[str, Sequence[float]], *,
-               quick: bool = False) -> dict[str, list[float]]:
-    """{shape: the rates to sweep}: `rates[shape]`, or with `quick` only its middle rate
-    (one point per layout: a smoke test, no crossing)."""
-    if not shapes:
-        raise ValueError(f"shapes is empty: give some of {', '.join(SHAPES)}")
-    plan = {}
-    for shape in shapes:
-        _check_shape(shape)
-        r = [float(x) for x in rates.get(shape, ())]
-        if not r:
-            raise ValueError(f"no rates for shape {shape!r}: give increasing requests/s")
-        plan[shape] = [r[len(r) // 2]] if quick else r
-    return plan
-
-
-def run_shapes(raw: Mapping[str, Any], plan: Mapping[str, Sequence[float]], uri: str, *,
-               target: Any = None, num_requests: int | Mapping[str, int] | None = None,
-               repeats: int | None = None, seed: int | None = None,
-               name: str | None = None, progress: bool = False) -> dict[str, Any]:
-    """Run the template once per shape (`shape_template`, experiment "<name>-<shape>") into
-    the MLflow store `uri`; {shape: ExperimentResult}. `num_requests`: one count for every
-    shape or {shape: count} (a shape left out keeps the template's). `target(spec) -> spec`
-    rewrites the target (a notebook passes `router.experiment.local_target` with its port
-    and model)."""
-    for shape in plan:  # refuse a bad count before the first shape's sweep starts
-        shape_num_requests(num_requests, shape)
-    from workbench.analysis.notebook import ensure_experiment
-    from workbench.experiments.runner import run_experiment
-    from workbench.experiments.template import parse_template
-
-    out = {}
-    for shape, rates in plan.items():
-        shaped = shape_template(raw, shape, rates=rates, num_requests=num_requests,
-                                repeats=repeats, seed=seed,
-                                name=None if name is None else f"{name}-{shape}")
-        if target is not None:
-            shaped["target"] = target(shaped["target"])
-        template = parse_template(shaped)
-        ensure_experiment(template.name, uri)
-        out[shape] = run_experiment(template, uri=uri, progress=progress)
-    return out
-
-
 def layout_bands(points: pd.DataFrame) -> dict[str, list[tuple[float, float, float, float]]]:
     """{layout: [(rate, median, min, max) of SLO attainment over repeats]} from point_runs
     (a failed point counts 0, as the sweep counted it): `slo_attainment_plot`'s input."""
@@ -471,26 +353,11 @@ def per_shape(parents: Mapping[str, str], uri: str | None, what: str) -> pd.Data
     return out[["shape", *[c for c in out.columns if c != "shape"]]]
 
 
-def measure_capacity(shape: str, model: str, *, threads: int = 1, **kw: Any) -> Any:
-    """`bench.pd_capacity.measure` of `capacity_config(shape, model, **kw)` with torch held
-    to `threads` intra-op threads (a replica's `--replica-threads`), restored after."""
-    import torch
-
-    from workbench.bench.pd_capacity import measure
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        return measure(capacity_config(shape, model, **kw))
-    finally:
-        torch.set_num_threads(before)
-
-
 def capacity_row(shape: str, capacity: Any, wider: int = 8) -> dict[str, Any]:
     """One shape's pd_capacity figures and calc's answers: tok/s per phase, requests/s per
     prefill (p) and decode (d) instance, the balanced P:M = d / p, the best split of
     `wider` instances, and the 1:1 and colocated rates of the measured 2 instances."""
-    from workbench import calc
+    from workbench import planning as calc
 
     r = capacity.ratio
     c = capacity.config

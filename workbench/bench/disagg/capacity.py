@@ -22,7 +22,8 @@ Each figure is the median over the repeats (min and max shown); the step trace
 workers, the same lengths, `--rate`), whose table is printed below. Token ids are random
 (seed), greedy and ignore_eos, so every request runs to its length. Other processes taking
 more than `--max-other-cpu-share` of the CPUs during the timed calls mark the figures INVALID
-(a console line, `valid: false` in the JSON; exit 2 with --strict).
+(a console line, `valid: false` in the JSON; exit 2 with --strict). The config, the figures
+and the step-trace readers are `workbench.harness.pd_capacity`'s.
 """
 
 from __future__ import annotations
@@ -31,14 +32,19 @@ import argparse
 import json
 import math
 import random
-import statistics
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workbench import calc
+from workbench import planning as calc
 from workbench.engine.arg_utils import add_engine_args, engine_kwargs
+from workbench.harness.pd_capacity import (
+    PDCapacity,
+    PDCapacityConfig,
+    PhaseFigure,
+    decode_tok_s,
+    prefill_tok_s,
+)
 from workbench.harness.validity import (
     DEFAULT_MAX_OTHER_CPU_SHARE,
     CpuWatch,
@@ -47,125 +53,6 @@ from workbench.harness.validity import (
 )
 
 ENGINE_FIXED = ("seed",)  # greedy; --seed is the prompts'
-
-
-def _positive(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-
-
-@dataclass(frozen=True)
-class PDCapacityConfig:
-    """What one measurement does. `prefill_batch` None: `batch` prompts per prefill call."""
-
-    model: str
-    input_len: int
-    output_len: int
-    batch: int
-    num_workers: int
-    prefill_batch: int | None = None
-    decode_prompt_len: int = 8
-    repeats: int = 3
-    seed: int = 0
-    request_rate: float | None = None
-    max_other_cpu_share: float = DEFAULT_MAX_OTHER_CPU_SHARE
-    engine: dict[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        for name in ("input_len", "batch", "decode_prompt_len", "repeats"):
-            _positive(name, getattr(self, name))
-        if isinstance(self.output_len, bool) or not isinstance(self.output_len, int) or (
-                self.output_len < 2):
-            raise ValueError(f"output_len must be an integer >= 2 (the prefill emits the first "
-                             f"token, the decode phase the rest), got {self.output_len!r}")
-        if isinstance(self.num_workers, bool) or not isinstance(self.num_workers, int) or (
-                self.num_workers < 2):
-            raise ValueError(f"num_workers must be an integer >= 2 (one prefill and one decode "
-                             f"instance at least), got {self.num_workers!r}")
-        if self.prefill_batch is not None:
-            _positive("prefill_batch", self.prefill_batch)
-        if self.request_rate is not None and not (
-                isinstance(self.request_rate, int | float) and math.isfinite(self.request_rate)
-                and self.request_rate > 0):
-            raise ValueError(f"request_rate must be a finite number > 0 (req/s), got "
-                             f"{self.request_rate!r}")
-        if not 0 <= self.max_other_cpu_share <= 1:
-            raise ValueError(f"max_other_cpu_share must be in [0, 1], got "
-                             f"{self.max_other_cpu_share!r}")
-
-    @property
-    def prefill_prompts(self) -> int:
-        return self.batch if self.prefill_batch is None else self.prefill_batch
-
-    def engine_kwargs(self) -> dict[str, Any]:
-        """fp32, no prefix caching, room for the batch and the longest request; the
-        caller's knobs win."""
-        longest = max(self.input_len + 1, self.decode_prompt_len + self.output_len)
-        return {"dtype": "float32", "enable_prefix_caching": False,
-                "max_num_seqs": max(self.batch, self.prefill_prompts),
-                "max_model_len": longest, **self.engine}
-
-
-@dataclass(frozen=True)
-class PhaseFigure:
-    """One phase's tokens/s per repeat (and the tokens and seconds behind each)."""
-
-    phase: str  # "prefill" | "decode"
-    batch: int
-    tok_s: tuple[float, ...]
-    tokens: tuple[int, ...]
-    seconds: tuple[float, ...]
-    steps: tuple[int, ...]
-
-    @property
-    def median_tok_s(self) -> float:
-        return statistics.median(self.tok_s)
-
-
-@dataclass(frozen=True)
-class PDCapacity:
-    config: PDCapacityConfig
-    prefill: PhaseFigure
-    decode: PhaseFigure
-    ratio: calc.PDRatio
-    other_cpu_share: float  # NaN: not measurable
-    valid: bool
-
-    def table(self) -> str:
-        """The measured figures, one row per phase (Markdown)."""
-        c = self.config
-        lines = ["| phase | batch | tokens per request | median tok/s | min | max | runs | "
-                 "steps per run |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
-        for f, per_req in ((self.prefill, f"{c.input_len} prompt"),
-                           (self.decode, f"{c.output_len - 1} decode")):
-            lines.append(f"| {f.phase} | {f.batch} | {per_req} | {f.median_tok_s:.1f} | "
-                         f"{min(f.tok_s):.1f} | {max(f.tok_s):.1f} | {len(f.tok_s)} | "
-                         f"{statistics.median(f.steps):g} |")
-        return "\n".join(lines)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"config": asdict(self.config), "prefill": asdict(self.prefill),
-                "decode": asdict(self.decode), "prefill_tok_s": self.prefill.median_tok_s,
-                "decode_tok_s": self.decode.median_tok_s, "splits": self.ratio.rows(),
-                "best_split": self.ratio.best.label,
-                "balanced_ratio": self.ratio.balanced_ratio,
-                "colocated_rate": self.ratio.colocated_rate,
-                "other_cpu_share": None if math.isnan(self.other_cpu_share)
-                else self.other_cpu_share, "valid": self.valid}
-
-
-def prefill_tok_s(trace: Sequence[dict[str, Any]]) -> tuple[int, float, int]:
-    """(prompt tokens, seconds, steps) over the steps that scheduled prompt tokens."""
-    steps = [r for r in trace if r["prefill_tokens"] > 0]
-    return (sum(r["prefill_tokens"] for r in steps), sum(r["duration_s"] for r in steps),
-            len(steps))
-
-
-def decode_tok_s(trace: Sequence[dict[str, Any]]) -> tuple[int, float, int]:
-    """(decode tokens, seconds, steps) over the decode-only steps (no prompt token)."""
-    steps = [r for r in trace if r["prefill_tokens"] == 0 and r["decode_tokens"] > 0]
-    return (sum(r["decode_tokens"] for r in steps), sum(r["duration_s"] for r in steps),
-            len(steps))
 
 
 def _prompts(rng: random.Random, n: int, length: int, token_range: tuple[int, int]

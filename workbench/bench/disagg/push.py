@@ -34,8 +34,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from workbench.bench.disagg.capacity import _positive, _prompts, add_output_args, model_folder
+from workbench.bench.disagg.capacity import _prompts, add_output_args, model_folder
 from workbench.engine.arg_utils import add_engine_args, engine_kwargs
+from workbench.harness.pd_capacity import positive_int
 from workbench.harness.validity import (
     DEFAULT_MAX_OTHER_CPU_SHARE,
     CpuWatch,
@@ -61,7 +62,7 @@ class PDPushConfig:
 
     def __post_init__(self) -> None:
         for name in ("input_len", "num_prompts", "repeats"):
-            _positive(name, getattr(self, name))
+            positive_int(name, getattr(self, name))
         if isinstance(self.push_wait_s, bool) or not isinstance(self.push_wait_s, int | float) \
                 or not self.push_wait_s > 0:
             raise ValueError(f"push_wait_s must be a number > 0, got {self.push_wait_s!r}")
