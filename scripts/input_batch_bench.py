@@ -38,8 +38,8 @@ from step_account_bench import model_folder  # noqa: E402
 
 from tests.worker.test_input_batch import rebuild_inputs  # noqa: E402
 from workbench import LLM, SamplingParams  # noqa: E402
-from workbench.engine.request import Request  # noqa: E402
-from workbench.engine.scheduler_output import SchedulerOutput  # noqa: E402
+from workbench.core.request import Request  # noqa: E402
+from workbench.core.sched.output import SchedulerOutput  # noqa: E402
 from workbench.harness.validity import default_cpu_watch  # noqa: E402
 from workbench.metrics.step_account import overhead_account  # noqa: E402
 from workbench.worker.input_batch import InputBatch  # noqa: E402

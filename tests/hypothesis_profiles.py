@@ -5,7 +5,7 @@
     HYPOTHESIS_PROFILE=long  20x: 2,000 examples per property, the KV-cache machine 4,000
                              (run on demand, e.g. before a release or after a cache change)
 
-    HYPOTHESIS_PROFILE=long pytest tests/kv_cache/test_manager_stateful.py \\
+    HYPOTHESIS_PROFILE=long pytest tests/core/kv_cache/test_manager_stateful.py \\
         --hypothesis-show-statistics      # passing / failing / invalid examples, timings
 
 Both profiles drop the per-example deadline (a loaded machine must not fail a test) and print

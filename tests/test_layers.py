@@ -5,13 +5,16 @@ or any layer below it, never one above:
 
     entrypoints -> experiments -> benchmarks -> harness -> engine -> executor -> worker -> model
                                                                                           |
-                                                                                       metrics
+                                        core (Request, Scheduler, SchedulerOutput, KV cache)
+                                                                                          |
+                                                                                metrics, config
                                                                                           |
                                                                                        kernels
 
-Shared leaves (LEAVES below) carry data across the boundaries (a request, a scheduler output,
-sampling params, configs, errors, calc helpers): any layer may import them, and they import
-only other leaves, the standard library and third-party packages.
+Shared leaves (LEAVES below) carry what every layer needs and no layer owns (errors, NVTX
+ranges, calc helpers, the model registry's table): any layer may import them, and they import
+only other leaves, the standard library and third-party packages. The data that crosses the
+engine/worker boundary (Request, SchedulerOutput, ModelRunnerOutput) is the core layer.
 
 Every import counts: module level, inside functions (lazy) and under `if TYPE_CHECKING:`.
 The mapping lives here and nowhere else; a module no rule covers fails `test_every_module_
@@ -40,14 +43,12 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # demo scripts, the bench CLI. Nothing imports them but each other.
     ("entrypoints", (
         "workbench.cli",
-        "workbench.calc_cli",
+        "workbench.planning.cli",  # `workbench calc` (its roofline reads the offline workload)
         "workbench.demo",
-        "workbench.sweep",
-        "workbench.sweep_points",
-        "workbench.sweep_report",
-        "workbench.sweep_inputs",
+        "workbench.sweeps",  # `workbench sweep`: papermill notebooks, one MLflow run each
         "workbench.server",
         "workbench.router",
+        "workbench.entrypoints",  # shared by server and router: cli_args (serve's flags)
         "workbench.bench.cli",
     )),
     # Questions and answers: experiment templates, runner, verdicts, the quality gate;
@@ -70,15 +71,27 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("harness", (
         "workbench.harness",
     )),
-    # Request lifecycle: LLM, LLMEngine, AsyncEngine, Scheduler, request queue, stop checks,
-    # stats, outputs, the KV-cache manager; engine_args turns the config dataclasses into CLI
-    # flags (vLLM's EngineArgs). The package root `workbench/__init__.py` is the public facade
-    # (lazily re-exports LLM and the outputs), so it sits here too.
+    # The OpenAI protocol (vLLM's entrypoints/openai/protocol): request and response models,
+    # errors, SSE (encoded by the server and the router, decoded by the router and the
+    # harness's HTTP client), the prompt's token ids, the detokenizer, the API key, the HTTP
+    # body and streaming helpers. Below the harness, and it imports nothing of workbench
+    # outside itself (tests/entrypoints/test_boundaries.py).
+    ("protocol", (
+        "workbench.entrypoints.openai.protocol",
+    )),
+    # The planning calculator (`workbench calc`): memory budgets, KV transfer against
+    # recompute, the P:D split, the schedule-aware roofline. Pure Python; builds on the core's
+    # KV arithmetic; read by the harness (predicted speed-ups), analysis and the benchmarks.
+    ("planning", (
+        "workbench.planning",
+    )),
+    # Request lifecycle: LLM, LLMEngine, AsyncEngine, the Processor, outputs; engine/arg_utils
+    # turns the config dataclasses into CLI flags (vLLM's EngineArgs). The package root
+    # `workbench/__init__.py` is the public facade (lazily re-exports LLM and the outputs), so it
+    # sits here too. The scheduler and the KV-cache manager are the core, below the worker.
     ("engine", (
         "workbench.__init__",
-        "workbench.engine",
-        "workbench.engine_args",
-        "workbench.kv_cache",
+        "workbench.engine",  # engine/arg_utils turns the config knobs into CLI flags
     )),
     # How workers are started and reached: the multiprocess executor and the driver-side TP
     # runner that fans a step out to it.
@@ -103,11 +116,27 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "workbench.distributed",  # parallel_state, communication_op
         "workbench.forward_context",  # the attention metadata a compiled forward reads
     )),
+    # The torch-free engine core (vLLM's v1/core, v1/request.py, v1/outputs.py): Request, the
+    # Scheduler and its queues, SchedulerOutput (the one step message, in-process and to every
+    # TP rank), ModelRunnerOutput, the KV-cache manager; with the data they carry: the
+    # SamplingParams a request asks for and the KV connector's step metadata and output.
+    ("core", (
+        "workbench.core",
+        "workbench.sampling_params",  # vLLM's place (the package root); data of a Request
+        "workbench.distributed.kv_transfer.metadata",  # KVConnectorMetadata/Output: both sides
+    )),
     # Metrics (vLLM's v1/metrics): the metric registry, the engine's and scheduler's stats,
     # the stat logger, the spec-decode counters' read-out. Torch-free; read by the scheduler,
     # the engine, the server, the harness and the verdict; imports only leaves.
     ("metrics", (
         "workbench.metrics",
+    )),
+    # Configuration (vLLM's vllm/config): the config dataclasses, the measured compile default,
+    # the shipped model names; and the machine facts (platforms/cpu_info) that default and the
+    # linear autotune are keyed by. Torch-free at import; every layer above reads it.
+    ("config", (
+        "workbench.config",
+        "workbench.platforms",
     )),
     # Triton and C++ kernels with their torch twins and the quantized formats' references.
     # Imports nothing from workbench/.
@@ -118,26 +147,10 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 
 # Shared leaves: importable from every layer; they import only other leaves.
 LEAVES: tuple[str, ...] = (
-    "workbench.engine.request",  # Request, RequestStatus: scheduler, KV manager, model runner
-    "workbench.engine.scheduler_output",  # SchedulerOutput: engine -> executor -> worker
-    "workbench.engine.runner_output",  # ModelRunnerOutput: worker -> executor -> engine
-    "workbench.distributed.step_input",  # the pickled step the executor sends to TP workers
-    "workbench.sampling_params",
-    "workbench.config",
-    "workbench.compilation_config",  # CompilationConfig: config validates with it
-    "workbench.compile_choice",  # the measured compiled-or-eager default config resolves
-    "workbench.layers.cpu_info",  # CPU facts and the fingerprint measured choices are keyed by
-    "workbench.named_models",  # model names -> paths (config resolves them)
     "workbench.models.registry",  # architecture -> (module, class): config validates with it
     "workbench.testing",  # tiny checkpoints named_models builds on demand; the demo pair trainer
     "workbench.errors",
-    "workbench.ray_utils",  # the optional Ray import (config refuses the "ray" backend without it)
     "workbench.profiling",  # NVTX ranges, used from the engine down to the runner
-    "workbench.calc",  # shape and memory arithmetic
-    "workbench.roofline_schedule",  # the schedule-aware roofline: calc re-exports it
-    "workbench.kv_transfer_config",  # KVTransferConfig: config and sampling params read it
-    "workbench.kv_cache.hashing",  # the block hash chain: prefix cache and KV connector keys
-    "workbench.distributed.kv_transfer.metadata",  # KV connector metadata/output: both sides
 )
 
 # Upward imports that need a move larger than this test's change. (importer, imported), both
@@ -352,19 +365,25 @@ def test_planted_upward_import_is_reported(tmp_path: Path) -> None:
         "workbench/layers/__init__.py": "",
         "workbench/layers/sampler.py": """
             def sample():
-                from workbench.engine.scheduler import Scheduler  # lazy, still counted
-                return Scheduler
+                from workbench.engine.llm_engine import LLMEngine  # lazy, still counted
+                return LLMEngine
         """,
         "workbench/engine/__init__.py": "",
-        "workbench/engine/scheduler.py": "from workbench.engine import request\n",
-        "workbench/engine/request.py": "import torch\n",
+        "workbench/engine/llm_engine.py": "from workbench.core import request\n",
+        "workbench/core/__init__.py": "",
+        "workbench/core/request.py": "import torch\n",
+        "workbench/core/scheduler.py": "from workbench.worker.model_runner import ModelRunner\n",
+        "workbench/worker/__init__.py": "",
+        "workbench/worker/model_runner.py": "from workbench.core.request import Request\n",
         "kernels/__init__.py": "",
         "kernels/ref.py": "from workbench.layers.sampler import sample\n",
     })
     found = {(i.importer, i.imported): why for i, why in check(imports)}
     assert found == {
-        ("workbench.layers.sampler", "workbench.engine.scheduler"):
+        ("workbench.layers.sampler", "workbench.engine.llm_engine"):
             "model imports engine, which sits above it",
+        ("workbench.core.scheduler", "workbench.worker.model_runner"):
+            "core imports worker, which sits above it",
         ("kernels.ref", "workbench.layers.sampler"): "kernels imports model, which sits above it",
     }
 
@@ -373,14 +392,16 @@ def test_unplaced_module_has_no_layer() -> None:
     assert layer_of("workbench") == "engine"  # the package root, by its exact rule
     assert layer_of("workbench.newpackage.thing") is None  # not covered by the root's rule
     assert layer_of("workbench.worker.model_runner") == "worker"  # longest rule wins
-    assert layer_of("workbench.engine.request") == "leaf"
+    assert layer_of("workbench.core.request") == "core"
+    assert layer_of("workbench.distributed.kv_transfer.metadata") == "core"  # longest rule
+    assert layer_of("workbench.errors") == "leaf"
 
 
 def test_planted_leaf_importing_a_layer_is_reported() -> None:
-    src = "from workbench.engine.scheduler import Scheduler\n"
-    imports = imports_of("workbench.errors", src, False, {"workbench.engine.scheduler"})
+    src = "from workbench.engine.llm_engine import LLMEngine\n"
+    imports = imports_of("workbench.errors", src, False, {"workbench.engine.llm_engine"})
     assert check(imports) == [
-        (Import("workbench.errors", "workbench.engine.scheduler", 1),
+        (Import("workbench.errors", "workbench.engine.llm_engine", 1),
          "shared leaf imports the engine layer"),
     ]
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from workbench import LLM, SamplingParams
-from workbench.engine import stop as stop_module
+from workbench.core.sched import utils as stop_module
 
 from .conftest import mixed_prompts
 
@@ -195,7 +195,7 @@ def test_a_request_failing_in_its_update_fails_alone(
             raise KeyError("injected update failure")
         return real(req, max_model_len)
 
-    monkeypatch.setattr("workbench.engine.scheduler.check_stop", check_stop)
+    monkeypatch.setattr("workbench.core.sched.scheduler.check_stop", check_stop)
     outs = llm.generate(prompts, GREEDY)
     assert outs[3].outputs[0].finish_reason == "error"
     assert outs[3].outputs[0].error == "update failed: KeyError: 'injected update failure'"

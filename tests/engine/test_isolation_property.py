@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from workbench import LLM, SamplingParams
-from workbench.engine.request import Request
+from workbench.core.request import Request
 
 MAX_MODEL_LEN = 64
 

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from workbench import LLM, SamplingParams
+from workbench.core.outputs import LogprobsTensors
 from workbench.engine.outputs import Logprob, RequestOutput
-from workbench.engine.runner_output import LogprobsTensors
 
 ATOL = 2e-5  # fp32: the engine's paged attention against transformers' eager attention
 
@@ -164,7 +164,7 @@ def test_full_vocab_dicts_rank_every_token(path: Path, prompts: list[list[int]])
 
 def test_rank_counts_strictly_greater_logprobs() -> None:
     """Ties share the better rank: rank = 1 + the number of strictly greater logprobs."""
-    from workbench.engine.scheduler_output import SchedulerOutput
+    from workbench.core.sched.output import SchedulerOutput
     from workbench.worker.prompt_logprobs import compute_prompt_logprobs
 
     class Model:

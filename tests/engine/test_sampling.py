@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from workbench import LLM, SamplingParams
-from workbench.engine.request import Request
+from workbench.core.request import Request
 from workbench.layers.sampler import Sampler
 from workbench.layers.sampling_metadata import SamplingMetadata
 from workbench.worker.sampling_metadata_builder import SamplingMetadataBuilder

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from workbench import LLM, SamplingParams
-from workbench.engine.runner_output import ModelRunnerOutput, WorkerPhaseTimes
+from workbench.core.outputs import ModelRunnerOutput, WorkerPhaseTimes
 from workbench.metrics import registry as metric_registry
 from workbench.metrics.stats import EngineStats, StepRecord
 from workbench.metrics.step_account import (

@@ -21,8 +21,8 @@ from tests.kv_transfer.test_offloading import (
     one_by_one,
 )
 from workbench import LLM
+from workbench.core.kv_cache.hashing import extend_block_hashes, sha256_hash_fn
 from workbench.distributed.kv_transfer.tiers import disk_file
-from workbench.kv_cache.hashing import extend_block_hashes, sha256_hash_fn
 from workbench.sampling_params import SamplingParams
 
 ckpt, prompts, reference = base.ckpt, base.prompts, base.reference  # the same fixtures

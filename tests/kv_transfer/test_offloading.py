@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from workbench import LLM
-from workbench.engine.request import RequestStatus
+from workbench.core.request import RequestStatus
 from workbench.sampling_params import SamplingParams
 from workbench.testing import tiny_checkpoint
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 from workbench.config import CacheConfig, SchedulerConfig
+from workbench.core.request import Request
+from workbench.core.sched.output import SchedulerOutput
+from workbench.core.sched.scheduler import Scheduler
 from workbench.distributed.kv_transfer.base import KVConnectorBase_V1, KVConnectorRole
 from workbench.distributed.kv_transfer.metadata import KVConnectorMetadata, KVConnectorOutput
-from workbench.engine.request import Request
-from workbench.engine.scheduler import Scheduler
-from workbench.engine.scheduler_output import SchedulerOutput
 from workbench.metrics.spec_decode import SpecDecodingStats
 from workbench.metrics.stats import EngineStats, PrefixCacheStats, SchedulerStats
 from workbench.sampling_params import SamplingParams

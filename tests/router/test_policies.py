@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.kv_cache.hashing import hash_request_blocks, sha256_hash_fn
+from workbench.core.kv_cache.hashing import hash_request_blocks, sha256_hash_fn
 from workbench.router.config import RouterConfig
 from workbench.router.policies import (
     LeastOutstandingPolicy,

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from workbench.config import SpeculativeConfig
-from workbench.engine.request import Request
+from workbench.core.request import Request
 from workbench.sampling_params import SamplingParams
 from workbench.spec_decode.ngram import NgramProposer, propose_ngram
 

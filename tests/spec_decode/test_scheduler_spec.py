@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from tests.engine.test_scheduler import make_request, make_scheduler
-from workbench.engine.request import RequestStatus
-from workbench.engine.scheduler import Scheduler
+from tests.core.test_scheduler import make_request, make_scheduler
+from workbench.core.request import RequestStatus
+from workbench.core.sched.scheduler import Scheduler
 
 
 def _decode_ready(s: Scheduler, rid: str = "a", prompt: int = 7) -> None:

@@ -14,12 +14,12 @@ import pytest
 import torch
 
 from workbench.attention.metadata import AttentionMetadata
-from workbench.calc import cdiv
 from workbench.config import CacheConfig, SchedulerConfig
+from workbench.core.kv_cache.utils import cdiv
+from workbench.core.request import Request
+from workbench.core.sched.output import SchedulerOutput
+from workbench.core.sched.scheduler import Scheduler
 from workbench.distributed.step_input import StepInputDecoder, StepInputEncoder
-from workbench.engine.request import Request
-from workbench.engine.scheduler import Scheduler
-from workbench.engine.scheduler_output import SchedulerOutput
 from workbench.sampling_params import SamplingParams
 from workbench.worker.block_table import BlockTable
 from workbench.worker.input_batch import InputBatch

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from workbench.engine.request import Request
+from workbench.core.request import Request
 from workbench.layers.sampler import Sampler
 from workbench.sampling_params import SamplingParams
 from workbench.worker.sampling_metadata_builder import SamplingMetadataBuilder

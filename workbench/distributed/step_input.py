@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from workbench.engine.request import Request
-from workbench.engine.scheduler_output import SchedulerOutput
+from workbench.core.request import Request
+from workbench.core.sched.output import SchedulerOutput
 
 
 @dataclass

@@ -31,8 +31,8 @@ from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 from workbench.config import EngineConfig
+from workbench.core.request import Request, RequestTimes
 from workbench.engine.llm_engine import LLMEngine
-from workbench.engine.request import Request, RequestTimes
 from workbench.metrics.stats import StepRecord
 
 logger = logging.getLogger(__name__)

@@ -14,9 +14,9 @@ from workbench.distributed.kv_transfer.factory import KVConnectorFactory
 
 if TYPE_CHECKING:
     from workbench.config import EngineConfig
+    from workbench.core.outputs import ModelRunnerOutput
+    from workbench.core.sched.scheduler import Scheduler
     from workbench.distributed.kv_transfer.metadata import KVConnectorOutput
-    from workbench.engine.runner_output import ModelRunnerOutput
-    from workbench.engine.scheduler import Scheduler
     from workbench.metrics.stats import EngineStats
 
 logger = logging.getLogger(__name__)

@@ -8,6 +8,7 @@ from os import PathLike
 from typing import Any
 
 from workbench.config import EngineConfig
+from workbench.core.request import Request
 from workbench.engine.llm_engine import LLMEngine
 from workbench.engine.outputs import (
     CompletionOutput,
@@ -16,7 +17,6 @@ from workbench.engine.outputs import (
     collect_prompt_logprobs,
 )
 from workbench.engine.processor import PromptType
-from workbench.engine.request import Request
 from workbench.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)

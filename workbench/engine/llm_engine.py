@@ -6,7 +6,7 @@
 Start-up, as vLLM's EngineCore: the model runner (rank 0's; it drives the other tensor-
 parallel ranks) measures the bytes the KV pool may take (`determine_available_memory`,
 workbench/worker/kv_cache_sizing.py), `get_num_blocks` turns them into blocks
-(workbench/kv_cache/sizing.py), the runner allocates them, and the scheduler gets as many.
+(workbench/core/kv_cache/sizing.py), the runner allocates them, and the scheduler gets as many.
 Collaborators, one file each: the Processor (prompt -> Request), the KV connector's
 bookkeeping, the step-failure handling (`step_failures.py`: failures stay with their
 requests), the metrics (`workbench.metrics`: SchedulerStats in, vLLM's counters out).
@@ -20,18 +20,18 @@ from typing import Any
 
 from workbench import profiling
 from workbench.config import EngineConfig
+from workbench.core.kv_cache.sizing import get_num_blocks
+from workbench.core.outputs import LogprobsTensors, ModelRunnerOutput
+from workbench.core.request import Request, RequestStatus
+from workbench.core.sched.output import SchedulerOutput
+from workbench.core.sched.scheduler import Scheduler
 from workbench.engine.kv_connector_bookkeeping import (
     KVConnectorBookkeeping,
     create_scheduler_connector,
 )
 from workbench.engine.processor import Processor, PromptType
-from workbench.engine.request import Request, RequestStatus
-from workbench.engine.runner_output import LogprobsTensors, ModelRunnerOutput
-from workbench.engine.scheduler import Scheduler
-from workbench.engine.scheduler_output import SchedulerOutput
 from workbench.engine.step_failures import StepFailures
 from workbench.executor.tp_runner import create_model_runner
-from workbench.kv_cache.sizing import get_num_blocks
 from workbench.metrics.loggers import LoggingStatLogger, preemption_warning
 from workbench.metrics.stats import EngineStats, StepRecord
 from workbench.metrics.step_account import step_account

@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from workbench.engine.request import Request
-from workbench.engine.runner_output import LogprobsTensors
+from workbench.core.outputs import LogprobsTensors
+from workbench.core.request import Request
 
 
 @dataclass

@@ -10,7 +10,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from workbench.config.kv_transfer_params import kv_transfer_params
-from workbench.engine.request import Request
+from workbench.core.request import Request
 from workbench.models.tokenizer import load_tokenizer
 from workbench.sampling_params import SamplingParams, is_int
 

@@ -24,12 +24,12 @@ import time
 from collections import deque
 from typing import TYPE_CHECKING, Any
 
-from workbench.engine.request import Request, RequestStatus
-from workbench.engine.runner_output import ModelRunnerOutput
-from workbench.engine.scheduler_output import SchedulerOutput
+from workbench.core.outputs import ModelRunnerOutput
+from workbench.core.request import Request, RequestStatus
+from workbench.core.sched.output import SchedulerOutput
 
 if TYPE_CHECKING:
-    from workbench.engine.scheduler import Scheduler
+    from workbench.core.sched.scheduler import Scheduler
     from workbench.metrics.stats import EngineStats
 
 logger = logging.getLogger(__name__)

@@ -25,6 +25,8 @@ from typing import Any
 import torch
 
 from workbench.config import EngineConfig
+from workbench.core.outputs import ModelRunnerOutput
+from workbench.core.sched.output import SchedulerOutput
 from workbench.distributed.communication_op import broadcast_int_from_rank0
 from workbench.distributed.parallel_state import (
     destroy_distributed_environment,
@@ -32,8 +34,6 @@ from workbench.distributed.parallel_state import (
     init_from_torchrun_env,
 )
 from workbench.distributed.step_input import StepInputEncoder
-from workbench.engine.runner_output import ModelRunnerOutput
-from workbench.engine.scheduler_output import SchedulerOutput
 from workbench.executor.multiproc_executor import MultiprocExecutor, threads_per_rank
 from workbench.worker.model_runner import ModelRunner
 from workbench.worker.tp_worker import rank_memory_info

@@ -37,8 +37,8 @@ import prometheus_client
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from workbench.core.request import RequestTimes
 from workbench.engine.async_engine import AsyncEngine
-from workbench.engine.request import RequestTimes
 from workbench.metrics import registry as metric_registry
 from workbench.metrics.stats import FINISHED_REASONS as FINISH_REASONS
 

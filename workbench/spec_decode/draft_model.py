@@ -33,8 +33,8 @@ import torch
 
 from workbench.attention.metadata import AttentionMetadata
 from workbench.config import EngineConfig, ModelConfig
-from workbench.engine.request import Request
-from workbench.engine.scheduler_output import SchedulerOutput
+from workbench.core.request import Request
+from workbench.core.sched.output import SchedulerOutput
 from workbench.layers.sampler import Sampler
 from workbench.models.tokenizer import load_tokenizer
 from workbench.profiling import nvtx_range

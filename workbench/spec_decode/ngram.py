@@ -22,7 +22,7 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from workbench.config import SpeculativeConfig
-from workbench.engine.request import Request
+from workbench.core.request import Request
 
 
 def max_draft_tokens(req: Request, k: int, max_model_len: int, num_new: int = 0) -> int:

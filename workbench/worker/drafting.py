@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import logging
 
-from workbench.engine.runner_output import ModelRunnerOutput
-from workbench.engine.scheduler_output import SchedulerOutput
+from workbench.core.outputs import ModelRunnerOutput
+from workbench.core.sched.output import SchedulerOutput
 from workbench.profiling import nvtx_range
 from workbench.spec_decode.draft_model import DraftModelProposer
 from workbench.spec_decode.ngram import NgramProposer

@@ -42,9 +42,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-from workbench.calc import cdiv
-from workbench.engine.request import Request
-from workbench.engine.scheduler_output import SchedulerOutput
+from workbench.core.kv_cache.utils import cdiv
+from workbench.core.request import Request
+from workbench.core.sched.output import SchedulerOutput
 from workbench.worker.block_table import BlockTable
 
 

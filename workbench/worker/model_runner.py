@@ -38,9 +38,17 @@ from workbench.attention.metadata import (
     KVCacheScales,
     attach_kv_scales,
 )
-from workbench.calc import cdiv, kv_bytes_per_block, kv_cache_dtype_bytes, tp_kv_heads_per_rank
 from workbench.compilation import CompiledForward
 from workbench.config import EngineConfig
+from workbench.core.kv_cache.utils import (
+    cdiv,
+    kv_bytes_per_block,
+    kv_cache_dtype_bytes,
+    tp_kv_heads_per_rank,
+)
+from workbench.core.outputs import ModelRunnerOutput, WorkerPhaseTimes
+from workbench.core.request import Request
+from workbench.core.sched.output import SchedulerOutput
 from workbench.distributed.kv_transfer.base import KVConnectorBase_V1, KVConnectorRole
 from workbench.distributed.kv_transfer.factory import KVConnectorFactory
 from workbench.distributed.parallel_state import (
@@ -48,9 +56,6 @@ from workbench.distributed.parallel_state import (
     rank_for_tensor_parallel_size,
     tensor_parallel_scope,
 )
-from workbench.engine.request import Request
-from workbench.engine.runner_output import ModelRunnerOutput, WorkerPhaseTimes
-from workbench.engine.scheduler_output import SchedulerOutput
 from workbench.layers.attention import Attention
 from workbench.layers.cpu_gemm import pack_linear_weights
 from workbench.layers.sampler import Sampler

@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from workbench.engine.runner_output import LogprobsTensors
-from workbench.engine.scheduler_output import SchedulerOutput
+from workbench.core.outputs import LogprobsTensors
+from workbench.core.sched.output import SchedulerOutput
 
 
 def compute_prompt_logprobs(

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-from workbench.engine.request import Request
+from workbench.core.request import Request
 from workbench.layers.sampler import sampling_error
 from workbench.layers.sampling_metadata import SamplingMetadata
 from workbench.sampling_params import SamplingParams

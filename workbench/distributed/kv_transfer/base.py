@@ -1,6 +1,6 @@
 """KVConnectorBase_V1: vLLM's KV connector interface (v1), the methods this engine calls.
 
-Scheduler side (in the engine process, called by `workbench.engine.scheduler.Scheduler`):
+Scheduler side (in the engine process, called by `workbench.core.sched.scheduler.Scheduler`):
     get_num_new_matched_tokens(request, num_computed_tokens) -> (tokens, load_async)
         tokens the external tiers hold beyond the device cache's hit
     update_state_after_alloc(request, block_ids, num_external_tokens)
@@ -27,8 +27,8 @@ from workbench.distributed.kv_transfer.metadata import KVConnectorMetadata, KVCo
 if TYPE_CHECKING:
     import torch
 
-    from workbench.engine.request import Request
-    from workbench.engine.scheduler_output import SchedulerOutput
+    from workbench.core.request import Request
+    from workbench.core.sched.output import SchedulerOutput
 
 
 class KVConnectorRole(enum.Enum):

@@ -12,8 +12,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from tests.hypothesis_profiles import examples
-from workbench.engine.request import Request
-from workbench.kv_cache import KVCacheManager
+from workbench.core.kv_cache import KVCacheManager
+from workbench.core.request import Request
 from workbench.sampling_params import SamplingParams
 
 MAX_TOKENS = 24

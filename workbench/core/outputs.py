@@ -1,7 +1,9 @@
 """ModelRunnerOutput: what one step's forward hands back to the engine (vLLM's name).
 
-A shared leaf like `SchedulerOutput`: the worker fills it, the engine and the scheduler read
-it. Request ids key every field; a request missing from `sampled_token_ids` got no token this
+Part of the torch-free core (vLLM's `v1/outputs.py`): the worker fills it, the engine and the
+scheduler read it; tensors are only typed here (torch is imported where they are joined).
+
+Request ids key every field; a request missing from `sampled_token_ids` got no token this
 step (a prefill chunk that does not reach the end of the prompt, or a request that failed).
 
 Prompt logprobs (`SamplingParams.prompt_logprobs`) travel as `LogprobsTensors`, one run of
@@ -15,10 +17,12 @@ consecutive prompt positions per request and step (a prefill chunk's positions):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-
-import torch
+from typing import TYPE_CHECKING
 
 from workbench.distributed.kv_transfer.metadata import KVConnectorOutput
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
@@ -62,6 +66,8 @@ class LogprobsTensors:
     @staticmethod
     def concat(runs: list[LogprobsTensors]) -> LogprobsTensors:
         """Consecutive runs (each starting where the previous ends) as one."""
+        import torch  # only where tensors are joined: the core imports no torch
+
         for a, b in zip(runs, runs[1:], strict=False):
             if b.start != a.start + len(a):
                 raise ValueError(f"runs are not consecutive: {a.start}+{len(a)} != {b.start}")

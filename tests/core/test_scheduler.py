@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from workbench.config import CacheConfig, SchedulerConfig
-from workbench.engine.request import Request, RequestStatus
-from workbench.engine.scheduler import Scheduler
-from workbench.engine.scheduler_output import SchedulerOutput
+from workbench.core.request import Request, RequestStatus
+from workbench.core.sched.output import SchedulerOutput
+from workbench.core.sched.scheduler import Scheduler
 from workbench.sampling_params import SamplingParams
 
 EOS = 2
@@ -256,7 +256,7 @@ def test_n2_without_prefix_caching_computes_the_prompt_twice() -> None:
 
 def test_every_config_policy_has_a_queue_and_back() -> None:
     from workbench.config import SCHEDULING_POLICIES
-    from workbench.engine.request_queue import REQUEST_QUEUES
+    from workbench.core.sched.request_queue import REQUEST_QUEUES
 
     assert tuple(REQUEST_QUEUES) == SCHEDULING_POLICIES
     for cls in REQUEST_QUEUES.values():  # what the scheduler calls on a policy's queue

@@ -21,15 +21,15 @@ from __future__ import annotations
 import sys
 from typing import NamedTuple
 
-from workbench.engine.request import Request
-from workbench.kv_cache.block import KVCacheBlock
-from workbench.kv_cache.block_pool import BlockPool
-from workbench.kv_cache.hashing import (
+from workbench.core.kv_cache.block import KVCacheBlock
+from workbench.core.kv_cache.block_pool import BlockPool
+from workbench.core.kv_cache.hashing import (
     BlockHash,
     HashFn,
     extend_block_hashes,
     sha256_hash_fn,
 )
+from workbench.core.request import Request
 
 
 class PrefixCacheStats(NamedTuple):

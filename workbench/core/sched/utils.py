@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from workbench.engine.request import Request, RequestStatus
+from workbench.core.request import Request, RequestStatus
 
 
 def check_stop(request: Request, max_model_len: int) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.kv_cache.block_pool import BlockPool
+from workbench.core.kv_cache.block_pool import BlockPool
 
 
 def free_ids(pool: BlockPool) -> list[int]:

@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 
-from workbench.kv_cache.block import KVCacheBlock
-from workbench.kv_cache.free_queue import FreeKVCacheBlockQueue
-from workbench.kv_cache.hashing import BlockHash
+from workbench.core.kv_cache.block import KVCacheBlock
+from workbench.core.kv_cache.free_queue import FreeKVCacheBlockQueue
+from workbench.core.kv_cache.hashing import BlockHash
 
 
 class BlockPool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from workbench.kv_cache.block import KVCacheBlock
+from workbench.core.kv_cache.block import KVCacheBlock
 
 
 class FreeKVCacheBlockQueue:

@@ -10,7 +10,7 @@ at least one request of max_model_len must fit in them. Torch-free: the worker m
 
 from __future__ import annotations
 
-from workbench.calc import cdiv
+from workbench.core.kv_cache.utils import cdiv
 
 
 def check_enough_kv_cache_memory(

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from workbench.core.request import Request
 from workbench.distributed.kv_transfer.metadata import KVConnectorMetadata
-from workbench.engine.request import Request
 
 
 @dataclass

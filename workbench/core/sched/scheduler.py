@@ -39,18 +39,18 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from workbench.config import CacheConfig, SchedulerConfig
-from workbench.engine.request import Request, RequestStatus
-from workbench.engine.request_queue import make_request_queue
-from workbench.engine.scheduler_output import SchedulerOutput
-from workbench.engine.stop import check_stop
-from workbench.kv_cache import KVCacheManager
+from workbench.core.kv_cache import KVCacheManager
+from workbench.core.request import Request, RequestStatus
+from workbench.core.sched.output import SchedulerOutput
+from workbench.core.sched.request_queue import make_request_queue
+from workbench.core.sched.utils import check_stop
 from workbench.metrics.spec_decode import SpecDecodingStats
 from workbench.metrics.stats import PrefixCacheStats, SchedulerStats
 
 if TYPE_CHECKING:
     import torch
 
-    from workbench.distributed.kv_transfer.base import KVConnectorBase_V1
+    from workbench.core.sched.kv_connector import SchedulerConnector
     from workbench.distributed.kv_transfer.metadata import KVConnectorOutput
 
 
@@ -61,7 +61,7 @@ class Scheduler:
         cache_config: CacheConfig,
         num_blocks: int,
         num_lookahead_tokens: int = 0,
-        connector: KVConnectorBase_V1 | None = None,
+        connector: SchedulerConnector | None = None,
     ) -> None:
         self.config = scheduler_config
         self.connector = connector

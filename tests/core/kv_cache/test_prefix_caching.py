@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from workbench.engine.request import Request
-from workbench.kv_cache import NONE_HASH, KVCacheManager, hash_request_blocks, sha256_hash_fn
+from workbench.core.kv_cache import NONE_HASH, KVCacheManager, hash_request_blocks, sha256_hash_fn
+from workbench.core.request import Request
 from workbench.sampling_params import SamplingParams
 
 
@@ -177,7 +177,7 @@ def test_sha256_encoding_is_pinned() -> None:
 
 def test_sha256_is_deterministic_across_processes() -> None:
     code = (
-        "from workbench.kv_cache.hashing import NONE_HASH, sha256_hash_fn;"
+        "from workbench.core.kv_cache.hashing import NONE_HASH, sha256_hash_fn;"
         "print(sha256_hash_fn(NONE_HASH, (1, 2, 3), ('salt',)).hex())"
     )
     env = dict(os.environ, PYTHONHASHSEED="12345", PYTHONPATH=os.pathsep.join(sys.path))

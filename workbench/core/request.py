@@ -25,7 +25,7 @@ from workbench.sampling_params import SamplingParams
 if TYPE_CHECKING:
     import torch
 
-    from workbench.engine.runner_output import LogprobsTensors
+    from workbench.core.outputs import LogprobsTensors
 
 
 class RequestStatus(enum.IntEnum):

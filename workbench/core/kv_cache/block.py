@@ -6,7 +6,7 @@ Owned by `BlockPool`; `FreeKVCacheBlockQueue` threads free blocks through `prev_
 
 from __future__ import annotations
 
-from workbench.kv_cache.hashing import BlockHash
+from workbench.core.kv_cache.hashing import BlockHash
 
 
 class KVCacheBlock:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.kv_cache.block import KVCacheBlock
-from workbench.kv_cache.free_queue import FreeKVCacheBlockQueue
+from workbench.core.kv_cache.block import KVCacheBlock
+from workbench.core.kv_cache.free_queue import FreeKVCacheBlockQueue
 
 
 def ids(queue: FreeKVCacheBlockQueue) -> list[int]:

@@ -18,7 +18,7 @@ import itertools
 from collections import deque
 from collections.abc import Iterator
 
-from workbench.engine.request import Request
+from workbench.core.request import Request
 
 
 class FCFSRequestQueue:

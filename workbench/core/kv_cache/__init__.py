@@ -5,12 +5,13 @@
     free_queue.py  FreeKVCacheBlockQueue (doubly linked LRU list)
     block_pool.py  BlockPool (null block, free queue, hash -> block map)
     manager.py     KVCacheManager (what the scheduler calls)
+    sizing.py      get_num_blocks: the pool's size in blocks from the worker's bytes
 """
 
-from workbench.kv_cache.block import KVCacheBlock
-from workbench.kv_cache.block_pool import BlockPool
-from workbench.kv_cache.free_queue import FreeKVCacheBlockQueue
-from workbench.kv_cache.hashing import (
+from workbench.core.kv_cache.block import KVCacheBlock
+from workbench.core.kv_cache.block_pool import BlockPool
+from workbench.core.kv_cache.free_queue import FreeKVCacheBlockQueue
+from workbench.core.kv_cache.hashing import (
     NONE_HASH,
     BlockHash,
     HashFn,
@@ -20,7 +21,7 @@ from workbench.kv_cache.hashing import (
     hash_request_blocks,
     sha256_hash_fn,
 )
-from workbench.kv_cache.manager import KVCacheManager, PrefixCacheStats
+from workbench.core.kv_cache.manager import KVCacheManager, PrefixCacheStats
 
 __all__ = [
     "NONE_HASH",

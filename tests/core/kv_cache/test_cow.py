@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from workbench.engine.request import Request
-from workbench.kv_cache import KVCacheManager
+from workbench.core.kv_cache import KVCacheManager
+from workbench.core.request import Request
 from workbench.sampling_params import SamplingParams
 
 
