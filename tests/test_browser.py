@@ -338,8 +338,8 @@ def mlflow_sweep(mlflow_ui: dict[str, Any], tmp_path_factory: pytest.TempPathFac
     logged into the same store the UI serves."""
     from mlflow.tracking import MlflowClient
 
-    from tests.test_sweep_report import metrics_notebook
-    from workbench.sweep import sweep
+    from tests.sweeps.test_report import metrics_notebook
+    from workbench.sweeps.driver import sweep
 
     tmp = tmp_path_factory.mktemp("sweep")
     rows = sweep(metrics_notebook(tmp / "tiny.ipynb"), "x", [1, 3], experiment="browser-sweep",

@@ -182,7 +182,7 @@ def _next_variable(ap: argparse.ArgumentParser, args: argparse.Namespace
         ap.error("--next-variable and --values go together: --next-variable NAME --values V ...")
     if args.next_variable is None:
         return None
-    from workbench.sweep import parse_value
+    from workbench.sweeps.cli import parse_value
 
     return args.next_variable, [parse_value(v) for v in args.values]
 
@@ -212,14 +212,16 @@ def run_sweep_point(notebook: Any, param: str, value: Any, fixed: dict[str, Any]
     rerun`: the experiments layer may not import the sweep (an entrypoint), so it is handed
     this function."""
     from workbench.harness.validity import DEFAULT_MAX_OTHER_CPU_SHARE, default_cpu_watch
-    from workbench.sweep import _run_point, declared_parameters, value_key
+    from workbench.sweeps.inputs import declared_parameters
+    from workbench.sweeps.notebook_run import run_point
+    from workbench.sweeps.report import value_key
 
     ctx = {"store": store, "parent": parent, "nb": notebook, "param": param, "fixed": fixed,
            "declared": declared_parameters(notebook), "kernel_name": None, "values": [value],
            "max_other_cpu_share": DEFAULT_MAX_OTHER_CPU_SHARE if max_other_cpu_share is None
            else max_other_cpu_share,
            "cpu_watch": cpu_watch if cpu_watch is not None else default_cpu_watch()}
-    return _run_point(ctx, value, value_key(value), out)
+    return run_point(ctx, value, value_key(value), out)
 
 
 def _rerun(argv: list[str]) -> None:
@@ -246,7 +248,7 @@ COMMANDS: dict[str, tuple[str, Callable[[list[str]], None]]] = {
     "run": ("run an experiment template, print the verdict table", _run),
     "promote": ("write an experiment's adopted config as the new baseline template", _promote),
     "sweep": ("one papermill run of a notebook per parameter value (MLflow child runs)",
-              _lazy("workbench.sweep")),
+              _lazy("workbench.sweeps.cli")),
     "rerun": ("measure a logged experiment run or sweep point again: same or drifted?",
               _rerun),
     "bench": ("a measured run against a server or the engine; bench offline|sched|spec|...",

@@ -28,7 +28,7 @@ pytest.importorskip("ray", reason="Ray is not installed: pip install -e '.[clust
 from mlflow.tracking import MlflowClient  # noqa: E402
 
 from tests.experiments.template_dicts import TINY_BUDGET, changed  # noqa: E402
-from tests.test_sweep import _tiny_notebook, _waiting_notebook  # noqa: E402
+from tests.sweeps.test_sweep import _tiny_notebook, _waiting_notebook  # noqa: E402
 from workbench.testing.local_cluster import LocalCluster  # noqa: E402
 
 pytestmark = pytest.mark.slow

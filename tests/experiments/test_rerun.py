@@ -231,7 +231,7 @@ def _notebook(path: Path, y: int) -> Path:
 
 def test_rerun_of_a_sweep_point(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Two kernel starts (the sweep's point, its rerun): about 10 s."""
-    from workbench.sweep import sweep
+    from workbench.sweeps.driver import sweep
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     nb = _notebook(tmp_path / "nb.ipynb", y=5)

@@ -1,4 +1,4 @@
-"""workbench.sweep: one papermill run per value, MLflow child runs, failures recorded, resume."""
+"""workbench.sweeps: one papermill run per value, MLflow child runs, failures recorded, resume."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import nbformat
 import pytest
 from mlflow.tracking import MlflowClient
 
-from workbench.sweep import main, parse_value, sweep
+from workbench.sweeps.cli import main, parse_value
+from workbench.sweeps.driver import sweep
 
 PARENT_TAG = "mlflow.parentRunId"
 
@@ -124,7 +125,7 @@ def test_cli_parses_values_and_fixed(tmp_path: Path, capfd: pytest.CaptureFixtur
 
 
 def test_summary_table_has_key_metrics_and_errors() -> None:
-    from workbench.sweep import summary_table
+    from workbench.sweeps.report import summary_table
 
     rows = [{"value": 2, "status": "FINISHED", "valid": True, "other_cpu_share": 0.0,
              "run_id": "abcdef0123456789", "output_path": "/r/00_n=2.ipynb", "error": None,
@@ -208,7 +209,7 @@ def test_mark_killed_leaves_a_point_whose_process_is_alive(tmp_path: Path) -> No
     import subprocess
     import sys
 
-    from workbench.sweep import mark_killed
+    from workbench.sweeps.resume import mark_killed
     from workbench.tracking.mlflow_store import Store
 
     store = Store("mk", f"sqlite:///{tmp_path / 'm.db'}")

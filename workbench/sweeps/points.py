@@ -1,6 +1,6 @@
 """A sweep's points on an executor (`workbench sweep ... --executor local|ray`).
 
-    local: each point is `sweep._run_point` here, one after the other (as before executors)
+    local: each point is `notebook_run.run_point` here, one after the other (as before executors)
     ray:   each point is `point_on_node` in a Ray task holding one node: papermill runs the
            notebook there (the checkout must sit at the same path on every node), the point's
            child run is logged to the tracking server from there, and the executed notebook
@@ -8,7 +8,7 @@
 
 Every point's run is tagged with where it ran (node, node_hostname, hardware_fingerprint;
 on Ray also ray_node_id) and its try (`executor_attempt`); sweep_pid / sweep_host stay the
-sweep process's, so `--resume` (`sweep.mark_killed`) still knows whether a RUNNING point's
+sweep process's, so `--resume` (`resume.mark_killed`) still knows whether a RUNNING point's
 owner is alive. A point whose node died is marked KILLED and runs again on another node.
 """
 
@@ -33,7 +33,7 @@ class PointJob:
     notebook: str  # absolute path, the same on every node
     param: str
     value: Any
-    key: str  # the value's canonical JSON (`sweep.value_key`)
+    key: str  # the value's canonical JSON (`report.value_key`)
     fixed: dict[str, Any]
     declared: dict[str, Any]  # the notebook's parameters cell
     values: list[Any]  # every swept value (for the run's label)
@@ -46,7 +46,7 @@ class PointJob:
     owner_pid: int  # the sweep process (`mark_killed` on --resume)
     owner_host: str
     runs_per_node: int
-    run_point: Callable[..., dict[str, Any]]  # `sweep._run_point` (pickled by reference)
+    run_point: Callable[..., dict[str, Any]]  # `notebook_run.run_point` (pickled by reference)
     language: str | None = None  # --kernel's language for a notebook without a kernelspec
 
 
@@ -77,7 +77,7 @@ def run_points(executor: Executor, ctx: dict[str, Any],
                points: Sequence[tuple[Any, str, Path]],
                run_point: Callable[..., dict[str, Any]]) -> Iterator[Done[dict[str, Any]]]:
     """Each (value, key, output path) as a point on `executor`; yields each `Done` (its
-    index into `points`, its row) as it finishes. `run_point`: the sweep's `_run_point`
+    index into `points`, its row) as it finishes. `run_point`: the sweep's `run_point`
     (handed in: this module does not import the sweep that imports it)."""
     from workbench.experiments.executors.node import node_identity
 
@@ -117,7 +117,7 @@ def run_points(executor: Executor, ctx: dict[str, Any],
 
 
 def _say_disturbed(row: dict[str, Any], name: str, threshold: float) -> None:
-    """The line `_run_point` printed on the node's console, printed here."""
+    """The line `run_point` printed on the node's console, printed here."""
     share = row.get("other_cpu_share")
     if not row.get("valid", True) and share is not None:
         from workbench.harness.validity import disturbed_line

@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tests.test_sweep import _tiny_notebook
+from tests.sweeps.test_sweep import _tiny_notebook
 from workbench.harness.validity import FixedCpuWatch
-from workbench.sweep import main, sweep
+from workbench.sweeps.cli import main
+from workbench.sweeps.driver import sweep
 
 
 def test_a_disturbed_point_is_flagged_and_rerun_on_resume(

@@ -13,10 +13,12 @@ from mlflow.tracking import MlflowClient
 
 from workbench.notebook_params import NotebookParameterError
 from workbench.notebook_specs import declared_specs, sweep_metrics, value_problems
-from workbench.sweep import declared_parameters, main, sweep
-from workbench.sweep_report import key_metrics, metric_steps
+from workbench.sweeps.cli import main
+from workbench.sweeps.driver import sweep
+from workbench.sweeps.inputs import declared_parameters
+from workbench.sweeps.report import key_metrics, metric_steps
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PARENT_TAG = "mlflow.parentRunId"
 KERNELSPEC = {"name": "python3", "display_name": "Python 3", "language": "python"}
 
@@ -171,7 +173,7 @@ def test_kernel_is_honoured_for_a_notebook_without_kernelspec(tmp_path: Path) ->
 def test_a_failed_report_still_ends_the_parent(
         tmp_path: Path, capsys: pytest.CaptureFixture[str],
         monkeypatch: pytest.MonkeyPatch) -> None:
-    import workbench.sweep_report as report_module
+    import workbench.sweeps.report as report_module
 
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("disk full")
