@@ -16,6 +16,13 @@
     prom, join           Prometheus scrapes and their join with client records
     validity             CpuWatch: how much CPU other processes took during a run; lateness
                          and read-lag judgements
+    cache_metrics        a run's KV-cache read-out from the engine counters' delta
+    spec_points          a speculative-decoding point: its counters (engine or /metrics) and
+                         derived figures; pd_capacity: one instance's prefill / decode figures
+                         from a step trace; layer_timing: one linear layer's forward
+    collectives          one TP all-reduce's latency (gloo processes), collectives per step
+    offline_workload     the offline benchmark's seeded requests and bench checkpoint
+    peer_metrics         ITL / TPOT as vLLM, GuideLLM, AIPerf and LLMPerf define them
 
 Experiments, the router, benchmarks and notebooks import this package; it imports the engine
 and nothing above it.

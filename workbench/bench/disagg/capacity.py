@@ -1,5 +1,5 @@
 """`workbench bench pd-capacity`: one instance's prefill and decode throughput, measured on the
-engine offline, and the P:D split of W instances they imply (`calc.pd_ratio`).
+engine offline, and the P:D split of W instances they imply (`planning.pd_ratio`).
 
     workbench bench pd-capacity --model DIR --input-len N --output-len N --batch B
                                 --num-workers W [--prefill-batch B] [--decode-prompt-len 8]
@@ -18,7 +18,7 @@ lengths) -> one warm-up of each phase -> `--repeats` timed calls of each phase, 
               / their summed duration, so the prefill steps are left out
 
 Each figure is the median over the repeats (min and max shown); the step trace
-(`LLM.step_trace()`) gives the per-step durations. The medians feed `calc.pd_ratio` (W
+(`LLM.step_trace()`) gives the per-step durations. The medians feed `planning.pd_ratio` (W
 workers, the same lengths, `--rate`), whose table is printed below. Token ids are random
 (seed), greedy and ignore_eos, so every request runs to its length. Other processes taking
 more than `--max-other-cpu-share` of the CPUs during the timed calls mark the figures INVALID
@@ -74,7 +74,7 @@ def model_folder(name: str) -> str:
 
 
 def measure(config: PDCapacityConfig, watch: CpuWatch | None = None) -> PDCapacity:
-    """Load the engine, warm up, time both phases `repeats` times, and run `calc.pd_ratio`."""
+    """Load the engine, warm up, time both phases `repeats` times, and run `planning.pd_ratio`."""
     from workbench import LLM, SamplingParams
     from workbench.harness.offline_workload import non_special_token_range
 

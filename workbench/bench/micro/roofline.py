@@ -7,7 +7,7 @@ and triad `a = b + s c` on fp32 tensors well past the last-level cache, best of 
 counted as STREAM does: 2 and 3 arrays, no write-allocate), `measure_machine` (both under
 a `CpuWatch`, redone while others are busy) and `check_machine` (start vs end). The
 workload's side, the engine's schedule and what each step costs, is
-`workbench.roofline_schedule` (also `workbench.calc.schedule_roofline`).
+`workbench.planning.roofline` (also `workbench.planning.schedule_roofline`).
 
 A roofline fraction is refused (`RooflineCheck.valid` False, with the reasons) when start and
 end differ by more than `MAX_DRIFT` (10%) in either figure (max / min - 1), or when other

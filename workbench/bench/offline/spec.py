@@ -6,7 +6,7 @@ requests submitted at once, offline), run the engine without speculation and wit
 `{"method": "ngram", "num_speculative_tokens": k}`; per point: median wall time of `--runs`
 timed runs after a warm-up (prefix cache reset before each), output tok/s, the spec-decode
 counters of the last run, acceptance rate, mean acceptance length (1 + accepted / drafts),
-the predicted speed-up from forward-pass counts (`calc.spec_predicted_speedup`: output /
+the predicted speed-up from forward-pass counts (`planning.spec_predicted_speedup`: output /
 (output - accepted)) beside the measured one, and whether the output token ids are identical
 to the non-speculative run.
 

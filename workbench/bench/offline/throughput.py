@@ -22,7 +22,7 @@ never a figure.
 The engine's row also shows its "overhead share": the share of its step time outside the model
 forward over the workload's timed runs (its step records' `overhead_account`; the whole
 per-phase account is `step_account` in the JSON); other systems show "—".
-The roofline is schedule-aware (`workbench.roofline_schedule`: per engine step, max(FLOPs /
+The roofline is schedule-aware (`workbench.planning.roofline`: per engine step, max(FLOPs /
 peak, bytes / bandwidth) over the engine's schedule of this workload) at the machine's fp32
 GFLOP/s and memory bandwidth, measured at start and end (`roofline.py`; or `--gflops`,
 `--bandwidth-gbs`); when they moved by more than 10% no roofline fraction is reported.

@@ -22,7 +22,7 @@ runner (`measure`) and read the runs back (`analysis.replicas`):
                                       experiment "<name>-scaling" (variable num_replicas);
                                       `analysis.replicas.scaling_row` reads it
 
-Scaling efficiency = throughput_N / (N x throughput_1) (`calc.scaling_efficiency`).
+Scaling efficiency = throughput_N / (N x throughput_1) (`planning.scaling_efficiency`).
 """
 
 from __future__ import annotations
