@@ -18,9 +18,9 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 from workbench.config import EngineConfig
+from workbench.core.request import RequestTimes
 from workbench.engine.async_engine import AsyncEngine
 from workbench.engine.llm_engine import LLMEngine
-from workbench.engine.request import RequestTimes
 from workbench.harness.metrics import RequestRecord
 from workbench.harness.workloads import BenchRequest
 from workbench.sampling_params import SamplingParams
@@ -148,6 +148,8 @@ class InProcessTarget(Target):
                 if ev.finished:
                     times, reason = ev.times, ev.finish_reason
                     record.end_s = now
+                    if ev.num_cached_tokens >= 0:
+                        record.num_cached_tokens = ev.num_cached_tokens
         except asyncio.CancelledError:
             ae.abort(req.request_id)
             record.success, record.error = False, "cancelled"
