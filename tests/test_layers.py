@@ -58,8 +58,6 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "workbench.analysis",
         "workbench.tracking",
         "workbench.notebook_params",
-        "workbench.notebook_specs",
-        "workbench.preflight",
     )),
     # Benchmark scripts: the engine against its peers (offline, peers, spec, quant) and the
     # micro-benchmarks (scheduler step, KV-cache bookkeeping, TP collectives, the GPU check).
@@ -114,7 +112,6 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "workbench.attention",
         "workbench.spec_decode.rejection_sampler",
         "workbench.distributed",  # parallel_state, communication_op
-        "workbench.forward_context",  # the attention metadata a compiled forward reads
     )),
     # The torch-free engine core (vLLM's v1/core, v1/request.py, v1/outputs.py): Request, the
     # Scheduler and its queues, SchedulerOutput (the one step message, in-process and to every

@@ -18,8 +18,9 @@ import pytest
 from workbench.bench.mock_openai.generation import MockConfig
 from workbench.bench.mock_openai.serve import pin_to_cpus, serve_in_thread
 from workbench.bench.mock_openai.server import MockServer
+from workbench.entrypoints.openai.protocol.sse import SSEDecoder
 from workbench.harness.metrics import RequestRecord
-from workbench.harness.sse import SSEDecoder, StreamParser
+from workbench.harness.sse import StreamParser
 
 
 @pytest.fixture(scope="module")

@@ -12,14 +12,14 @@ import pytest
 import torch
 
 from workbench.config import EngineConfig, ParallelConfig
+from workbench.core.request import Request, RequestStatus
+from workbench.core.sched.output import SchedulerOutput
 from workbench.distributed.parallel_state import (
     get_tensor_model_parallel_rank,
     get_tensor_model_parallel_world_size,
     tensor_parallel_scope,
 )
 from workbench.distributed.step_input import StepInputDecoder, StepInputEncoder
-from workbench.engine.request import Request, RequestStatus
-from workbench.engine.scheduler_output import SchedulerOutput
 from workbench.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from workbench.layers.linear import (
     MergedColumnParallelLinear,
@@ -54,7 +54,7 @@ def test_parallel_config_rejects(kwargs: dict, match: str) -> None:
 
 
 def test_the_ray_backend_without_ray_is_one_clear_line(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("workbench.config.ray_installed", lambda: False)
+    monkeypatch.setattr("workbench.config.parallel.ray_installed", lambda: False)
     with pytest.raises(ValueError) as e:
         ParallelConfig(tensor_parallel_size=2, distributed_executor_backend="ray")
     assert str(e.value) == (
@@ -109,7 +109,7 @@ def test_speculative_with_tp_is_not_supported_yet(tmp_path: Path) -> None:
 
 
 def test_serve_flags_include_the_parallel_knobs() -> None:
-    from workbench.server.serve import build_parser
+    from workbench.entrypoints.openai.cli_args import build_parser
 
     args = build_parser().parse_args(
         ["m", "--tensor-parallel-size", "2", "--distributed-executor-backend", "mp"]

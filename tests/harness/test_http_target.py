@@ -366,7 +366,8 @@ def test_poller_scrapes_every_interval(fake: tuple[FakeOpenAI, str]) -> None:
 
 
 def test_sse_parsing_rules() -> None:
-    from workbench.harness.sse import SSEDecoder, StreamParser
+    from workbench.entrypoints.openai.protocol.sse import SSEDecoder
+    from workbench.harness.sse import StreamParser
 
     dec = SSEDecoder()
     raw = b'data: {"a": 1}\r\n\r\n: ping\n\nevent: x\ndata: {"b":\ndata: 2}\n\ndata: [DO'
@@ -428,7 +429,7 @@ def test_sse_parsing_rules() -> None:
 def test_cli_against_the_fake(fake: tuple[FakeOpenAI, str], tmp_path: Any,
                               capsys: pytest.CaptureFixture[str]) -> None:
     from workbench.bench.cli import main, parse_arrivals
-    from workbench.demo import bundled_checkpoint
+    from workbench.config.named_models import bundled_checkpoint
 
     _, url = fake
     out = tmp_path / "run.json"
@@ -462,7 +463,7 @@ def test_cli_flags_a_disturbed_run_on_the_console_and_in_mlflow(
     from mlflow.tracking import MlflowClient
 
     from workbench.bench.cli import main
-    from workbench.demo import bundled_checkpoint
+    from workbench.config.named_models import bundled_checkpoint
     from workbench.harness.validity import FixedCpuWatch
 
     _, url = fake
@@ -490,7 +491,7 @@ def test_cli_flags_a_disturbed_run_on_the_console_and_in_mlflow(
 def test_cli_logs_to_mlflow_store(fake: tuple[FakeOpenAI, str], tmp_path: Any,
                                   monkeypatch: pytest.MonkeyPatch) -> None:
     from workbench.bench import cli
-    from workbench.demo import bundled_checkpoint
+    from workbench.config.named_models import bundled_checkpoint
     from workbench.tracking import mlflow_store
 
     calls: list[tuple[str, Any]] = []
@@ -527,7 +528,7 @@ def test_against_workbench_serve(tmp_path: Any, caplog: pytest.LogCaptureFixture
     pytest.importorskip("workbench.server.app")
     import sys
 
-    from workbench.demo import bundled_checkpoint
+    from workbench.config.named_models import bundled_checkpoint
     from workbench.harness.server_process import make_target
     from workbench.harness.workloads import make_workload
     from workbench.models.tokenizer import load_tokenizer

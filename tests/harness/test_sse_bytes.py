@@ -8,8 +8,9 @@ import re
 
 import pytest
 
+from workbench.entrypoints.openai.protocol.sse import SSEByteDecoder, SSEDecoder
 from workbench.harness.metrics import RequestRecord
-from workbench.harness.sse import SERVER_KEYS, SSEByteDecoder, SSEDecoder, StreamParser
+from workbench.harness.sse import SERVER_KEYS, StreamParser
 
 RAW = (b'data: {"a": 1}\r\n\r\n: ping\n\nevent: x\ndata: {"b":\ndata: 2}\n\n'
        b'data:{"c":3}\r\rdata: \xc3\xa9\n\ndata: [DONE]\n\n')
@@ -86,7 +87,7 @@ def test_malformed_bytes_and_the_server_keys() -> None:
 
 
 def test_parse_json_is_json_loads() -> None:
-    from workbench.harness.sse import parse_json
+    from workbench.entrypoints.openai.protocol.sse import parse_json
 
     for payload in ('{"a": [1, 2.5, null]}', ' {"a": 1} ', '{"a": 1}\n', '"\u00e9"', "7"):
         assert parse_json(payload) == json.loads(payload)

@@ -10,8 +10,8 @@ import pytest
 from workbench import LLM
 from workbench.config import EngineConfig, QuantConfig
 from workbench.config.named_models import resolve_model
+from workbench.entrypoints.openai.cli_args import parse_args
 from workbench.planning import quantized_weight_bytes
-from workbench.server.serve import parse_args
 
 BUNDLED = Path(resolve_model("bundled"))  # hidden 64, intermediate 128
 

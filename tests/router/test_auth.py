@@ -20,14 +20,14 @@ from fastapi.testclient import TestClient
 from tests.router.fakes import FakeReplica, fake_transport
 from tests.server.test_auth_openapi import served_routes
 from workbench.cli import main as workbench_main
-from workbench.demo import bundled_checkpoint
+from workbench.config.named_models import bundled_checkpoint
+from workbench.entrypoints.openai.protocol.auth import OPEN_PATHS
 from workbench.models.tokenizer import load_tokenizer
 from workbench.router.app import build_router_app
 from workbench.router.cli import parse_args
 from workbench.router.config import RouterConfig
 from workbench.router.disagg_pool import url_pool
 from workbench.router.pool import ReplicaPool
-from workbench.server.auth import OPEN_PATHS
 
 TOK = load_tokenizer(bundled_checkpoint())
 KEY = "s3cret-router-key"

@@ -14,7 +14,7 @@ from fastapi import FastAPI
 from starlette.routing import Route
 
 from tests.server.conftest import ServerHandle, make_app, start_server, stop_server
-from workbench.server.auth import OPEN_PATHS
+from workbench.entrypoints.openai.protocol.auth import OPEN_PATHS
 
 KEY = "s3cret"
 

@@ -6,8 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from workbench.entrypoints.openai.protocol.detokenizer import (
+    IncrementalDetokenizer,
+    StopStringChecker,
+)
 from workbench.models.tokenizer import load_tokenizer
-from workbench.server.detokenizer import IncrementalDetokenizer, StopStringChecker
 
 TEXTS = ["héllo wörld ✓ 😀 ünïcödé ok", "plain ascii, with  spaces\nand lines", "日本語のテキスト"]
 

@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from tests.server.conftest import ServerHandle
-from workbench.server.json_values import BadValue, check_json_values
-from workbench.server.protocol import ChatCompletionRequest, CompletionRequest
+from workbench.entrypoints.openai.protocol.json_values import BadValue, check_json_values
+from workbench.entrypoints.openai.protocol.requests import ChatCompletionRequest, CompletionRequest
 
 CHAT = [{"role": "user", "content": "hi"}]
 

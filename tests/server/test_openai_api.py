@@ -15,9 +15,9 @@ import pytest
 from tests.server.conftest import ENGINE_KW, MODEL_NAME, ServerHandle, make_app, start_server
 from tests.server.conftest import stop_server as _stop
 from workbench import LLM, SamplingParams
+from workbench.entrypoints.openai.protocol.prompts import chat_prompt, default_chat_template
+from workbench.entrypoints.openai.protocol.requests import ChatCompletionRequest
 from workbench.models.tokenizer import load_tokenizer
-from workbench.server.inputs import chat_prompt, default_chat_template
-from workbench.server.protocol import ChatCompletionRequest
 
 PROMPT = "The paged KV cache stores keys and values in fixed-size blocks"
 GREEDY: dict[str, Any] = {"temperature": 0.0, "extra_body": {"ignore_eos": True}}

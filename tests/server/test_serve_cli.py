@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from workbench.engine.arg_utils import engine_knobs
-from workbench.server.serve import parse_args
+from workbench.entrypoints.openai.cli_args import parse_args
 
 
 def test_every_engine_knob_is_a_flag(model_dir: Path) -> None:
@@ -80,7 +80,7 @@ def test_serve_process_answers_the_openai_client(model_dir: Path) -> None:
 
 def test_every_knob_flag_has_its_config_help_and_vllms_policy_spelling(model_dir: Path) -> None:
     from workbench.engine.arg_utils import engine_knobs
-    from workbench.server.serve import build_parser
+    from workbench.entrypoints.openai.cli_args import build_parser
 
     assert all(k.help for k in engine_knobs()), [k.name for k in engine_knobs() if not k.help]
     text = build_parser().format_help()

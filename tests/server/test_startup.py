@@ -21,7 +21,8 @@ import uvicorn
 
 from kernels.cpu import kernel_status
 from tests.server.conftest import ServerHandle, make_app
-from workbench.server import inputs, startup
+from workbench.entrypoints.openai.protocol import prompts
+from workbench.server import startup
 
 
 def _serve(app: Any) -> tuple[uvicorn.Server, threading.Thread, str]:
@@ -164,7 +165,7 @@ def test_health_answers_fast_while_a_4mb_prompt_is_tokenized(
     body = ({"prompt": text} if route == "completions"
             else {"messages": [{"role": "user", "content": text}]})
     window = {"start": threading.Event(), "end": threading.Event()}
-    real_encode = inputs.encode
+    real_encode = prompts.encode
 
     def encode(*args: Any, **kwargs: Any) -> list[int]:
         window["start"].set()
@@ -173,7 +174,7 @@ def test_health_answers_fast_while_a_4mb_prompt_is_tokenized(
         finally:
             window["end"].set()
 
-    monkeypatch.setattr(inputs, "encode", encode)
+    monkeypatch.setattr(prompts, "encode", encode)
     result: dict[str, httpx.Response] = {}
     t = threading.Thread(target=lambda: result.update(r=httpx.post(
         f"{server.base_url}/v1/{route}", json=body, timeout=300)))

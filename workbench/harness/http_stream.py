@@ -4,8 +4,9 @@ generator's hot path (aiohttp, as vLLM's own benchmark client).
 Place in the flow: `http_target.OpenAITarget.generate` runs `stream_completion` on its I/O
 loop for every request. Per network read (`StreamReader.readany`: everything the socket had,
 often many events at a high rate) the path costs one clock read, shared by every event in
-that read, one `bytes.split` (`sse.SSEByteDecoder`), then per event one `json.loads` and the
-`sse.StreamParser` rules. aiohttp parses HTTP (and the chunked transfer encoding) in C.
+that read, one `bytes.split` (the protocol's `SSEByteDecoder`), then per event one
+`json.loads` and the `sse.StreamParser` rules. aiohttp parses HTTP (and the chunked transfer
+encoding) in C.
 
 Failures never raise (cancellation aside): an HTTP status other than 200 (with the body's
 first 500 characters), a timeout (`timeout_s` between two reads, or to connect), a broken
@@ -22,8 +23,9 @@ from typing import Any
 
 import aiohttp
 
+from workbench.entrypoints.openai.protocol.sse import SSEByteDecoder
 from workbench.harness.metrics import RequestRecord
-from workbench.harness.sse import SSEByteDecoder, StreamParser
+from workbench.harness.sse import StreamParser
 
 CONNECT_TIMEOUT_S = 30.0  # at most, to open a connection (timeout_s when shorter)
 JSON_HEADERS = {"content-type": "application/json"}

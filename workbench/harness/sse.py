@@ -1,8 +1,9 @@
 """One streamed OpenAI response -> one RequestRecord, the way vLLM's benchmark client reads it.
 
 Place in the flow: `http_stream.stream_completion` feeds the bytes of each response to an
-`SSEByteDecoder` and every `data:` payload, with its arrival time (one clock read per network
-read), to a `StreamParser`. Pure functions of (payloads, times): tested without a server.
+`SSEByteDecoder` (the protocol's, `workbench.entrypoints.openai.protocol.sse`) and every
+`data:` payload, with its arrival time (one clock read per network read), to a `StreamParser`.
+Pure functions of (payloads, times): tested without a server.
 
 Rules (vLLM `benchmarks/lib/endpoint_request_func.py`, completions and chat):
 - An event with `choices` is a token chunk, even with empty text (a special token, half a
@@ -15,8 +16,9 @@ Rules (vLLM `benchmarks/lib/endpoint_request_func.py`, completions and chat):
 - Tokens per chunk: len(`token_ids`), else the growth of `usage.completion_tokens` when
   streamed, else 1.
 - output_tokens = the last `usage.completion_tokens` (the final usage event of
-  `stream_options: {include_usage: true}`); prompt_tokens = `usage.prompt_tokens` when given.
-  Without any usage, output_tokens = the number of token chunks.
+  `stream_options: {include_usage: true}`); prompt_tokens = `usage.prompt_tokens` when given;
+  num_cached_tokens = `usage.prompt_tokens_details.cached_tokens` when given. Without any
+  usage, output_tokens = the number of token chunks.
 - end_s = the last token chunk (vLLM's `latency`), not [DONE].
 - Success = at least one token chunk and no error event.
 - Server-side durations are read from any event that carries them, top level or in a
@@ -27,9 +29,9 @@ Rules (vLLM `benchmarks/lib/endpoint_request_func.py`, completions and chat):
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
+from workbench.entrypoints.openai.protocol.sse import DONE, parse_json
 from workbench.harness.metrics import RequestRecord
 
 # RequestRecord field -> (name, seconds per unit) a server may use for it in an event.
@@ -54,86 +56,10 @@ SERVER_CONTAINERS = ("metrics", "server_timing", "server_timings", "timings")
 # every top-level key that may carry a server duration: events without one skip the search
 SERVER_KEYS = frozenset({name for names in SERVER_FIELDS.values() for name, _ in names}
                         | set(SERVER_CONTAINERS))
-DONE = ("[DONE]", b"[DONE]")
 
 
 def _text(data: str | bytes) -> str:
     return data.decode("utf-8", "replace") if isinstance(data, bytes) else data
-
-
-_raw_decode = json.JSONDecoder().raw_decode
-
-
-def parse_json(data: str | bytes) -> Any:
-    """`json.loads` of one payload (SSE is UTF-8), without its per-call overhead in the usual
-    case (nothing around the value); anything else goes through `json.loads` itself, so the
-    result and the errors (ValueError) are the same."""
-    text = data.decode() if type(data) is bytes else data
-    try:
-        value, end = _raw_decode(text)
-        if end == len(text):
-            return value
-    except ValueError:
-        pass
-    return json.loads(text)
-
-
-class SSEByteDecoder:
-    """Bytes as they arrive -> complete `data:` payloads as bytes: the hot path's decoder.
-
-    One `bytes.split` per network read and no text decoding (a blank line, b"\\n\\n", never
-    falls inside a UTF-8 character, and `json.loads` reads bytes). Events end at a blank line;
-    comments, other fields, CRLF and CR line ends are handled (a CR at the end of a read waits
-    for the next one: it may be half a CRLF); b"[DONE]" is returned as is.
-    """
-
-    __slots__ = ("_buf",)
-
-    def __init__(self) -> None:
-        self._buf = b""
-
-    def feed(self, chunk: bytes) -> list[bytes]:
-        buf = self._buf + chunk if self._buf else chunk
-        if b"\r" in buf:
-            tail = b"\r" if buf.endswith(b"\r") else b""
-            body = buf[: len(buf) - len(tail)]
-            buf = body.replace(b"\r\n", b"\n").replace(b"\r", b"\n") + tail
-        events = buf.split(b"\n\n")
-        self._buf = events.pop()
-        out = []
-        for event in events:
-            if event[:6] == b"data: " and b"\n" not in event:  # one data line: the usual
-                out.append(event[6:])
-            elif (data := _data_lines(event)) is not None:
-                out.append(data)
-        return out
-
-    def flush(self) -> list[bytes]:
-        """A last event the server did not terminate with a blank line."""
-        event, self._buf = self._buf.replace(b"\r", b"\n"), b""
-        data = _data_lines(event)
-        return [] if data is None else [data]
-
-
-def _data_lines(event: bytes) -> bytes | None:
-    """The `data:` lines of one event joined by newlines (one leading space dropped from
-    each); None when it has none (a comment, another field)."""
-    lines = [ln[5:].removeprefix(b" ") for ln in event.split(b"\n") if ln.startswith(b"data:")]
-    return b"\n".join(lines) if lines else None
-
-
-class SSEDecoder:
-    """`SSEByteDecoder` with text payloads (tools and tests that read a whole response)."""
-
-    def __init__(self) -> None:
-        self._bytes = SSEByteDecoder()
-
-    def feed(self, chunk: bytes) -> list[str]:
-        return [data.decode("utf-8") for data in self._bytes.feed(chunk)]
-
-    def flush(self) -> list[str]:
-        """A last event the server did not terminate with a blank line."""
-        return [data.decode("utf-8") for data in self._bytes.flush()]
 
 
 def server_fields(event: dict[str, Any]) -> dict[str, float]:
@@ -198,6 +124,9 @@ class StreamParser:
                 self.info["usage"] = True
             if usage.get("prompt_tokens") is not None:
                 self.record.prompt_tokens = int(usage["prompt_tokens"])
+            details = usage.get("prompt_tokens_details")
+            if type(details) is dict and details.get("cached_tokens") is not None:
+                self.record.num_cached_tokens = int(details["cached_tokens"])
 
     def _choice(self, c: dict[str, Any], usage: dict[str, Any] | None, now: float) -> None:
         delta = c.get("delta") or {}

@@ -14,9 +14,10 @@ and every other route but /openapi.json answers 503 `{"error": ...}`. Ready: /he
 `{"status": "ready"}` while the engine loop runs, 503 `{"status": "stopped"}` after.
 
 With `api_key`, every route but /health and /metrics needs `Authorization: Bearer <key>` (401
-otherwise; auth.py): /v1/*, /reset_prefix_cache, /kv_transfer_info, /openapi.json and unknown
-paths too. /health and /metrics stay open, as in vLLM (a load balancer and Prometheus poll
-them without credentials); vLLM guards only /v1/*, this server every other path as well.
+otherwise; the protocol's `APIKeyMiddleware`): /v1/*, /reset_prefix_cache, /kv_transfer_info,
+/openapi.json and unknown paths too. /health and /metrics stay open, as in vLLM (a load
+balancer and Prometheus poll them without credentials); vLLM guards only /v1/*, this server
+every other path as well.
 Every error is `{"error": {"message", "type", "param", "code"}}`; an unexpected exception is
 a 500 for that request only. `app.state.engine` is the AsyncEngine once ready (tests read the
 KV pool through `app.state.engine.submit(fn)`), `app.state.serving` the routes' shared state,
@@ -34,22 +35,22 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
-from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from workbench.config import EngineConfig
 from workbench.engine.async_engine import AsyncEngine
 from workbench.engine.llm_engine import LLMEngine
+from workbench.entrypoints.openai.protocol.auth import APIKeyMiddleware
+from workbench.entrypoints.openai.protocol.errors import APIError
+from workbench.entrypoints.openai.protocol.http import DEFAULT_MAX_BODY_BYTES, add_error_handlers
+from workbench.entrypoints.openai.protocol.json_values import MAX_ITEMS
 from workbench.metrics.loggers import LoggingStatLogger
 from workbench.server import openapi
-from workbench.server.auth import APIKeyMiddleware
 from workbench.server.metrics import ServerMetrics
 from workbench.server.openai_routes import ServingState, router, serving_state
-from workbench.server.protocol import MAX_ITEMS, APIError
 from workbench.server.startup import Startup
 
 logger = logging.getLogger(__name__)
-DEFAULT_MAX_BODY_BYTES = 4 << 20  # 4 MiB
 _NOT_GATED = ("/health", "/openapi.json")  # answered while warming up
 
 
@@ -98,7 +99,7 @@ def build_app(
                   openapi_url="/openapi.json")
     app.include_router(router)
     _add_service_routes(app)
-    _add_error_handlers(app)
+    add_error_handlers(app, logger, "serving", echo_request_id=True)
     openapi.install(app, api_key=bool(api_key))
     app.add_middleware(_ReadinessGate)
     if api_key:
@@ -148,29 +149,6 @@ def _add_service_routes(app: FastAPI) -> None:
         done = await asyncio.wrap_future(
             engine.submit(lambda e: e.reset_prefix_cache(reset_connector=reset_external)))
         return JSONResponse({"success": bool(done)})
-
-
-def _error(err: APIError, request: Request) -> JSONResponse:
-    headers = {}
-    rid = request.headers.get("x-request-id")
-    if rid and len(rid) <= 256 and rid.isprintable():
-        headers["x-request-id"] = rid
-    return JSONResponse(err.body(), status_code=err.status, headers=headers)
-
-
-def _add_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(APIError)
-    async def api_error(request: Request, exc: APIError) -> JSONResponse:
-        return _error(exc, request)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return _error(APIError(str(exc.detail), exc.status_code), request)
-
-    @app.exception_handler(Exception)
-    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
-        logger.exception("unhandled error serving %s", request.url.path)
-        return _error(APIError(f"internal error: {type(exc).__name__}: {exc}", 500), request)
 
 
 class _ReadinessGate:

@@ -24,9 +24,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from workbench.core.request import Request, RequestTimes
 from workbench.engine.async_engine import AsyncEngine, AsyncEngineError, RequestStream
-from workbench.engine.request import Request, RequestTimes
-from workbench.server.detokenizer import IncrementalDetokenizer, StopStringChecker
+from workbench.entrypoints.openai.protocol.detokenizer import (
+    IncrementalDetokenizer,
+    StopStringChecker,
+)
 from workbench.server.metrics import ServerMetrics
 
 

@@ -1,10 +1,11 @@
 """OpenAI-compatible routes: /v1/completions, /v1/chat/completions (JSON or SSE), /v1/models.
 
 Place in the flow: body (size-capped, read on the event loop) -> in a worker thread
-(`asyncio.to_thread`): JSON decoding, protocol.parse_request, chat template, tokenization,
-inputs.build_requests -> generate.Generation -> a JSON body, or server-sent events
-`data: {chunk}` ... `data: [DONE]`. Nothing that grows with the body runs on the event loop,
-so /health and the other clients' streams are served while a 4 MB prompt is prepared.
+(`asyncio.to_thread`): JSON decoding, parse_request, chat template, tokenization (the
+protocol package, `workbench.entrypoints.openai.protocol`), inputs.build_requests ->
+generate.Generation -> a JSON body, or server-sent events `data: {chunk}` ... `data: [DONE]`.
+Nothing that grows with the body runs on the event loop, so /health and the other clients'
+streams are served while a 4 MB prompt is prepared.
 
 A request the engine fails (finish_reason "error": it alone, or its whole step) is a 500
 `{"error": ...}` with the engine's message, or, streaming, one `data: {"error": ...}` event
@@ -13,7 +14,7 @@ and then `data: [DONE]`; the engine's other requests go on untouched.
 Streaming: one chunk per engine step that released text for a choice (chat: just before a
 choice's first text, a chunk with `delta.role` and empty content, as vLLM does); with
 `stream_options.include_usage` a last chunk with `choices: []` and `usage`; the last chunk
-before `[DONE]` carries the per-request `metrics` object (see `responses.py`). With
+before `[DONE]` carries the per-request `metrics` object (see `request_metrics.py`). With
 `return_token_ids: true` every chunk's choice also has the `token_ids` it covers (a chunk is
 then sent for every step, text or not). A client that disconnects mid-stream (or mid
 non-streaming request) aborts its engine requests, which frees their KV blocks. The response
@@ -24,7 +25,6 @@ id is the client's `x-request-id` header when given, otherwise `cmpl-<hex>` /
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -34,21 +34,29 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from workbench.core.request import Request as EngineRequest
 from workbench.engine.async_engine import AsyncEngine, AsyncEngineError
 from workbench.engine.llm_engine import LLMEngine
-from workbench.engine.request import Request as EngineRequest
-from workbench.server import inputs, openapi
-from workbench.server import responses as R
-from workbench.server.generate import Delta, Generation
-from workbench.server.metrics import ServerMetrics
-from workbench.server.protocol import (
-    MAX_ITEMS,
-    APIError,
+from workbench.entrypoints.openai.protocol import responses as R
+from workbench.entrypoints.openai.protocol.errors import APIError
+from workbench.entrypoints.openai.protocol.http import (
+    ClosingStreamingResponse,
+    decode_json,
+    read_body,
+    valid_request_id,
+)
+from workbench.entrypoints.openai.protocol.json_values import MAX_ITEMS
+from workbench.entrypoints.openai.protocol.prompts import chat_prompt, completion_prompts
+from workbench.entrypoints.openai.protocol.requests import (
     ChatCompletionRequest,
     CompletionRequest,
     parse_request,
 )
-from workbench.server.streaming import ClosingStreamingResponse
+from workbench.entrypoints.openai.protocol.sse import DONE_EVENT, encode_event
+from workbench.server import inputs, openapi
+from workbench.server.generate import Delta, Generation
+from workbench.server.metrics import ServerMetrics
+from workbench.server.request_metrics import request_metrics
 
 router = APIRouter()
 
@@ -73,38 +81,8 @@ def serving_state(request: Request) -> ServingState:
 
 
 def request_id(request: Request, prefix: str) -> str:
-    given = request.headers.get("x-request-id")
-    if given and len(given) <= 256 and given.isprintable():
-        return given
-    return f"{prefix}-{uuid.uuid4().hex}"
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    """The raw body; 413 past `limit` bytes (checked while reading)."""
-    declared = request.headers.get("content-length")
-    too_big = APIError(f"the request body is larger than the limit of {limit} bytes", 413)
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise too_big
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_big
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-async def read_json(request: Request, limit: int) -> Any:
-    """The body as JSON (read_body + decode_json)."""
-    return decode_json(await read_body(request, limit))
-
-
-def decode_json(body: bytes) -> Any:
-    """The body as JSON; 400 if malformed."""
-    try:
-        return json.loads(body)
-    except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError, nesting
-        raise APIError(f"the request body is not valid JSON: {e}") from None
+    given = valid_request_id(request.headers.get("x-request-id"))
+    return given if given is not None else f"{prefix}-{uuid.uuid4().hex}"
 
 
 def check_model(state: ServingState, name: str | None) -> None:
@@ -144,7 +122,7 @@ def _prepare_completion(
 ) -> tuple[CompletionRequest, list[EngineRequest]]:
     req = parse_request(CompletionRequest, decode_json(body), s.max_items)
     check_model(s, req.model)
-    prompts = inputs.completion_prompts(s.llm_engine, req)
+    prompts = completion_prompts(s.llm_engine, req)
     return req, inputs.build_requests(s.llm_engine, req, prompts, rid, "prompt",
                                       ("max_tokens", req.max_tokens))
 
@@ -154,7 +132,7 @@ def _prepare_chat(
 ) -> tuple[ChatCompletionRequest, list[EngineRequest]]:
     req = parse_request(ChatCompletionRequest, decode_json(body), s.max_items)
     check_model(s, req.model)
-    prompt = inputs.chat_prompt(s.llm_engine, req)
+    prompt = chat_prompt(s.llm_engine, req)
     return req, inputs.build_requests(s.llm_engine, req, [prompt], rid, "messages",
                                       req.max_tokens_param)
 
@@ -208,7 +186,7 @@ def _metrics(gen: Generation) -> dict[str, Any] | None:
     if not gen.single:
         return None
     q = gen.seqs[0]
-    return R.request_metrics(q.times, len(q.token_ids), q.num_cached_tokens)
+    return request_metrics(q.times, len(q.token_ids), q.num_cached_tokens)
 
 
 async def _stream(
@@ -224,16 +202,16 @@ async def _stream(
         async for d in gen.deltas():
             if d.seq.error is not None:  # one error event, then [DONE]; other streams go on
                 gen.abort()
-                yield R.sse(APIError(f"the engine failed this request: {d.seq.error}",
-                                     500).body())
+                yield encode_event(APIError(f"the engine failed this request: {d.seq.error}",
+                                            500).body())
                 break
             if not (d.text or d.finished or (with_ids and d.token_ids)):
                 continue
             if chat and d.seq.index not in announced:  # vLLM: with the first output
                 announced.add(d.seq.index)
                 role = {"role": "assistant", "content": ""}
-                yield R.sse(R.envelope(kind, rid, created, model,
-                                       [R.chat_delta_choice(d.seq.index, role, None, None)]))
+                first = R.chat_delta_choice(d.seq.index, role, None, None)
+                yield encode_event(R.envelope(kind, rid, created, model, [first]))
             extra: dict[str, Any] = {}
             if req.continuous_usage:
                 extra["usage"] = _usage(gen)
@@ -241,15 +219,15 @@ async def _stream(
                 remaining -= 1
                 if remaining == 0 and not req.include_usage:
                     extra["metrics"] = _metrics(gen)
-            yield R.sse(R.envelope(kind, rid, created, model, [_chunk_choice(d, chat, with_ids)],
-                                   **extra))
+            yield encode_event(R.envelope(kind, rid, created, model,
+                                          [_chunk_choice(d, chat, with_ids)], **extra))
         else:  # every sequence finished (no error)
             if req.include_usage:
-                yield R.sse(R.envelope(kind, rid, created, model, [], usage=_usage(gen),
-                                       metrics=_metrics(gen)))
+                yield encode_event(R.envelope(kind, rid, created, model, [], usage=_usage(gen),
+                                              metrics=_metrics(gen)))
     except AsyncEngineError as e:
-        yield R.sse(APIError(f"the engine failed this request: {e}", 500).body())
-    yield R.sse("[DONE]")
+        yield encode_event(APIError(f"the engine failed this request: {e}", 500).body())
+    yield DONE_EVENT
 
 
 def _chunk_choice(d: Delta, chat: bool, with_ids: bool) -> dict[str, Any]:

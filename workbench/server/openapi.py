@@ -1,11 +1,13 @@
 """The OpenAPI document at /openapi.json: request bodies, every status and its body.
 
-Place in the flow: the routes parse their bodies themselves (`protocol.parse_request`: a size
-cap, strict types, errors naming the field), so FastAPI cannot see the request models;
+Place in the flow: the routes parse their bodies themselves (`parse_request`: a size cap,
+strict types, errors naming the field), so FastAPI cannot see the request models;
 `*_route()` give each route decorator its `responses` and `openapi_extra`, and `install()`
-adds the request models to the document's components. The response models below only
-describe bodies (the routes build plain dicts, see responses.py); tests/server/
-test_schemathesis.py fuzzes the server from this document and checks the answers against it.
+adds the request models to the document's components. The OpenAI models (requests, responses,
+the error) are the protocol package's (`workbench.entrypoints.openai.protocol`); the models
+below describe this server's own routes (/health, /reset_prefix_cache, /kv_transfer_info).
+tests/server/test_schemathesis.py fuzzes the server from this document and checks the
+answers against it.
 
 The schema is exact where JSON Schema can say it: types, ranges, the fields refused unless
 neutral (`logprobs`: null or false, `presence_penalty`: null or 0, ...). What depends on the
@@ -20,122 +22,25 @@ from typing import Any, Literal
 
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from workbench.server.auth import OPEN_PATHS
-from workbench.server.inputs import MAX_PROMPTS
-from workbench.server.protocol import (
-    _UNSUPPORTED,
+from workbench.entrypoints.openai.protocol.auth import OPEN_PATHS
+from workbench.entrypoints.openai.protocol.errors import ErrorResponse
+from workbench.entrypoints.openai.protocol.prompts import MAX_PROMPTS
+from workbench.entrypoints.openai.protocol.requests import (
     MAX_STOP_STRINGS,
+    UNSUPPORTED,
     ChatCompletionRequest,
     CompletionRequest,
 )
+from workbench.entrypoints.openai.protocol.responses import (
+    ChatCompletionResponse,
+    CompletionResponse,
+    ModelList,
+)
 
 REF = "#/components/schemas/{model}"
-
-
-class ErrorDetail(BaseModel):
-    message: str
-    type: str
-    param: str | None
-    code: int
-
-
-class ErrorResponse(BaseModel):
-    """Every error: `code` is the HTTP status, `param` the request field at fault."""
-
-    error: ErrorDetail
-
-
-class PromptTokensDetails(BaseModel):
-    cached_tokens: int  # prefix-cache hit tokens
-
-
-class Usage(BaseModel):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-    prompt_tokens_details: PromptTokensDetails
-
-
-class RequestMetrics(BaseModel):
-    """Per-request timings (responses.py); null when the request has more than one sequence."""
-
-    queue_time_ms: float | None
-    time_to_first_token_ms: float | None
-    generation_time_ms: float | None
-    mean_itl_ms: float | None
-    tokens_per_second: float | None
-    arrival_to_first_token_ms: float | None
-    prefill_time_ms: float | None
-    decode_time_ms: float | None
-    e2e_latency_ms: float | None
-    num_output_tokens: int
-    num_cached_tokens: int
-    # a decode instance that read the prompt's KV from a prefill instance (absent otherwise)
-    kv_transfer_bytes: int | None = None
-    kv_transfer_ms: float | None = None
-    kv_transfer_wait_ms: float | None = None
-
-
-class _Choice(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    index: int
-    logprobs: None
-    finish_reason: str | None
-    stop_reason: int | str | None
-    token_ids: list[int] | None = None  # present with return_token_ids: true
-
-
-class CompletionChoice(_Choice):
-    text: str
-
-
-class AssistantMessage(BaseModel):
-    role: Literal["assistant"]
-    content: str
-
-
-class ChatChoice(_Choice):
-    message: AssistantMessage
-
-
-class _Envelope(BaseModel):
-    id: str
-    created: int
-    model: str
-    usage: Usage
-    metrics: RequestMetrics | None
-    # a prefill instance's handshake for the decode instance (vLLM's; absent otherwise)
-    kv_transfer_params: dict[str, Any] | None = None
-
-
-class CompletionResponse(_Envelope):
-    object: Literal["text_completion"]
-    choices: list[CompletionChoice]
-
-
-class ChatCompletionResponse(_Envelope):
-    object: Literal["chat.completion"]
-    choices: list[ChatChoice]
-
-
-class ModelCard(BaseModel):
-    id: str
-    object: Literal["model"]
-    created: int
-    owned_by: str
-    root: str
-    parent: None
-    max_model_len: int
-    permission: list[Any]
-
-
-class ModelList(BaseModel):
-    object: Literal["list"]
-    data: list[ModelCard]
 
 
 class Health(BaseModel):
@@ -233,7 +138,7 @@ def request_schemas() -> dict[str, Any]:
     defs["ContentPart"]["properties"]["type"] = {"const": "text", "title": "Type"}
     for name in ("CompletionRequest", "ChatCompletionRequest"):
         props = defs[name]["properties"]
-        for field, allowed in _UNSUPPORTED.items():
+        for field, allowed in UNSUPPORTED.items():
             if field in props:
                 enum = [a for a in allowed if not isinstance(a, float)]  # 0.0 == 0 in JSON
                 props[field] = {"enum": enum, "default": None,

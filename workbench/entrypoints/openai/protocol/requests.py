@@ -1,23 +1,22 @@
-"""OpenAI-compatible request models and the error object (vLLM's field names and meanings).
+"""OpenAI-compatible request models (vLLM's field names and meanings) and `parse_request`.
 
-Place in the flow: `openai_routes` parses a JSON body into `CompletionRequest` /
-`ChatCompletionRequest` (pydantic, strict types: no "5" for 5, no true for 1; but 5.0 is the
-integer 5, as JSON Schema counts it), turns a validation failure into an `APIError` naming the
-field, and builds responses with the helpers in `responses.py`.
+Place in the flow: the server's routes and the router parse a JSON body into
+`CompletionRequest` / `ChatCompletionRequest` (pydantic, strict types: no "5" for 5, no true
+for 1; but 5.0 is the integer 5, as JSON Schema counts it); a validation failure is an
+`APIError` (400) naming the field.
 
 Before the models see it, `parse_request` walks the decoded JSON once
 (`json_values.check_json_values`: finite numbers, valid Unicode, arrays at most `max_items`
 long); each offence is a 400 naming the value's path (`messages.0.content`).
 
-Errors use vLLM's current shape, `{"error": {"message", "type", "param", "code"}}`, where
-`code` is the HTTP status. Supported sampling fields: temperature, top_p, top_k, n (<= MAX_N),
-max_tokens (default: what fits, max_model_len - prompt length), min_tokens, stop (strings,
-applied by the server: the text is cut before the stop string, finish_reason "stop",
-stop_reason the string), stop_token_ids, ignore_eos, seed, skip_special_tokens, priority,
-cache_salt, stream, stream_options (include_usage, continuous_usage_stats), return_token_ids.
-Fields that would change the output but are not implemented (logprobs, echo, penalties,
-logit_bias, beam search, tools, non-text response formats, ...) are rejected with a 400
-naming them; unknown fields are ignored, as vLLM does.
+Supported sampling fields: temperature, top_p, top_k, n (<= MAX_N), max_tokens (default: what
+fits, max_model_len - prompt length), min_tokens, stop (strings, applied by the server: the
+text is cut before the stop string, finish_reason "stop", stop_reason the string),
+stop_token_ids, ignore_eos, seed, skip_special_tokens, priority, cache_salt, stream,
+stream_options (include_usage, continuous_usage_stats), return_token_ids. Fields that would
+change the output but are not implemented (logprobs, echo, penalties, logit_bias, beam search,
+tools, non-text response formats, ...) are rejected with a 400 naming them; unknown fields are
+ignored, as vLLM does.
 """
 
 from __future__ import annotations
@@ -33,7 +32,8 @@ from pydantic import (
     field_validator,
 )
 
-from workbench.server.json_values import MAX_ITEMS, BadValue, check_json_values
+from workbench.entrypoints.openai.protocol.errors import APIError
+from workbench.entrypoints.openai.protocol.json_values import MAX_ITEMS, BadValue, check_json_values
 
 MAX_N = 16  # n above this is a 400
 MAX_STOP_STRINGS = 16
@@ -55,27 +55,6 @@ NonNegativeInt = Annotated[int, Field(ge=0), _AsInt]
 TopK = Annotated[int, Field(ge=-1), _AsInt]
 Seed = Annotated[int, Field(ge=-(2**63), le=2**63 - 1), _AsInt]
 NumSeqs = Annotated[int, Field(ge=1, le=MAX_N), _AsInt]
-
-
-class APIError(Exception):
-    """An error answered as `{"error": {...}}` with `status`; `param` names the bad field."""
-
-    _TYPES = {
-        400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError",
-        413: "RequestTooLargeError", 500: "InternalServerError", 503: "ServiceUnavailableError",
-    }
-
-    def __init__(self, message: str, status: int = 400, param: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
-        self.param = param
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {
-            "message": self.message, "type": self._TYPES.get(self.status, "APIError"),
-            "param": self.param, "code": self.status,
-        }}
 
 
 class StreamOptions(BaseModel):
@@ -108,7 +87,7 @@ class _SamplingFields(BaseModel):
     return_token_ids: bool | None = None
     user: str | None = None
     kv_transfer_params: dict[str, Any] | None = None  # vLLM's: read by the KV connector
-    # accepted only at their neutral value (see _UNSUPPORTED)
+    # accepted only at their neutral value (see UNSUPPORTED)
     logprobs: Any = None
     echo: Any = None
     frequency_penalty: Any = None
@@ -216,7 +195,7 @@ class ChatCompletionRequest(_SamplingFields):
 
 
 # field -> its neutral values; anything else is a 400 naming the field.
-_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "logprobs": (None, False), "echo": (None, False), "frequency_penalty": (None, 0, 0.0),
     "presence_penalty": (None, 0, 0.0), "repetition_penalty": (None, 1, 1.0),
     "logit_bias": (None, {}), "min_p": (None, 0, 0.0), "use_beam_search": (None, False),
@@ -257,7 +236,7 @@ def parse_request(cls: type[_SamplingFields], data: Any, max_items: int = MAX_IT
         got = "" if err["type"] == "missing" else f" (got {_short(err.get('input'))})"
         raise APIError(f"{param}: {msg}{got}", param=param) from None
     fields = type(req).model_fields
-    for name, allowed in _UNSUPPORTED.items():
+    for name, allowed in UNSUPPORTED.items():
         if name in fields and not _neutral(getattr(req, name), allowed):
             raise APIError(f"{name} is not supported by this server; leave it unset", param=name)
     rf = req.response_format

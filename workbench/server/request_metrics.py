@@ -1,11 +1,10 @@
-"""Response bodies (plain dicts, OpenAI's shapes) and the per-request `metrics` object.
+"""The per-request `metrics` object of a response (its shape: `RequestMetrics` in
+`workbench.entrypoints.openai.protocol.responses`, which builds the rest of the body).
 
-Place in the flow: `openai_routes` fills these from `generate.SeqOutput`s; streaming chunks
-are serialized with `sse()`.
-
-The per-request `metrics` object follows vLLM's `--enable-per-request-metrics` feature
-(field names and meanings from vLLM's "Per-Request Metrics" docs; always on here). It is
-attached to the non-streaming response and to the LAST chunk of a stream (the usage chunk when
+Place in the flow: `openai_routes` computes it from a finished `generate.SeqOutput`'s engine
+timestamps. It follows vLLM's `--enable-per-request-metrics` feature (field names and meanings
+from vLLM's "Per-Request Metrics" docs; always on here). It is attached to the
+non-streaming response and to the LAST chunk of a stream (the usage chunk when
 `stream_options.include_usage` is set, otherwise the last finish chunk). Like vLLM it is
 `null` when the request has more than one sequence (n > 1 or a batch of prompts). Engine
 timestamps (time.perf_counter) give, in milliseconds:
@@ -36,10 +35,9 @@ parsing, templating and tokenization).
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from workbench.engine.request import RequestTimes
+from workbench.core.request import RequestTimes
 
 
 def _ms(a: float | None, b: float | None) -> float | None:
@@ -78,70 +76,3 @@ def request_metrics(
         out["kv_transfer_ms"] = round(times.kv_transfer_s * 1000.0, 3)
         out["kv_transfer_wait_ms"] = _ms(times.kv_load_start, times.kv_load_done)
     return out
-
-
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": max(cached_tokens, 0)},
-    }
-
-
-def _choice(
-    index: int, body: dict[str, Any], finish_reason: str | None,
-    stop_reason: int | str | None, token_ids: list[int] | None,
-) -> dict[str, Any]:
-    """One choice: `body` ({"text"} / {"message"} / {"delta"}) plus the common fields."""
-    choice: dict[str, Any] = {"index": index, **body, "logprobs": None,
-                              "finish_reason": finish_reason, "stop_reason": stop_reason}
-    if token_ids is not None:
-        choice["token_ids"] = token_ids
-    return choice
-
-
-def completion_choice(
-    index: int, text: str, finish_reason: str | None, stop_reason: int | str | None,
-    token_ids: list[int] | None = None,
-) -> dict[str, Any]:
-    return _choice(index, {"text": text}, finish_reason, stop_reason, token_ids)
-
-
-def chat_choice(
-    index: int, text: str, finish_reason: str | None, stop_reason: int | str | None,
-    token_ids: list[int] | None = None,
-) -> dict[str, Any]:
-    body = {"message": {"role": "assistant", "content": text}}
-    return _choice(index, body, finish_reason, stop_reason, token_ids)
-
-
-def chat_delta_choice(
-    index: int, delta: dict[str, Any], finish_reason: str | None,
-    stop_reason: int | str | None, token_ids: list[int] | None = None,
-) -> dict[str, Any]:
-    return _choice(index, {"delta": delta}, finish_reason, stop_reason, token_ids)
-
-
-def envelope(
-    kind: str, rid: str, created: int, model: str, choices: list[dict[str, Any]],
-    **extra: Any,
-) -> dict[str, Any]:
-    """kind: text_completion | chat.completion | chat.completion.chunk."""
-    body: dict[str, Any] = {
-        "id": rid, "object": kind, "created": created, "model": model, "choices": choices,
-    }
-    body.update({k: v for k, v in extra.items() if v is not None or k == "metrics"})
-    return body
-
-
-def sse(payload: dict[str, Any] | str) -> str:
-    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"))
-    return f"data: {data}\n\n"
-
-
-def model_list(name: str, root: str, max_model_len: int, created: int) -> dict[str, Any]:
-    return {"object": "list", "data": [{
-        "id": name, "object": "model", "created": created, "owned_by": "workbench",
-        "root": root, "parent": None, "max_model_len": max_model_len, "permission": [],
-    }]}

@@ -1,11 +1,12 @@
 """The API key: `Authorization: Bearer <key>` on every route but /health and /metrics.
 
-Used by the server (`app.build_app(api_key=...)`) and the router (`router.app`). vLLM's
-`--api-key` guards only the paths under /v1 (and lets OPTIONS through); here every other path
-needs the key too (/reset_prefix_cache, /kv_transfer_info, /openapi.json, the router's
-/router/*, unknown paths), so nothing that changes or reveals state is open. /health and
-/metrics stay open, as in vLLM: a load balancer and Prometheus poll them without credentials.
-A request without the key, or with another, is a 401 with the OpenAI error body.
+Used by the server (`workbench.server.app.build_app(api_key=...)`) and the router
+(`workbench.router.app`). vLLM's `--api-key` guards only the paths under /v1 (and lets OPTIONS
+through); here every other path needs the key too (/reset_prefix_cache, /kv_transfer_info,
+/openapi.json, the router's /router/*, unknown paths), so nothing that changes or reveals
+state is open. /health and /metrics stay open, as in vLLM: a load balancer and Prometheus poll
+them without credentials. A request without the key, or with another, is a 401 with the OpenAI
+error body.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import secrets
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from workbench.server.protocol import APIError
+from workbench.entrypoints.openai.protocol.errors import APIError
 
 OPEN_PATHS = ("/health", "/metrics")  # answered without the API key, as in vLLM
 AUTH_ERROR = "missing or wrong API key; send 'Authorization: Bearer <key>'"

@@ -1,6 +1,6 @@
 """Values JSON can carry but no request field may hold, found in one walk over a decoded body.
 
-Place in the flow: `protocol.parse_request` calls `check_json_values` before the pydantic
+Place in the flow: `requests.parse_request` calls `check_json_values` before the pydantic
 models see the body, and turns `BadValue` into a 400 naming `param`, the value's path written
 as pydantic writes locations (`messages.0.content`, `stop.1`; None for the body itself).
 

@@ -1,8 +1,9 @@
-"""Streaming text: incremental detokenization and stop strings applied at the server.
+"""Streaming text: incremental detokenization and stop strings applied at the front door.
 
-Place in the flow: `generate.Generation` feeds each sequence's new token ids to an
-`IncrementalDetokenizer` and the resulting text to a `StopStringChecker`; what comes out is
-the text delta of one streamed chunk.
+Place in the flow: the server's `generate.Generation` feeds each sequence's new token ids to
+an `IncrementalDetokenizer` and the resulting text to a `StopStringChecker`; what comes out is
+the text delta of one streamed chunk. The router's `relay.StreamRelay` applies the client's
+stop strings with the same `StopStringChecker` when it resumes a broken stream.
 
     ids:  | ... already emitted ... | prefix_offset .. read_offset | new ids |
     delta = decode(ids[prefix_offset:]) minus decode(ids[prefix_offset:read_offset]),
