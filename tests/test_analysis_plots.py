@@ -257,7 +257,8 @@ def test_runner_sweep_png_for_a_dict_variable(monkeypatch: pytest.MonkeyPatch,
                                               tmp_path: Path) -> None:
     """`workbench run`'s plots/sweep.png with speculative_config values differing in k:
     categories labelled k=..., the baseline (None) marked, no warning."""
-    from workbench.experiments import runner
+    from workbench.experiments.run_record import RunRecord
+    from workbench.experiments.stages.publish import _log_sweep_plot
 
     k3 = dict(NGRAM, num_speculative_tokens=3)
     template = SimpleNamespace(
@@ -265,9 +266,9 @@ def test_runner_sweep_png_for_a_dict_variable(monkeypatch: pytest.MonkeyPatch,
         baseline={"dtype": "float32", "speculative_config": None},
         objective=SimpleNamespace(metric="output_throughput"),
         slo={"p95_tpot_ms": 1000, "max_error_rate": 0.0})
-    runs = [runner.RunRecord(label="baseline" if row["speculative_config"] is None else "v",
-                             value=row.pop("speculative_config"), repeat=n // 3,
-                             run_id=str(n), metrics=row)
+    runs = [RunRecord(label="baseline" if row["speculative_config"] is None else "v",
+                      value=row.pop("speculative_config"), repeat=n // 3, run_id=str(n),
+                      metrics=row)
             for n, row in enumerate(sweep_rows([None, NGRAM, k3], "speculative_config"))]
     drawn: list[Figure] = []
     real_save = plots.save
@@ -279,7 +280,7 @@ def test_runner_sweep_png_for_a_dict_variable(monkeypatch: pytest.MonkeyPatch,
             logged.append((Path(path).name, folder))
             assert Path(path).stat().st_size > 1000
 
-    runner._log_sweep_plot(Store(), "parent", template, runs)
+    _log_sweep_plot(Store(), "parent", template, runs)
     assert logged == [("sweep.png", None)]
     obj = drawn[0].axes[0]
     assert tick_texts(obj) == ["spec=off\n(baseline)", "k=3", "k=5"]
@@ -287,8 +288,8 @@ def test_runner_sweep_png_for_a_dict_variable(monkeypatch: pytest.MonkeyPatch,
     assert drawn[0].axes[1].get_ylabel() == "p95_tpot_ms (ms)"
 
     logged.clear()
-    runner._log_sweep_plot(Store(), "parent", template,
-                           [runner.RunRecord("baseline", None, 0, "r", metrics={})])
+    _log_sweep_plot(Store(), "parent", template,
+                    [RunRecord("baseline", None, 0, "r", metrics={})])
     assert logged == []  # nothing to draw: nothing logged, no warning
 
 

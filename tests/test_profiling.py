@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from workbench import LLM, SamplingParams, profiling
-from workbench.demo import bundled_checkpoint
+from workbench.config.named_models import bundled_checkpoint
 
 
 def test_range_is_a_shared_null_context_when_nothing_listens() -> None:
@@ -58,7 +58,7 @@ def test_quiet_stderr_keeps_other_lines(capfd: pytest.CaptureFixture[str]) -> No
 
 def test_run_trace_goes_to_mlflow_and_the_results_folder(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from workbench.experiments.runner import TRACE_NAME, _keep_trace
+    from workbench.experiments.child_run import TRACE_NAME, _keep_trace
 
     logged: list[Path] = []
 

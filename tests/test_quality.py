@@ -193,7 +193,8 @@ def test_template_checks_its_quality_gate(model: str) -> None:
 def test_verdict_refuses_a_variant_that_fails_the_gate(model: str) -> None:
     """The runner's gate on int8 (tiny random model: greedy agreement ~0.4, KL ~2e-3) fails a
     tight gate, and `decide` then refuses the variant although its objective is better."""
-    from workbench.experiments.runner import _quality, build_workload
+    from workbench.experiments.replay import build_workload
+    from workbench.experiments.stages.judge import _quality
     from workbench.experiments.verdict import decide
 
     gate = {"min_token_agreement": 0.9, "max_mean_kl": 1e-4, "max_ppl_increase_pct": 50.0,

@@ -11,12 +11,8 @@ import yaml
 from mlflow.tracking import MlflowClient
 
 from workbench.errors import TemplateError, UserError
-from workbench.experiments.runner import (
-    promote_from_mlflow,
-    promoted_template,
-    run_experiment,
-    write_promoted,
-)
+from workbench.experiments.promote import promote_from_mlflow, promoted_template, write_promoted
+from workbench.experiments.runner import run_experiment
 from workbench.experiments.template import parse_template
 from workbench.tracking.mlflow_store import Store
 
@@ -159,14 +155,14 @@ def test_promote(tmp_path: Path, experiment: tuple[Any, str]) -> None:
 
 
 def test_fingerprint_change_warns(tmp_path: Path) -> None:
-    from workbench.experiments.runner import _fingerprint_warning
+    from workbench.experiments.stages.resume import fingerprint_warning
 
     store = Store("fp", f"sqlite:///{tmp_path / 'm.db'}")
-    assert _fingerprint_warning(store, "aaa") is None  # nothing to compare with
+    assert fingerprint_warning(store, "aaa") is None  # nothing to compare with
     store.create_run("old", tags={"kind": "experiment", "hardware_fingerprint": "aaa"})
-    assert _fingerprint_warning(store, "aaa") is None
+    assert fingerprint_warning(store, "aaa") is None
     with pytest.warns(RuntimeWarning, match=r"fingerprint bbb differs .*\(aaa, run "):
-        assert _fingerprint_warning(store, "bbb") is not None
+        assert fingerprint_warning(store, "bbb") is not None
 
 
 def test_http_experiment_starts_a_server_per_run(tmp_path: Path) -> None:
@@ -174,7 +170,7 @@ def test_http_experiment_starts_a_server_per_run(tmp_path: Path) -> None:
     import socket
     import sys
 
-    from workbench.demo import bundled_checkpoint
+    from workbench.config.named_models import bundled_checkpoint
     from workbench.experiments.template import load_template
 
     root = Path(__file__).parents[2]

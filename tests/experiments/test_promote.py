@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from workbench.errors import TemplateError, UserError
-from workbench.experiments.runner import promote_from_mlflow, promoted_template, write_promoted
+from workbench.experiments.promote import promote_from_mlflow, promoted_template, write_promoted
 from workbench.experiments.template import load_template, parse_template
 from workbench.tracking.mlflow_store import Store
 

@@ -46,7 +46,7 @@ def measured(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
     real = runner.run_one
 
     def counting(*args: Any, **kw: Any) -> Any:
-        calls.append((args[7], args[9]))  # label, repeat
+        calls.append((args[1], args[3]))  # label, repeat (after the RunContext)
         return real(*args, **kw)
 
     monkeypatch.setattr(runner, "run_one", counting)

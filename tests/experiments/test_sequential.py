@@ -12,6 +12,7 @@ import pytest
 
 from tests.experiments.test_template import make
 from workbench.experiments import runner
+from workbench.experiments.child_run import RunContext
 from workbench.experiments.run_record import RunRecord
 from workbench.experiments.sequential import add_rounds
 from workbench.experiments.template import parse_template
@@ -98,19 +99,17 @@ def test_simulation_takes_an_injected_metric_generator() -> None:
 def _fake_run_one(calls: list[tuple[str, int]]) -> Any:
     """`runner.run_one` without an engine: a child run in the store with the p95 TTFT of
     VALUES (label, repeat)."""
-    def run_one(template: Any, store: Any, parent: str, model: str, workload: Any,
-                arrival: Any, slo: Any, label: str, value: Any, repeat: int,
-                preflight: dict[str, Any], checksum: str, profile: str | None = None,
-                **kw: Any) -> RunRecord:
+    def run_one(ctx: RunContext, label: str, value: Any, repeat: int, arrival: Any,
+                slo: Any, **kw: Any) -> RunRecord:
         calls.append((label, repeat))
-        run_id = store.create_run(f"{label} r{repeat}", parent_id=parent, tags={
+        run_id = ctx.store.create_run(f"{label} r{repeat}", parent_id=ctx.parent, tags={
             "value": label, "repeat": str(repeat), "role": "variant" if value else "baseline",
-            "hardware_fingerprint": preflight["fingerprint"]})
+            "hardware_fingerprint": ctx.preflight["fingerprint"]})
         metrics = {"p95_ttft_ms": float(VALUES[label][repeat]), "error_rate": 0.0}
-        store.log_metrics(run_id, metrics)
-        store.finish(run_id)
+        ctx.store.log_metrics(run_id, metrics)
+        ctx.store.finish(run_id)
         return RunRecord(label, value, repeat, run_id, metrics=metrics,
-                         fingerprint=str(preflight["fingerprint"]))
+                         fingerprint=str(ctx.preflight["fingerprint"]))
     return run_one
 
 
@@ -152,20 +151,18 @@ GOODPUT = {"baseline": [2.0, 2.6, 1.9, 2.4, 2.1, 2.5], "64": [3.0, 3.3, 2.9, 3.2
 def _fake_sweep_point(calls: list[tuple[str, int, float]]) -> Any:
     """`runner.run_one` for one sweep point: attainment 1.0 at 1 req/s and, at 4 req/s, the
     share whose linear crossing of 0.9 lands on GOODPUT (label, repeat)."""
-    def run_one(template: Any, store: Any, parent: str, model: str, workload: Any,
-                arrival: Any, slo: Any, label: str, value: Any, repeat: int,
-                preflight: dict[str, Any], checksum: str, profile: str | None = None,
-                **kw: Any) -> RunRecord:
+    def run_one(ctx: RunContext, label: str, value: Any, repeat: int, arrival: Any,
+                slo: Any, **kw: Any) -> RunRecord:
         calls.append((label, repeat, arrival.rate))
         g = GOODPUT[label][repeat]
         attainment = 1.0 if arrival.rate == 1.0 else 1.0 - 0.3 / (g - 1.0)
-        run_id = store.create_run(kw["name"], parent_id=parent, tags=kw["tags"])
+        run_id = ctx.store.create_run(kw["name"], parent_id=ctx.parent, tags=kw["tags"])
         metrics = {"slo_attainment": attainment, "slo_requests": 10.0,
                    "slo_met_requests": round(10 * attainment), "error_rate": 0.0}
-        store.log_metrics(run_id, metrics)
-        store.finish(run_id)
+        ctx.store.log_metrics(run_id, metrics)
+        ctx.store.finish(run_id)
         return RunRecord(label, value, repeat, run_id, metrics=metrics,
-                         fingerprint=str(preflight["fingerprint"]))
+                         fingerprint=str(ctx.preflight["fingerprint"]))
     return run_one
 
 

@@ -196,7 +196,7 @@ def test_verdict_keys_are_validated_and_noise_is_deprecated() -> None:
 
 def _record(label: str, value: Any, repeat: int, itl: float, *, valid: bool = True,
             disturbed: bool = False, error: str | None = None) -> Any:
-    from workbench.experiments.runner import RunRecord
+    from workbench.experiments.run_record import RunRecord
 
     metrics = {"p95_itl_ms": itl, "p95_ttft_ms": 50.0, "error_rate": 0.0}
     return RunRecord(label, value, repeat, f"{label}-{repeat}", metrics=metrics, valid=valid,

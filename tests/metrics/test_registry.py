@@ -32,7 +32,7 @@ def test_every_computed_metric_is_registered_and_vice_versa(percentiles: tuple) 
 
 
 def test_run_level_metrics_are_the_registry_run_rows() -> None:
-    from workbench.experiments.runner import phase_shares
+    from workbench.experiments.child_run import phase_shares
 
     shares = phase_shares([{"duration_s": 1.0, "prefill_tokens": 3},
                            {"duration_s": 3.0, "prefill_tokens": 0}])

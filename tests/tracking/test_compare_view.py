@@ -10,9 +10,10 @@ import mlflow
 import nbformat
 
 from tests.experiments.template_dicts import TINY_BUDGET, changed
-from workbench.experiments.runner import VERDICT_CODES, run_experiment
+from workbench.experiments.runner import run_experiment
+from workbench.experiments.stages.publish import VERDICT_CODES
 from workbench.experiments.template import parse_template
-from workbench.sweep import sweep
+from workbench.sweeps.driver import sweep
 from workbench.tracking.mlflow_store import EXPERIMENT_KIND, KIND_TAG, NOTE_TAG
 
 TEMPLATE = changed(TINY_BUDGET, name="tiny-compare")

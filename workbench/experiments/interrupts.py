@@ -3,7 +3,7 @@
 Place in the flow: `runner.run_experiment` runs inside `sigterm_raises()`, so SIGTERM raises
 `Terminated` (a KeyboardInterrupt) exactly where Ctrl-C raises KeyboardInterrupt. Then
 
-    runner.run_one          the child in flight: status KILLED, tag error (`killed_reason`)
+    child_run.run_one       the child in flight: status KILLED, tag error (`killed_reason`)
     run_experiment          `end_killed`: the parent this process drives (tag driver_pid)
                             and any child of it still RUNNING (a cluster's) -> KILLED, and
                             one `Interrupted` line: what was killed, how to finish it

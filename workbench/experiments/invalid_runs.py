@@ -1,6 +1,6 @@
 """When runs come back INVALID, say what to do, and optionally measure them again.
 
-Place in the flow (`runner._run_experiment`, a plain experiment):
+Place in the flow (`stages.plan` and `stages.execute`, a plain experiment):
 
     check_load       before the first run: a 1 s watch of the other processes' CPU share
                      (`validity.load_before_start`, on a watch of its own); one warning line

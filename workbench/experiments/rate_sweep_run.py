@@ -4,7 +4,7 @@
         for value in [baseline, v1, ...]:
             MLflow child "budget=64"            goodput, goodput_per_worker, slo_attainment
                                                 (step = rate index), params rate_sweep.*
-                for rate in rates:              one point = one `runner.run_one` (a fresh
+                for rate in rates:              one point = one `child_run.run_one` (a fresh
                     grandchild "budget=64 @ 2 req/s"   target, the same seeded workload,
                                                 Poisson arrivals at `rate`), its metrics
                                                 plus slo_attainment / slo_met_requests /
@@ -29,10 +29,11 @@ import json
 import tempfile
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from workbench.experiments.child_run import RunContext
 from workbench.experiments.labels import metric_label
 from workbench.experiments.rate_sweep import RateSweep
 from workbench.experiments.run_record import RunRecord, run_label, run_name
@@ -103,38 +104,30 @@ def attainment_metrics(result: Any, slo: GoodputSLO) -> dict[str, float]:
             "slo_requests": len(result.records) + result.unsent_requests}
 
 
-def run_sweeps(template: Template, store: Any, parent: str, model: str, workload: Any,
-               plan: Sequence[tuple[str, Any]], preflight: dict[str, Any], checksum: str,
-               bar: Any, *, run_point: Callable[..., RunRecord],
-               profile: str | None = None, threshold: float | None = None,
-               cpu_watch: Any = None, progress: bool = False,
-               out: Path | None = None, rounds: Sequence[int] | None = None,
+def run_sweeps(ctx: RunContext, plan: Sequence[tuple[str, Any]], bar: Any, *,
+               run_point: Callable[..., RunRecord], rounds: Sequence[int] | None = None,
                result: RateSweepResult | None = None) -> RateSweepResult:
-    """Every (repeat, value): its sweep child run and its points (module docstring).
-    `run_point` measures one point: the runner passes its `run_one` (so that this module
-    does not import the runner that imports it). `rounds` (default: the template's
-    `repeats`) names the repeats to measure; an adaptive round (`sequential.add_rounds`)
-    passes one repeat and the `result` so far, which it extends."""
+    """Every (repeat, value) of `plan`: its sweep child run under `ctx.parent` and its points.
+    `run_point` measures one point (`child_run.run_one`'s signature: the runner hands in its
+    own). `rounds` (default: the template's `repeats`) names the repeats to measure; an
+    adaptive round (`sequential.add_rounds`) passes one repeat and the `result` so far, which
+    it extends."""
+    template = ctx.template
     assert template.rate_sweep is not None
     result = RateSweepResult(template.rate_sweep) if result is None else result
     for repeat in range(template.repeats) if rounds is None else rounds:
         for label, value in plan:
             result.names[label] = run_label(template, value)
-            record, points = _sweep_one(
-                template, store, parent, model, workload, label, value, repeat, preflight,
-                checksum, bar, run_point=run_point, profile=profile, threshold=threshold,
-                cpu_watch=cpu_watch, progress=progress, out=out)
+            record, points = _sweep_one(ctx, label, value, repeat, bar, run_point)
             result.runs.append(record)
             result.points.extend(points)
     return result
 
 
-def _sweep_one(template: Template, store: Any, parent: str, model: str, workload: Any,
-               label: str, value: Any, repeat: int, preflight: dict[str, Any],
-               checksum: str, bar: Any, *, run_point: Callable[..., RunRecord],
-               profile: str | None, threshold: float | None, cpu_watch: Any, progress: bool,
-               out: Path | None) -> tuple[RunRecord, list[SweepPoint]]:
+def _sweep_one(ctx: RunContext, label: str, value: Any, repeat: int, bar: Any,
+               run_point: Callable[..., RunRecord]) -> tuple[RunRecord, list[SweepPoint]]:
     """One (value, repeat): its child run, a point per rate under it, its goodput."""
+    template, store, parent = ctx.template, ctx.store, ctx.parent
     sweep = template.rate_sweep
     assert sweep is not None
     slo = sweep.slo
@@ -143,23 +136,23 @@ def _sweep_one(template: Template, store: Any, parent: str, model: str, workload
     child = store.create_run(run_name(template, value, repeat), parent_id=parent, tags={
         "variable": template.variable_name, "value": label, "repeat": str(repeat),
         "baseline_run": parent, "role": "baseline" if value is None else "variant",
-        "workload_checksum": checksum, "hardware_fingerprint": preflight["fingerprint"],
+        "workload_checksum": ctx.checksum,
+        "hardware_fingerprint": ctx.preflight["fingerprint"],
         "kind": "rate_sweep", "rates": json.dumps(list(sweep.rates))})
     arrivals = {k: v for k, v in sweep.arrivals(sweep.rates[0]).items() if k != "rate"}
     store.log_params(child, {**run_params(config, template.workload, arrivals,
                                           cache_state=template.cache_state,
-                                          target=template.target, model=model, repeat=repeat),
+                                          target=template.target, model=ctx.model,
+                                          repeat=repeat),
                              "rate_sweep": sweep.to_dict()})
+    under_child = replace(ctx, parent=child)  # each point is a grandchild of the experiment
     points = []
     for i, rate in enumerate(sweep.rates):
         of_n = max(template.repeats, repeat + 1)  # an adaptive round goes past `repeats`
         where = f"{name} @ {rate:g} req/s repeat {repeat + 1}/{of_n}"
         bar.start(where)
-        rec = run_point(template, store, child, model, workload, sweep.arrival(rate),
-                        sweep.slo.as_slo(), label, value, repeat, preflight, checksum,
-                        profile, max_other_cpu_share=threshold, cpu_watch=cpu_watch,
-                        progress=progress, out=out, name=f"{name} @ {rate:g} req/s",
-                        arrivals=sweep.arrivals(rate),
+        rec = run_point(under_child, label, value, repeat, sweep.arrival(rate), slo.as_slo(),
+                        name=f"{name} @ {rate:g} req/s", arrivals=sweep.arrivals(rate),
                         tags={"role": "sweep_point", "baseline_run": parent,
                               "sweep_run": child, "rate": f"{rate:g}", "rate_index": str(i)},
                         extra_metrics=lambda result: attainment_metrics(result, slo))

@@ -8,7 +8,7 @@ What is measured again depends on the run's tags (`rerun_logged.find_run`):
     experiment child   role baseline | variant under a kind=experiment parent: the template
                        (the parent's template.yaml, else its template.* params), that one
                        configuration, N times, each run as `workbench run` runs it
-                       (`runner.run_one`)
+                       (`child_run.run_one`)
     experiment parent  kind=experiment: the baseline and every value, N times, interleaved
     sweep point        kind=sweep-point: its notebook under papermill with the logged
                        parameters (the swept value, the fixed ones, and any default changed
@@ -45,7 +45,10 @@ from pathlib import Path
 from typing import Any
 
 from workbench.errors import UserError
+from workbench.experiments.child_run import RunContext, run_one
 from workbench.experiments.drift import drift_table, noise_line, summary_line, verdict_word
+from workbench.experiments.progress import RunProgress
+from workbench.experiments.replay import replay_setup
 from workbench.experiments.rerun_logged import (
     PARENT_TAG,
     VALIDITY_METRICS,
@@ -63,7 +66,13 @@ from workbench.experiments.rerun_logged import (
     results_folder,
     say,
 )
-from workbench.experiments.results import default_root, slug
+from workbench.experiments.results import RUN_COLUMNS, default_root, experiment_rows, slug
+from workbench.experiments.run_record import run_label
+from workbench.experiments.stages.plan import BASELINE, run_values
+from workbench.experiments.verdict import REPORTED, disturbance_threshold
+from workbench.harness.validity import default_cpu_watch
+from workbench.platforms.preflight import collect_preflight
+from workbench.tracking.mlflow_store import Store, tracking_uri
 
 PointRunner = Callable[..., dict[str, Any]]
 
@@ -77,9 +86,7 @@ def rerun(run_id: str, uri: str | None = None, repeats: int = 1, *, progress: bo
     cpu_watch)` -> the sweep's row of that point (status, run_id, valid, error)."""
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise UserError(f"repeats ({repeats!r}) must be an integer >= 1")
-    from mlflow.tracking import MlflowClient
-
-    from workbench.tracking.mlflow_store import tracking_uri
+    from mlflow.tracking import MlflowClient  # on first use: importing mlflow takes seconds
 
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one small file
     uri = absolute_uri(tracking_uri(uri))
@@ -99,20 +106,12 @@ def rerun(run_id: str, uri: str | None = None, repeats: int = 1, *, progress: bo
 def _rerun_template(client: Any, logged: Logged, uri: str, repeats: int, root: Path,
                     progress: bool, max_other_cpu_share: float | None,
                     cpu_watch: Any) -> RerunResult:
-    from workbench.experiments.progress import RunProgress
-    from workbench.experiments.results import RUN_COLUMNS, experiment_rows
-    from workbench.experiments.runner import BASELINE, replay_setup, run_label, run_one
-    from workbench.experiments.verdict import REPORTED, disturbance_threshold
-    from workbench.harness.validity import default_cpu_watch
-    from workbench.preflight import collect_preflight
-    from workbench.tracking.mlflow_store import Store
-
     # repeats: what the run lines and the disturbance lines count to
     template = dataclasses.replace(logged_template(client, logged.parent), repeats=repeats)
     tags, parent_tags = logged.run.data.tags, logged.parent.data.tags
     run_id = logged.run.info.run_id
     if logged.kind == "experiment":
-        plan = [(BASELINE, None)] + [(str(v), v) for v in template.variable_values]
+        plan = run_values(template)
     else:
         label = tags.get("value", "")
         values = [v for v in template.variable_values if str(v) == label]
@@ -139,17 +138,16 @@ def _rerun_template(client: Any, logged: Logged, uri: str, repeats: int, root: P
     store = Store(logged.experiment, uri)
     new_id = store.create_run(f"rerun of {logged.run.info.run_name}", tags={
         **rerun_tags(logged, preflight), "workload_checksum": workload.checksum})
+    ctx = RunContext(template, store, new_id, model, workload, preflight, workload.checksum,
+                     max_other_cpu_share=threshold, cpu_watch=watch, progress=progress)
     records = []
     bar = RunProgress(repeats * len(plan), enabled=progress, desc=f"rerun {template.name}")
     try:
         for repeat in range(repeats):  # interleaved, as `workbench run`
             for label, value in plan:
                 bar.start(f"{run_label(template, value)} repeat {repeat + 1}/{repeats}")
-                records.append(run_one(
-                    template, store, new_id, model, workload, arrival, slo, label, value,
-                    repeat, preflight, workload.checksum, max_other_cpu_share=threshold,
-                    cpu_watch=watch, progress=progress,
-                    tags={"role": "rerun", "rerun_of": run_id}))
+                records.append(run_one(ctx, label, value, repeat, arrival, slo,
+                                       tags={"role": "rerun", "rerun_of": run_id}))
                 bar.done("FAILED" if records[-1].error else "")
     except BaseException:  # Ctrl-C: the rerun run is not left RUNNING
         store.client.set_terminated(new_id, status="KILLED")
@@ -195,9 +193,6 @@ def _finished_children(client: Any, parent: Any) -> list[Any]:
 def _rerun_point(client: Any, logged: Logged, uri: str, repeats: int, root: Path,
                  run_point: PointRunner, max_other_cpu_share: float | None,
                  cpu_watch: Any) -> RerunResult:
-    from workbench.preflight import collect_preflight
-    from workbench.tracking.mlflow_store import Store
-
     tags, parent_tags = logged.run.data.tags, logged.parent.data.tags
     run_id = logged.run.info.run_id
     nb = Path(tags.get("notebook") or parent_tags.get("notebook") or "")

@@ -1,8 +1,8 @@
 """`workbench run TEMPLATE --resume`: finish an experiment an interrupted run left behind.
 
-Place in the flow: `runner._run_experiment` asks `find_parent` for the newest parent run of
-the same template (its `template_sha` tag: the canonical JSON of the template) and workload
-(`workload_checksum`) in the template's MLflow experiment. `kept_runs` then reads that
+Place in the flow: the resume stage (`stages.resume`) asks `find_parent` for the newest
+parent run of the same template (its `template_sha` tag: the canonical JSON of the template)
+and workload (`workload_checksum`) in the template's MLflow experiment. `kept_runs` then reads that
 parent's children:
 
     FINISHED with its objective     kept: its record rebuilt from MLflow (metrics from its

@@ -1,7 +1,7 @@
 """What one measured run of an experiment leaves behind, and the name it is logged under.
 
-A leaf of the experiments layer: the runner (`runner.run_one`) fills `RunRecord`s and the rate
-sweep (`rate_sweep_run`) builds one per (value, repeat) from its points; the verdict
+A leaf of the experiments layer: a measured run (`child_run.run_one`) fills its `RunRecord`;
+the rate sweep (`rate_sweep_run`) builds one per (value, repeat) from its points; the verdict
 (`verdict.judge_runs`) and the results folder read them.
 """
 

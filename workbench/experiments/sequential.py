@@ -1,7 +1,7 @@
 """Adaptive repeats: while a variant's objective is undecided, measure another round.
 
-Place in the flow: `runner._run_experiment` measures the template's `repeats` rounds
-(`run_jobs.run_plan`), then hands the records here with a `measure_round` callback:
+Place in the flow: the execute stage (`stages.execute`) measures the template's `repeats`
+rounds (`run_jobs.run_plan`), then hands the records here with a `measure_round` callback:
 
     look 1: verdict on the `repeats` rounds
     while some variant is "undecided" and rounds < max_repeats:
