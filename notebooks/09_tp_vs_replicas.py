@@ -77,7 +77,6 @@ import pandas as pd
 from IPython.display import Markdown, display
 
 from workbench.analysis import bar_compare, latency_ecdf
-from workbench.analysis.measure import allreduce_table
 from workbench.analysis.notebook import (
     override_template,
     publish,
@@ -87,6 +86,7 @@ from workbench.analysis.notebook import (
 from workbench.analysis.replicas import layout_names
 from workbench.analysis.tables import layout_metrics
 from workbench.config.named_models import resolve_model
+from workbench.experiments.loops import allreduce_table
 from workbench.experiments.studies.layouts import latency_pair, layout_table, one_worker
 from workbench.experiments.studies.measure import measure
 from workbench.experiments.studies.targets import local_target

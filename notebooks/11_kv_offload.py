@@ -69,9 +69,9 @@ SWEEP_METRICS = ["*.p95_ttft_ms", "*.prefix_cache_hit_rate"]
 # %%
 # %matplotlib inline
 from workbench.analysis.kv_tiers import by_turn, tier_metrics, tier_table, turn_table
-from workbench.analysis.measure import workload_table
 from workbench.analysis.notebook import publish, resolve_tracking_uri
 from workbench.config.named_models import resolve_model
+from workbench.experiments.loops import workload_table
 from workbench.experiments.studies.kv_tiers import host_tier, measure_tiers
 from workbench.harness.workloads import make_workload
 from workbench.models.tokenizer import load_tokenizer

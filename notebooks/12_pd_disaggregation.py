@@ -89,17 +89,15 @@ SWEEP_METRICS = ["*.goodput_per_worker"]
 import pandas as pd
 from IPython.display import display
 
-from workbench.analysis.disagg import latency_cdf_plot, pd_ratio_plot, slo_attainment_plot
-from workbench.analysis.disagg_runs import (
-    calc_vs_measured,
-    capacity_row,
+from workbench.analysis.disagg import (
+    latency_cdf_plot,
     layout_bands,
-    per_shape,
-    point_requests,
-    point_runs,
-    split_measured,
+    pd_ratio_plot,
+    slo_attainment_plot,
 )
+from workbench.analysis.disagg_runs import per_shape, point_requests, point_runs
 from workbench.analysis.notebook import publish, raw_template, resolve_tracking_uri
+from workbench.analysis.pd_calc import calc_vs_measured, capacity_row, split_measured
 from workbench.experiments.studies.pd_disaggregation import (
     measure_capacity,
     run_shapes,

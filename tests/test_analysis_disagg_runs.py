@@ -13,7 +13,8 @@ import pytest
 
 from workbench import planning as calc
 from workbench.analysis import disagg_runs as dr
-from workbench.analysis.disagg import pd_ratio_plot
+from workbench.analysis import pd_calc as pc
+from workbench.analysis.disagg import layout_bands, pd_ratio_plot
 from workbench.analysis.notebook import raw_template
 from workbench.experiments.studies import pd_disaggregation as st
 from workbench.experiments.template import parse_template
@@ -252,7 +253,7 @@ def test_calc_vs_measured_and_split_keys() -> None:
     ratio = calc.pd_ratio(2, 100, 11, prefill_tok_s=1000.0, decode_tok_s=50.0)
     # p = 10 req/s, d = 5 req/s; 1:1 -> min(10, 5) = 5; colocated 2 / (0.1 + 0.2) = 6.67
     measured = {"colocated x2": 4.0, "1P:1D": 2.5}
-    table = dr.calc_vs_measured(ratio, measured).set_index("layout")
+    table = pc.calc_vs_measured(ratio, measured).set_index("layout")
     assert table.loc["1P:1D", "calc_rate"] == pytest.approx(5.0)
     assert table.loc["colocated x2", "calc_rate"] == pytest.approx(2 / 0.3)
     assert table.loc["1P:1D", "measured_over_calc"] == pytest.approx(0.5)
@@ -260,12 +261,12 @@ def test_calc_vs_measured_and_split_keys() -> None:
     assert (table["calc_best_split"] == "1:1").all()
     assert table.loc["1P:1D", "calc_balanced_p_over_m"] == pytest.approx(0.5)
     with pytest.raises(ValueError, match="'2P:2D' is neither colocated nor one of"):
-        dr.calc_vs_measured(ratio, {"2P:2D": 1.0})
-    keys = dr.split_measured(measured)
+        pc.calc_vs_measured(ratio, {"2P:2D": 1.0})
+    keys = pc.split_measured(measured)
     assert keys == {"colocated": 4.0, "1:1": 2.5}
     pd_ratio_plot(ratio, measured=keys)  # the plot takes them
     with pytest.raises(ValueError, match="neither colocated nor 'PP:MD'"):
-        dr.split_measured({"x": 1.0})
+        pc.split_measured({"x": 1.0})
 
 
 def test_goodput_and_kv_tables_refuse_empty_input() -> None:
@@ -299,7 +300,7 @@ def test_sweep_plan_and_quick() -> None:
 
 def test_layout_bands_and_per_shape(sweep: tuple[str, str]) -> None:
     uri, parent = sweep
-    bands = dr.layout_bands(dr.point_runs(parent, uri))
+    bands = layout_bands(dr.point_runs(parent, uri))
     assert bands["colocated x2"] == [(2.0, 1.0, 1.0, 1.0), (4.0, 1.0, 0.95, 1.0),
                                      (8.0, 0.75, 0.5, 1.0)]
     assert bands["1P:1D"][1] == (4.0, 0.5, 0.5, 0.75)
@@ -317,7 +318,7 @@ def test_capacity_row_from_calc() -> None:
 
     cfg = st.capacity_config("mixed", "demo")
     ratio = calc.pd_ratio(2, cfg.input_len, cfg.output_len, 2720.0, {8: 710.0})
-    row = dr.capacity_row("mixed", SimpleNamespace(config=cfg, ratio=ratio, valid=True))
+    row = pc.capacity_row("mixed", SimpleNamespace(config=cfg, ratio=ratio, valid=True))
     # p = 2720 / 272 = 10 req/s, d = 710 / 71 = 10 req/s: balanced at 1:1
     assert (row["input_len"], row["output_len"]) == (272, 72)
     assert row["prefill_req_s"] == pytest.approx(10.0)

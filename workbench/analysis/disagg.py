@@ -9,6 +9,8 @@ matplotlib Figure on the Agg canvas, as `workbench.analysis.plots` does.
     pd_ratio_plot        calc.pd_ratio's answer -> sustainable rate per split P:M (each pool
                          and the system), the colocated rate, the best split; the measured
                          goodput per layout on top
+    layout_bands(points) `analysis.disagg_runs.point_runs` -> slo_attainment_plot's input:
+                         {layout: [(rate, median, min, max) of attainment over repeats]}
 
 Attainment is a fraction in [0, 1] (the share of requests meeting every SLO); rates are
 requests/s. Bad input raises ValueError naming the argument and what is allowed.
@@ -44,6 +46,20 @@ def _check_points(label: str, points: Sequence[Point]) -> list[Point]:
             raise ValueError(f"curves[{label!r}]: request rate must be >= 0, got {rate:g}")
         out.append((rate, med, lo, hi))
     return sorted(out)
+
+
+def layout_bands(points: pd.DataFrame) -> dict[str, list[tuple[float, float, float, float]]]:
+    """{layout: [(rate, median, min, max) of SLO attainment over repeats]} from point_runs
+    (a failed point counts 0, as the sweep counted it): `slo_attainment_plot`'s input."""
+    from workbench.harness.goodput import attainment_bands
+
+    curves: dict[str, list[list[tuple[float, float]]]] = {}
+    for (layout, _), g in points.groupby(["layout", "repeat"], sort=False):
+        g = g.sort_values("rate")
+        curves.setdefault(str(layout), []).append(
+            [(float(r), 0.0 if a != a else float(a))
+             for r, a in zip(g["rate"], g["slo_attainment"], strict=True)])
+    return attainment_bands(curves)
 
 
 def slo_attainment_plot(curves: Mapping[str, Sequence[Point]], target: float, *,

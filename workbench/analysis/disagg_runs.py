@@ -19,11 +19,9 @@ runner (`workbench.experiments.studies.pd_disaggregation`):
     kv_transfer_row(delta)             one /metrics delta -> KV bytes, tokens, reads, time
     kv_moved(parent, uri)              kv_transfer_row per sweep point (and its layout, rate)
     kv_summary(moved)                  per layout: bytes, MB per request, bytes per token
-    calc_vs_measured(ratio, goodputs)  planning.pd_ratio's rates beside the measured goodputs
-    split_measured(goodputs)           layout names -> `analysis.disagg.pd_ratio_plot`'s keys
-    layout_bands(points)               attainment bands per layout (the plot's input)
     per_shape(parents, uri, what)      goodput or KV tables of several shapes' experiments
-    capacity_row(shape, capacity)      one shape's capacity figures and planning's answers
+
+planning.pd_ratio's answers beside these goodputs: `analysis.pd_calc`.
 
 Layouts are named from the variable's value, so frames from several shapes concatenate.
 """
@@ -46,7 +44,6 @@ from workbench.analysis.frames import (
     _search,
     run_artifact_frame,
 )
-from workbench.planning import PDRatio
 
 SHAPES: dict[str, dict[str, Any]] = {  # balanced-chat params per traffic shape
     "prefill-heavy": {"input_len": {"kind": "uniform", "low": 384, "high": 896},
@@ -283,62 +280,9 @@ def kv_summary(moved: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def calc_vs_measured(ratio: PDRatio, measured: Mapping[str, float]) -> pd.DataFrame:
-    """One row per layout in `measured` ({layout_name: goodput req/s}): calc's sustainable
-    rate for it (colocated: `colocated_rate`; "PP:MD": that split's system rate), the
-    measured goodput, measured / calc, and calc's bottleneck; then calc's best split and
-    balanced P:M ratio (d / p) as the last columns of every row."""
-    splits = {f"{s.prefill_instances}P:{s.decode_instances}D": s for s in ratio.splits}
-    rows = []
-    for layout, goodput in measured.items():
-        if layout.startswith("colocated"):
-            rate, bottleneck = ratio.colocated_rate, "both phases"
-        elif layout in splits:
-            rate, bottleneck = splits[layout].system_rate, splits[layout].bottleneck
-        else:
-            raise ValueError(f"measured layout {layout!r} is neither colocated nor one of "
-                             f"{list(splits)}")
-        rows.append({"layout": layout, "calc_rate": rate, "measured_goodput": float(goodput),
-                     "measured_over_calc": float(goodput) / rate, "calc_bottleneck": bottleneck,
-                     "calc_best_split": ratio.best.label,
-                     "calc_balanced_p_over_m": ratio.balanced_ratio})
-    return pd.DataFrame(rows)
-
-
-def split_measured(measured: Mapping[str, float]) -> dict[str, float]:
-    """{layout_name: goodput} -> the keys `analysis.disagg.pd_ratio_plot` takes ("P:M",
-    "colocated")."""
-    out = {}
-    for layout, v in measured.items():
-        if layout.startswith("colocated"):
-            out["colocated"] = float(v)
-        else:
-            m = re.fullmatch(r"(\d+)P:(\d+)D", layout)
-            if m is None:
-                raise ValueError(f"layout {layout!r} is neither colocated nor 'PP:MD'")
-            out[f"{m.group(1)}:{m.group(2)}"] = float(v)
-    return out
-
-
-__all__ = ["BASELINE_LABEL", "KV_COUNTERS", "SHAPES", "calc_vs_measured", "capacity_row",
-           "goodput_runs", "goodput_table", "kv_moved", "kv_summary", "kv_transfer_row",
-           "layout_bands", "layout_name", "mean_lengths", "per_shape", "point_requests",
-           "point_runs", "run_delta", "split_measured"]
-
-
-# --------------------------------------------------------------------------- notebook glue
-def layout_bands(points: pd.DataFrame) -> dict[str, list[tuple[float, float, float, float]]]:
-    """{layout: [(rate, median, min, max) of SLO attainment over repeats]} from point_runs
-    (a failed point counts 0, as the sweep counted it): `slo_attainment_plot`'s input."""
-    from workbench.harness.goodput import attainment_bands
-
-    curves: dict[str, list[list[tuple[float, float]]]] = {}
-    for (layout, _), g in points.groupby(["layout", "repeat"], sort=False):
-        g = g.sort_values("rate")
-        curves.setdefault(str(layout), []).append(
-            [(float(r), 0.0 if a != a else float(a))
-             for r, a in zip(g["rate"], g["slo_attainment"], strict=True)])
-    return attainment_bands(curves)
+__all__ = ["BASELINE_LABEL", "KV_COUNTERS", "SHAPES", "goodput_runs", "goodput_table",
+           "kv_moved", "kv_summary", "kv_transfer_row", "layout_name", "mean_lengths",
+           "per_shape", "point_requests", "point_runs", "run_delta"]
 
 
 def per_shape(parents: Mapping[str, str], uri: str | None, what: str) -> pd.DataFrame:
@@ -353,18 +297,3 @@ def per_shape(parents: Mapping[str, str], uri: str | None, what: str) -> pd.Data
     return out[["shape", *[c for c in out.columns if c != "shape"]]]
 
 
-def capacity_row(shape: str, capacity: Any, wider: int = 8) -> dict[str, Any]:
-    """One shape's pd_capacity figures and calc's answers: tok/s per phase, requests/s per
-    prefill (p) and decode (d) instance, the balanced P:M = d / p, the best split of
-    `wider` instances, and the 1:1 and colocated rates of the measured 2 instances."""
-    from workbench import planning as calc
-
-    r = capacity.ratio
-    c = capacity.config
-    wide = calc.pd_ratio(wider, c.input_len, c.output_len, r.prefill_tok_s, r.decode_tok_s)
-    return {"shape": shape, "input_len": c.input_len, "output_len": c.output_len,
-            "prefill_tok_s": r.prefill_tok_s, "decode_tok_s": r.decode_tok_s,
-            "prefill_req_s": r.prefill_rate_per_instance,
-            "decode_req_s": r.decode_rate_per_instance, "balanced_p_over_m": r.balanced_ratio,
-            f"best_split_of_{wider}": wide.best.label, "calc_1p1d": r.best.system_rate,
-            "calc_colocated": r.colocated_rate, "valid": capacity.valid}
