@@ -64,7 +64,6 @@ from IPython.display import Markdown, display
 
 from workbench import LLM, SamplingParams
 from workbench.analysis import latency_ecdf, step_series
-from workbench.analysis.measure import measure_in_process
 from workbench.analysis.notebook import publish
 from workbench.analysis.step_account import (
     account_beside_latency,
@@ -72,12 +71,13 @@ from workbench.analysis.step_account import (
     step_account_table,
 )
 from workbench.analysis.tables import generation_frame
-from workbench.bench.peer_metrics import peer_definitions
+from workbench.config.named_models import resolve_model
 from workbench.demo import make_prompts
+from workbench.experiments.loops import measure_in_process
 from workbench.harness.arrivals import ArrivalSpec
 from workbench.harness.metrics import records_frame, summary_table
+from workbench.harness.peer_metrics import peer_definitions
 from workbench.harness.workloads import make_workload
-from workbench.named_models import resolve_model
 
 model_path = resolve_model(model)  # a folder, or bundled / demo / demo-draft
 engine_kwargs = {"dtype": "float32", "max_model_len": 1024, "max_num_seqs": max_num_seqs,

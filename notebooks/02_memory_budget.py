@@ -60,11 +60,11 @@ import pandas as pd
 
 from workbench import LLM
 from workbench.analysis import grid_heatmap, memory_split
-from workbench.analysis.measure import engine_capacity
 from workbench.analysis.notebook import publish
 from workbench.analysis.tables import budget_parts, capacity_grid, memory_check
-from workbench.calc import memory_budget
-from workbench.named_models import resolve_model
+from workbench.config.named_models import resolve_model
+from workbench.experiments.loops import engine_capacity
+from workbench.planning import memory_budget
 
 model_path = resolve_model(model)  # a folder, or bundled / demo / demo-draft
 MiB = 1 << 20

@@ -66,10 +66,10 @@ SWEEP_METRICS = ["hit_rate.*"]
 # %%
 # %matplotlib inline
 from workbench.analysis import bar_compare, latency_ecdf
-from workbench.analysis.measure import cache_conditions, prefix_workloads, workload_table
 from workbench.analysis.notebook import publish
+from workbench.config.named_models import resolve_model
+from workbench.experiments.loops import cache_conditions, prefix_workloads, workload_table
 from workbench.models.tokenizer import load_tokenizer
-from workbench.named_models import resolve_model
 
 model_path = resolve_model(model)  # a folder, or bundled / demo / demo-draft
 engine_kwargs = {"dtype": "float32", "max_model_len": 1024, "block_size": 16,

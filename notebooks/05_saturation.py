@@ -54,11 +54,11 @@ SWEEP_METRICS = ["peak_output_throughput", "peak_concurrency"]
 # %%
 # %matplotlib inline
 from workbench.analysis import saturation_curve, step_series
-from workbench.analysis.measure import concurrency_levels
 from workbench.analysis.notebook import publish
+from workbench.config.named_models import resolve_model
+from workbench.experiments.loops import concurrency_levels
 from workbench.harness.workloads import make_workload
 from workbench.models.tokenizer import load_tokenizer
-from workbench.named_models import resolve_model
 
 model_path = resolve_model(model)  # a folder, or bundled / demo / demo-draft
 engine_kwargs = {"dtype": "float32", "max_model_len": 1024, "max_num_seqs": max_num_seqs,

@@ -1,6 +1,6 @@
 """The notebook helpers that keep cells short: tables, metric dicts, template overrides.
 
-The loops that start engines or routers (`analysis.measure`, the studies'
+The loops that start engines or routers (`experiments.loops`, the studies'
 layout_table / latency_pair / scaling, `analysis.replicas.policy_tables`) run in
 tests/test_notebooks*.py, which execute every notebook; this file covers the pure parts."""
 

@@ -1,11 +1,19 @@
 """Measurement loops the notebooks run: one call per grid of conditions, one table back.
 
+Place in the flow: the experiments layer is the only driver of a measurement; templates go
+through `runner.run_experiment` (notebooks 03, 06 and the studies), and these loops measure
+what is not a baseline-vs-variant question (a quickstart run, a grid of cache conditions or
+concurrencies, the KV pool per block size, an all-reduce). Each replay goes through the
+harness (`harness.runner.run`: its validity check, its metrics). `workbench.analysis` only
+reads results back (frames, plots, tables).
+
 Each function starts what it measures (an in-process engine, fresh engines per block size,
 the gloo processes of an all-reduce) and stops it again, so a notebook cell is one call and
 a table:
 
     measure_in_process(model, engine_kwargs, workload, arrival)  one run, target stopped after
     prefix_workloads(tokenizer, seed, ...)        shared vs unique prefixes, same lengths (04)
+    workload_table(workloads)                     one row per workload: its summary (04, 11)
     cache_conditions(model, kwargs, workloads, ...)   caching x traffic x cache state (04)
     concurrency_levels(model, kwargs, workload, ...)  closed loop at each concurrency (05)
     engine_capacity(model, block_sizes, ...)      the engine's own KV pool sizing (02)
@@ -20,7 +28,9 @@ from typing import Any
 
 import pandas as pd
 
+from workbench import LLM
 from workbench.harness.arrivals import ArrivalSpec
+from workbench.harness.collectives import allreduce_latency, collectives_per_step
 from workbench.harness.metrics import records_frame
 from workbench.harness.runner import RunResult, run, run_sync
 from workbench.harness.targets import InProcessTarget
@@ -114,8 +124,6 @@ def engine_capacity(model: str | Path, block_sizes: Iterable[int], max_model_len
                     kv_cache_bytes: int, dtype: str = "float32") -> pd.DataFrame:
     """The engine's own KV pool at each block size from the same KV bytes: blocks, token
     capacity and max concurrency, one row per block size (one engine built per row)."""
-    from workbench import LLM
-
     rows = []
     for bs in block_sizes:
         r = LLM(str(model), dtype=dtype, block_size=bs, max_model_len=max_model_len,
@@ -130,8 +138,6 @@ def allreduce_table(hidden_size: int, tokens: Sequence[int], num_hidden_layers: 
                     iters: int = 200, world_size: int = 2) -> pd.DataFrame:
     """gloo all-reduce latency of `tokens[i] x hidden_size` fp32 values (median / p90 us),
     the collectives a TP forward pass makes (2L + 2) and the floor they add per step (ms)."""
-    from workbench.harness.collectives import allreduce_latency, collectives_per_step
-
     comm = pd.DataFrame(allreduce_latency(world_size, tuple(hidden_size * t for t in tokens),
                                           iters=iters))
     comm.insert(0, "tokens", list(tokens))
