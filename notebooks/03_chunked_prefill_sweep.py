@@ -23,8 +23,8 @@
 
 # %% tags=["parameters"]
 model = "demo"                  # trained demo target; "bundled": a random tiny Llama
-baseline_budget = 512           # max_num_batched_tokens of the baseline
-budgets = [64, 2048]            # the values tried against it
+max_num_batched_tokens = 512    # the baseline's per-step token budget (SchedulerConfig)
+max_num_batched_tokens_values = [64, 2048]  # the values tried against it
 num_requests = 12               # long-prefill requests (prompts ~384 tokens, 8..32 out)
 rate = 40.0                     # Poisson arrivals, requests/s
 repeats = 2                     # runs per value (baseline included), interleaved
@@ -36,13 +36,25 @@ mlflow_parent_run_id = ""       # injected by `workbench sweep`: the run of this
 mlflow_experiment = "notebooks"  # the experiment a standalone logged run goes to
 
 # %%
-from workbench.notebook_params import TRACKING, Float, Int, List, Model, Str, check_params
+from workbench.notebook_params import (
+    TRACKING,
+    Float,
+    Int,
+    List,
+    Model,
+    Str,
+    check_params,
+    renamed_params,
+)
 
+# the names before the knob kept its engine name (a FutureWarning names the new one)
+renamed_params(globals(), baseline_budget="max_num_batched_tokens",
+               budgets="max_num_batched_tokens_values")
 check_params(
     globals(),
     model=Model(),
-    baseline_budget=Int(min=1),
-    budgets=List(Int(min=1)),
+    max_num_batched_tokens=Int(min=1),
+    max_num_batched_tokens_values=List(Int(min=1)),
     num_requests=Int(min=1),
     rate=Float(min=0, min_open=True),
     repeats=Int(min=1),
@@ -77,9 +89,9 @@ template = parse_template({
     "arrivals": {"mode": "poisson", "rate": rate, "seed": seed},
     "target": {"kind": "in-process", "model": model},
     "baseline": {"dtype": "float32", "max_model_len": 1024, "block_size": 16, "max_num_seqs": 32,
-                 "max_num_batched_tokens": baseline_budget, "enable_chunked_prefill": True,
+                 "max_num_batched_tokens": max_num_batched_tokens, "enable_chunked_prefill": True,
                  "enable_prefix_caching": True},
-    "variable": {"name": "max_num_batched_tokens", "values": budgets},
+    "variable": {"name": "max_num_batched_tokens", "values": max_num_batched_tokens_values},
     "repeats": repeats,
     "cache_state": "warm-model",
 })

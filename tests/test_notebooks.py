@@ -190,7 +190,8 @@ def chunked(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """03 run once, logging into a temp store that 06 reads afterwards."""
     tmp = tmp_path_factory.mktemp("chunked")
     uri = f"sqlite:///{tmp / 'mlflow.db'}"
-    nb, figs = execute("03_chunked_prefill_sweep.ipynb", tmp, model="bundled", budgets=[64],
+    nb, figs = execute("03_chunked_prefill_sweep.ipynb", tmp, model="bundled",
+                       max_num_batched_tokens_values=[64],
                        num_requests=6,
                        repeats=1, mlflow_uri=uri, mlflow_experiment="nb-test")
     return {"nb": nb, "figs": figs, "uri": uri}

@@ -12,13 +12,19 @@ value and what is allowed, instead of failing somewhere later. Every problem is 
 Types are strict: an integer parameter refuses 8.0 and True; a number accepts 8.
 `Int(at_least="max_num_seqs", why=...)` relates two parameters (vLLM refuses a
 max_num_batched_tokens below max_num_seqs). `workbench sweep` reads these declarations from
-the notebook's source (`workbench.notebook_specs`) and checks every value before the first
-point runs.
+the notebook's source (`workbench.sweeps.notebook_specs`) and checks every value before the
+first point runs.
+
+One name per knob: a parameter that sets an engine knob carries the engine's name
+(`max_num_batched_tokens`, as in SchedulerConfig and `vllm serve`); a list of values tried
+against it is `<knob>_values`. A renamed parameter keeps working for a while through
+`renamed_params(globals(), old="new")`: a FutureWarning naming the new name.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import warnings
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -238,3 +244,15 @@ def check_params(namespace: Mapping[str, Any], **specs: Spec) -> None:
         raise NotebookParameterError(
             f"{len(problems)} notebook parameters are invalid: " + "; ".join(problems))
 
+
+def renamed_params(namespace: MutableMapping[str, Any], **renamed: str) -> None:
+    """Accept the old name of a renamed parameter: `renamed_params(globals(),
+    baseline_budget="max_num_batched_tokens")` before `check_params`. An old name papermill
+    injected (`-p baseline_budget 256`, `workbench sweep ... baseline_budget`) gives a
+    FutureWarning naming the new one, and its value moves to the new name (the old one is
+    removed). `workbench sweep` reads the same call (`sweeps.notebook_specs`)."""
+    for old, new in renamed.items():
+        if old in namespace:
+            warnings.warn(f"notebook parameter {old} is renamed {new}; {old} will stop "
+                          f"working: pass -p {new} ...", FutureWarning, stacklevel=2)
+            namespace[new] = namespace.pop(old)
