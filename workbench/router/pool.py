@@ -84,13 +84,15 @@ def free_ports(n: int) -> list[int]:
 
 
 def replica_process(serve_args: list[str], host: str, port: int, threads: int,
-                    ready_timeout_s: float, log_path: Path | None = None) -> ServerProcess:
+                    ready_timeout_s: float, log_path: Path | None = None,
+                    env: dict[str, str] | None = None) -> ServerProcess:
     """One replica: `python -m workbench.cli serve *serve_args --host HOST --port PORT` in its
     own process group, OMP_NUM_THREADS / MKL_NUM_THREADS = `threads` (inherited by its TP
-    ranks), not started yet. The local pool runs it here, a Ray replica on its node."""
+    ranks) and `env` on top of this process's environment, not started yet. The local pool
+    runs it here, a Ray replica on its node."""
     cmd = [sys.executable, "-m", "workbench.cli", "serve", *serve_args, "--host", host,
            "--port", str(port)]
-    env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), **(env or {})}
     return ServerProcess(cmd, f"http://{host}:{port}", ready_timeout_s=ready_timeout_s, env=env,
                          log_path=log_path, stop_timeout_s=STOP_TIMEOUT_S)
 

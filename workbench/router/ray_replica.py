@@ -22,8 +22,9 @@ outlives its actor but for a crash of the actor's process itself.
 Bound to the node's IP (`ray.util.get_node_ip_address()`), the address the router and the
 other nodes reach it by. A disaggregated replica's P2pConnector side channel is bound there
 too (`kv_connector_extra_config.side_channel_host`, unless the flags give one), so a decode
-replica on another node can read (or be pushed) the KV. The server's output goes to a log
-file on the node (`info()["log_path"]`); a failed start-up's reason is in the actor's error.
+replica on another node can read (or be pushed) the KV. The server's output goes to
+`<temp dir>/workbench-replica-<incarnation>.log` on the node (the actor's Ray worker log names
+it; `info()["log_path"]`); a failed start-up's reason is the actor's error.
 """
 
 from __future__ import annotations
@@ -31,8 +32,10 @@ from __future__ import annotations
 import json
 import os
 import socket
+import tempfile
 import threading
 import uuid
+from pathlib import Path
 from typing import Any
 
 from workbench.router.disagg_pool import FLAG, KV_CONNECTOR, split_kv_transfer_config
@@ -82,8 +85,14 @@ class ReplicaServer:
         self.node_id = ray.get_runtime_context().get_node_id()
         port = free_port(self.node_ip)
         self.url = f"http://{self.node_ip}:{port}"
+        log = Path(tempfile.gettempdir()) / f"workbench-replica-{self.incarnation}.log"
+        # the engine's "ray" TP backend joins this cluster (ray.init reads RAY_ADDRESS); the
+        # GPUs Ray gave the actor (CUDA_VISIBLE_DEVICES) are the server's too
+        ray_env = {"RAY_ADDRESS": str(ray.get_runtime_context().gcs_address)}
         self.process = replica_process(with_side_channel_host(serve_args, self.node_ip),
-                                       self.node_ip, port, threads, ready_timeout_s)
+                                       self.node_ip, port, threads, ready_timeout_s, log,
+                                       env=ray_env)
+        print(f"workbench serve at {self.url}: its log is {log} on this node", flush=True)
         self.failed: str | None = None  # why start-up failed
         self.exit_code: int | None = None
         self._ready = threading.Event()  # start-up is over, ready or failed
@@ -128,7 +137,9 @@ class ReplicaServer:
         self.thread.join()
         if self.failed is not None:
             return f"its server stopped ({self.failed})"
-        return f"its server stopped (exit code {self.exit_code})"
+        if self._stopping:
+            return "its server stopped"
+        return f"its server exited with code {self.exit_code}"
 
     def stop(self, timeout_s: float = 10.0) -> None:
         self._stopping = True
