@@ -36,44 +36,50 @@ sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
 
 from step_account_bench import model_folder  # noqa: E402
 
-from tests.worker.test_input_batch import rebuild_inputs  # noqa: E402
+from tests.worker.test_input_batch import Messenger, Worker, rebuild_inputs  # noqa: E402
 from workbench import LLM, SamplingParams  # noqa: E402
 from workbench.core.request import Request  # noqa: E402
-from workbench.core.sched.output import SchedulerOutput  # noqa: E402
 from workbench.harness.validity import default_cpu_watch  # noqa: E402
 from workbench.metrics.step_account import overhead_account  # noqa: E402
 from workbench.worker.input_batch import InputBatch  # noqa: E402
 from workbench.worker.model_runner import ModelRunner  # noqa: E402
+from workbench.worker.request_state import CachedRequestState  # noqa: E402
 
 
-def rebuild_prepare(self: ModelRunner, out: Any) -> Any:
-    return rebuild_inputs(out, self.block_size)
+def rebuild_prepare(self: ModelRunner, out: Any, reqs: list[CachedRequestState]) -> Any:
+    """The old per-step rebuild, read from the runner's request states."""
+    truth: Any = [(SimpleNamespace(request_id=st.req_id, all_token_ids=st.all_token_ids,
+                                   num_computed_tokens=st.num_computed_tokens), st.block_ids)
+                  for st in reqs]
+    *inputs, sampled = rebuild_inputs(out, truth, self.block_size)
+    return (*inputs, [self.requests[x.req_id] for x in sampled])
 
 
 def micro(context: int, variant: str, num_requests: int = 48, steps: int = 300) -> float:
     """Median ms of one decode step's input preparation alone (no model): `num_requests`
-    requests of `context` tokens, block size 16, one new token each per step."""
+    requests of `context` tokens, block size 16, one new token each per step. The
+    persistent variant includes bringing the worker's request states to the message."""
     bs = 16
     reqs = [Request(f"r{i}", list(range(10, 10 + context)), SamplingParams(max_tokens=steps))
             for i in range(num_requests)]
     blocks = {r.request_id: list(range(1 + i * 1000, 2 + i * 1000 + (context + steps) // bs))
               for i, r in enumerate(reqs)}
-    runner: Any = SimpleNamespace(input_batch=InputBatch(64, context + steps, bs),
-                                  device=torch.device("cpu"), block_size=bs)
-    prepare = rebuild_prepare if variant == "rebuild" else ModelRunner.prepare_inputs
+    worker, messenger = Worker(InputBatch(64, context + steps, bs)), Messenger()
     times = []
     for r in reqs:
         r.num_computed_tokens = context - 1
     for _ in range(steps):
-        out = SchedulerOutput(scheduled_requests=list(reqs),
-                              num_scheduled_tokens={r.request_id: 1 for r in reqs},
-                              block_ids=blocks)
+        out = messenger.step(*[(r, 1, blocks[r.request_id]) for r in reqs])
         t0 = time.perf_counter()
-        prepare(runner, out)
+        if variant == "rebuild":
+            rebuild_inputs(out, messenger.truth, bs)
+        else:
+            worker.prepare(out)
         times.append(time.perf_counter() - t0)
         for r in reqs:
             r.num_computed_tokens += 1
             r.append_output_token_ids([7])
+        worker.sampled({r.request_id: [7] for r in reqs})
     return 1e3 * statistics.median(times[steps // 10:])
 
 def one_run(llm: LLM, prompts: list[list[int]], variant: str) -> dict[str, Any]:

@@ -261,7 +261,7 @@ COMMANDS: dict[str, tuple[str, Callable[[list[str]], None]]] = {
     "calc": ("KV / memory / speculative / TP arithmetic (kv, budget, blocks, prefix, ...)",
              _lazy("workbench.planning.cli")),
     "preflight": ("check this machine and environment before measuring",
-                  _lazy("workbench.preflight")),
+                  _lazy("workbench.platforms.preflight")),
     "demo-engine": ("generate from the bundled checkpoint, print a report",
                     _lazy("workbench.demo")),
     "ui": ("the MLflow UI on ./mlruns at 127.0.0.1:5000 (Ctrl-C stops it)",

@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 from workbench import LLM, SamplingParams
+from workbench.config.named_models import bundled_checkpoint
 from workbench.engine.arg_utils import add_engine_args, engine_kwargs
-from workbench.config.named_models import resolve_model
 
 DEMO_ENGINE_DEFAULTS = {
     "dtype": "float32", "max_model_len": 1024, "block_size": 16, "max_num_seqs": 32,
@@ -32,11 +32,6 @@ TOPICS = [
     "paged KV cache", "chunked prefill", "prefix caching", "preemption by recompute",
     "speculative decoding", "int4 weights", "tensor parallelism", "continuous batching",
 ]
-
-
-def bundled_checkpoint() -> Path:
-    """The bundled checkpoint; rebuilt deterministically if the folder is missing."""
-    return Path(resolve_model("bundled"))
 
 
 def make_prompts(n: int, seed: int) -> list[str]:

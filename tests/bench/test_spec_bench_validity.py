@@ -26,7 +26,7 @@ def test_table_gives_no_speedup_from_an_invalid_point() -> None:
 
 
 def test_run_point_judges_the_worst_timed_run(capsys: pytest.CaptureFixture[str]) -> None:
-    from workbench.demo import bundled_checkpoint
+    from workbench.config.named_models import bundled_checkpoint
 
     model = bundled_checkpoint()
     prompts, max_tokens = [[5, 6, 7, 8]], [3]

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
 import pytest
 
 from workbench.config import CacheConfig, SchedulerConfig
+from workbench.core.outputs import ModelRunnerOutput
 from workbench.core.request import Request, RequestStatus
-from workbench.core.sched.output import SchedulerOutput
+from workbench.core.sched.output import CachedRequestData, SchedulerOutput, yield_req_data
 from workbench.core.sched.scheduler import Scheduler
 from workbench.sampling_params import SamplingParams
 
@@ -41,16 +46,56 @@ def make_request(
                    arrival_time=arrival, priority=priority)
 
 
-def fake_step(s: Scheduler, token: int = 7) -> SchedulerOutput:
+# A worker's copy of each scheduler's block tables, kept from the messages' deltas alone.
+_WORKER_TABLES: weakref.WeakKeyDictionary[Scheduler, dict[str, list[int]]] = (
+    weakref.WeakKeyDictionary())
+
+
+@dataclass
+class Step:
+    """One fake step: the message, and the scheduled requests' block tables as a worker
+    rebuilds them from the deltas (checked against the KV cache manager's)."""
+
+    out: SchedulerOutput
+    block_ids: dict[str, list[int]]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.out, name)
+
+
+def worker_tables(s: Scheduler, out: SchedulerOutput) -> dict[str, list[int]]:
+    """Apply `out`'s delta to the worker-side copy; the scheduled requests' whole tables,
+    asserted equal to the KV cache manager's."""
+    tables = _WORKER_TABLES.setdefault(s, {})
+    for rid in out.finished_req_ids:
+        tables.pop(rid, None)
+    for rid, ids, replace in yield_req_data(out):
+        if replace:
+            tables[rid] = list(ids)
+        else:
+            tables[rid].extend(ids)
+    step = {rid: list(tables[rid]) for rid in out.num_scheduled_tokens}
+    kv = s.kv_cache_manager
+    assert step == {rid: kv.get_block_ids(rid) for rid in out.num_scheduled_tokens}
+    return step
+
+
+def runner_output(sampled: dict[str, list[int]]) -> ModelRunnerOutput:
+    """A ModelRunnerOutput with these accepted tokens (request id -> token ids)."""
+    return ModelRunnerOutput(sampled_token_ids=sampled)
+
+
+def fake_step(s: Scheduler, token: int = 7) -> Step:
     out = s.schedule()
+    tables = worker_tables(s, out)
+    reqs = s.requests
     sampled = {
-        r.request_id: [token]
-        for r in out.scheduled_requests
-        if r.num_computed_tokens + out.num_scheduled_tokens[r.request_id] >= r.num_tokens
+        rid: [token] for rid, n in out.num_scheduled_tokens.items()
+        if reqs[rid].num_computed_tokens + n >= reqs[rid].num_tokens
     }
-    s.update_from_output(out, sampled)
+    s.update_from_output(out, runner_output(sampled))
     s.kv_cache_manager.check_integrity()
-    return out
+    return Step(out, tables)
 
 
 def test_seed_scenario_five_decodes_and_a_12000_token_prompt() -> None:
@@ -61,7 +106,7 @@ def test_seed_scenario_five_decodes_and_a_12000_token_prompt() -> None:
     assert out.num_scheduled_tokens == {f"d{i}": 20 for i in range(5)}
     s.add_request(make_request("long", 12000, start=1000))
     out = s.schedule()
-    assert [r.request_id for r in out.scheduled_requests] == [f"d{i}" for i in range(5)] + ["long"]
+    assert out.req_ids == [f"d{i}" for i in range(5)] + ["long"]
     assert out.num_scheduled_tokens == {**{f"d{i}": 1 for i in range(5)}, "long": 4091}
     assert out.num_decode_tokens == 5
     assert out.num_prefill_tokens == 4091
@@ -142,7 +187,25 @@ def test_fcfs_preemption_recompute_last_running_to_front_of_waiting() -> None:
     assert reqs[2].num_preemptions == 1
     assert [r.request_id for r in s.waiting] == ["r2", "late"]
     assert s.num_preemptions_last_step == 1
-    assert out.block_ids == {"r0": [1, 2, 6], "r1": [3, 4, 5]}
+    assert worker_tables(s, out) == {"r0": [1, 2, 6], "r1": [3, 4, 5]}
+    # the message is a delta: the one block each got, nothing new
+    assert out.scheduled_new_reqs == []
+    assert out.scheduled_cached_reqs == CachedRequestData(
+        req_ids=["r0", "r1"], resumed_from_preemption=[False, False], new_token_ids=[],
+        new_block_ids=[[6], [5]], num_computed_tokens=[8, 8])
+    s.update_from_output(out, ModelRunnerOutput(sampled_token_ids={"r0": [7], "r1": [7]}))
+    s.finish_requests(["r0", "r1"], RequestStatus.FINISHED_ABORTED)
+    # freed tail first, r0 before r1: the free queue is 6 2 1 5 4 3
+    out = s.schedule()  # r2 resumes: its whole (new) table, its tokens are the worker's
+    assert out.finished_req_ids == {"r0", "r1"}
+    assert [d.req_id for d in out.scheduled_new_reqs] == ["late"]
+    assert out.scheduled_cached_reqs == CachedRequestData(
+        req_ids=["r2"], resumed_from_preemption=[True], new_token_ids=[],
+        new_block_ids=[[6, 2, 1]], num_computed_tokens=[0])
+    assert out.num_scheduled_tokens == {"r2": 9, "late": 4}
+    new = out.scheduled_new_reqs[0]
+    assert (new.prompt_token_ids, new.block_ids, new.num_computed_tokens) == (
+        [90, 91, 92, 93], [5], 0)
 
 
 def test_priority_preemption_picks_the_lowest_priority() -> None:

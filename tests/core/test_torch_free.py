@@ -33,14 +33,18 @@ SCRIPT = textwrap.dedent("""
     def step(sampled):
         out = s.schedule()
         kv = s.kv_cache_manager
+        cached = out.scheduled_cached_reqs
         row = {
             "num_scheduled_tokens": out.num_scheduled_tokens,
             "total": out.total_num_scheduled_tokens,
             "finished_req_ids": sorted(out.finished_req_ids),
             "block_ids": {rid: kv.get_block_ids(rid) for rid in out.num_scheduled_tokens},
+            "new": [[d.req_id, d.block_ids, d.num_computed_tokens]
+                    for d in out.scheduled_new_reqs],
+            "cached": [cached.req_ids, cached.new_block_ids, cached.num_computed_tokens],
         }
         output = ModelRunnerOutput(sampled_token_ids=sampled)
-        _, finished = s.update_from_output(out, output.sampled_token_ids)
+        _, finished = s.update_from_output(out, output)
         row["finished"] = [r.request_id for r in finished]
         kv.check_integrity()
         steps.append(row)
@@ -69,12 +73,15 @@ def test_scheduler_runs_without_torch() -> None:
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["steps"] == [
         {"num_scheduled_tokens": {"a": 10}, "total": 10, "finished_req_ids": [],
-         "block_ids": {"a": [1, 2, 3]}, "finished": []},
+         "block_ids": {"a": [1, 2, 3]}, "new": [["a", [1, 2, 3], 0]],
+         "cached": [[], [], []], "finished": []},
         # b: blocks 1 and 2 hit (8 tokens), 2 tokens computed into a new block 4
         {"num_scheduled_tokens": {"a": 1, "b": 2}, "total": 3, "finished_req_ids": [],
-         "block_ids": {"a": [1, 2, 3], "b": [1, 2, 4]}, "finished": ["a"]},
+         "block_ids": {"a": [1, 2, 3], "b": [1, 2, 4]}, "new": [["b", [1, 2, 4], 8]],
+         "cached": [["a"], [None], [10]], "finished": ["a"]},
         {"num_scheduled_tokens": {"b": 1}, "total": 1, "finished_req_ids": ["a"],
-         "block_ids": {"b": [1, 2, 4]}, "finished": ["b"]},
+         "block_ids": {"b": [1, 2, 4]}, "new": [], "cached": [["b"], [None], [10]],
+         "finished": ["b"]},
     ]
     assert got["b"] == [8, [60, 61], "FINISHED_LENGTH_CAPPED"]
     assert got["prefix_cache"] == [20, 8]  # two 10-token lookups, b's 8 tokens hit

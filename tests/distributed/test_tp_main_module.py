@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench.demo import bundled_checkpoint
+from workbench.config.named_models import bundled_checkpoint
 from workbench.executor import main_module
 
 

@@ -5,21 +5,26 @@ worker's check of its connection to rank 0."""
 from __future__ import annotations
 
 import json
+import pickle
 import socket
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
 
-from workbench.config import EngineConfig, ParallelConfig
+from workbench.config import CacheConfig, EngineConfig, ParallelConfig, SchedulerConfig
+from workbench.core.outputs import ModelRunnerOutput
 from workbench.core.request import Request, RequestStatus
 from workbench.core.sched.output import SchedulerOutput
+from workbench.core.sched.scheduler import Scheduler
 from workbench.distributed.parallel_state import (
     get_tensor_model_parallel_rank,
     get_tensor_model_parallel_world_size,
     tensor_parallel_scope,
 )
-from workbench.distributed.step_input import StepInputDecoder, StepInputEncoder
+from workbench.executor.tp_runner import MultiprocModelRunner
 from workbench.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from workbench.layers.linear import (
     MergedColumnParallelLinear,
@@ -28,6 +33,11 @@ from workbench.layers.linear import (
 )
 from workbench.sampling_params import SamplingParams
 from workbench.worker.ray_worker import rank0_gone
+from workbench.worker.request_state import (
+    CachedRequestState,
+    append_sampled,
+    update_request_states,
+)
 
 
 def _config_only(path: Path, heads: int, kv_heads: int, intermediate: int = 128) -> Path:
@@ -186,41 +196,48 @@ def test_vocab_is_padded_to_a_multiple_of_tp() -> None:
     assert torch.equal(shards[1], torch.cat([table[3:], torch.zeros(1, 2)]))  # padding row
 
 
-# ----------------------------------------------------------------------- step delta
+# ----------------------------------------------------------------------- step message
 def _req(rid: str, ids: list[int]) -> Request:
     return Request(rid, ids, SamplingParams(temperature=0.0, max_tokens=4))
 
 
-def _step(reqs: list[Request], n: dict[str, int]) -> SchedulerOutput:
-    return SchedulerOutput(
-        scheduled_requests=reqs, num_scheduled_tokens=n,
-        block_ids={r.request_id: [1, 2] for r in reqs},
-    )
+def test_the_step_message_brings_a_rank_that_does_not_sample_along() -> None:
+    """The same SchedulerOutput, pickled, to a TP rank: requests whole once, then only the
+    tokens rank 0 sampled (new_token_ids, from rank 0's own states); finished ones dropped;
+    a new Request reusing an id starts afresh."""
+    sc = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=64, max_model_len=32)
+    s = Scheduler(sc, CacheConfig(block_size=4), num_blocks=10)
+    rank0: dict[str, CachedRequestState] = {}
+    rank1: dict[str, CachedRequestState] = {}
+    sender: Any = SimpleNamespace(requests=rank0, num_sent_tokens={})
 
+    def send() -> tuple[SchedulerOutput, list[CachedRequestState]]:
+        out = s.schedule()
+        MultiprocModelRunner.fill_new_token_ids(sender, out)  # what rank 0 does, then sends
+        received = pickle.loads(pickle.dumps(out))
+        update_request_states(rank0, out, apply_new_token_ids=False)
+        return out, update_request_states(rank1, received, apply_new_token_ids=True)[0]
 
-def test_step_delta_sends_each_token_once_and_drops_finished_requests() -> None:
-    enc, dec = StepInputEncoder(), StepInputDecoder()
-    a, b = _req("a", [5, 6, 7]), _req("b", [8, 9])
-    s1 = enc.encode(_step([a, b], {"a": 3, "b": 2}))
-    assert [(r.new_token_ids, r.is_new) for r in s1.requests] == [([5, 6, 7], True),
-                                                                  ([8, 9], True)]
-    out = dec.decode(s1)
-    assert [(r.request_id, r.all_token_ids) for r in out.scheduled_requests] == [
-        ("a", [5, 6, 7]), ("b", [8, 9])]
-    a.num_computed_tokens, b.num_computed_tokens = 3, 2
-    a.append_output_token_ids([11])
-    b.append_output_token_ids([12])
-    b.status = RequestStatus.FINISHED_STOPPED
-    s2 = enc.encode(_step([a], {"a": 1}))
-    assert [(r.new_token_ids, r.is_new, r.num_computed_tokens) for r in s2.requests] == [
-        ([11], False, 3)]
-    assert s2.finished_req_ids == ["b"]
-    out = dec.decode(s2)
-    assert out.scheduled_requests[0].all_token_ids == [5, 6, 7, 11]
-    assert out.scheduled_requests[0].num_computed_tokens == 3
-    assert sorted(dec.requests) == ["a"]
-    # a new Request reusing id "a" is sent whole
-    a2 = _req("a", [1, 2])
-    s3 = enc.encode(_step([a2], {"a": 2}))
-    assert [(r.new_token_ids, r.is_new) for r in s3.requests] == [([1, 2], True)]
-    assert dec.decode(s3).scheduled_requests[0].all_token_ids == [1, 2]
+    def sample(out: SchedulerOutput, tokens: dict[str, list[int]]) -> None:
+        append_sampled(rank0, tokens.items())  # rank 0 samples; rank 1 does not
+        s.update_from_output(out, ModelRunnerOutput(sampled_token_ids=tokens))
+
+    s.add_request(_req("a", [5, 6, 7]))
+    s.add_request(_req("b", [8, 9]))
+    out, got = send()
+    assert [(st.req_id, st.all_token_ids, st.block_ids) for st in got] == [
+        ("a", [5, 6, 7], [1]), ("b", [8, 9], [2])]
+    sample(out, {"a": [11], "b": [12]})
+    s.finish_requests(["b"], RequestStatus.FINISHED_ABORTED)
+    out, got = send()
+    assert out.scheduled_cached_reqs.new_token_ids == [[11]] and out.finished_req_ids == {"b"}
+    assert [(st.req_id, st.all_token_ids, st.num_computed_tokens) for st in got] == [
+        ("a", [5, 6, 7, 11], 3)]
+    assert sorted(rank1) == ["a"]
+    sample(out, {"a": [13]})
+    s.finish_requests(["a"], RequestStatus.FINISHED_ABORTED)
+    s.add_request(_req("a", [1, 2]))  # a new Request reusing id "a": sent whole
+    out, got = send()
+    assert [d.req_id for d in out.scheduled_new_reqs] == ["a"]
+    assert [(st.all_token_ids, st.num_computed_tokens) for st in got] == [([1, 2], 0)]
+    assert rank1["a"].all_token_ids == rank0["a"].all_token_ids == [1, 2]

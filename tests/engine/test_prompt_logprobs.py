@@ -166,19 +166,16 @@ def test_rank_counts_strictly_greater_logprobs() -> None:
     """Ties share the better rank: rank = 1 + the number of strictly greater logprobs."""
     from workbench.core.sched.output import SchedulerOutput
     from workbench.worker.prompt_logprobs import compute_prompt_logprobs
+    from workbench.worker.request_state import CachedRequestState
 
     class Model:
         def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
             return hidden
 
-    class Req:
-        request_id, num_computed_tokens, num_prompt_tokens, num_prompt_logprobs = "r", 0, 4, 1
-        all_token_ids = [0, 2, 1, 0]
-
+    req = CachedRequestState("r", [0, 2, 1, 0], SamplingParams(prompt_logprobs=1), [1], 0)
     hidden = torch.tensor([[1.0, 3.0, 3.0], [2.0, 2.0, 0.0], [0.0, 1.0, 5.0], [9.0, 9.0, 9.0]])
     out = SchedulerOutput(num_scheduled_tokens={"r": 4}, num_prefill_tokens=4)
-    out.scheduled_requests.append(Req())  # type: ignore[arg-type]  (duck-typed, as TP mirrors)
-    run = compute_prompt_logprobs(Model(), out, hidden)["r"]
+    run = compute_prompt_logprobs(Model(), [req], out, hidden)["r"]
     assert run.selected_token_ranks.tolist() == [1, 1, 3]  # tie at the top: both rank 1
     assert run.logprob_token_ids[:, 0].tolist() == [2, 1, 0]
     assert len(run) == 3  # the last row predicts the first output token: not a prompt logprob
@@ -220,9 +217,10 @@ def test_a_failing_request_keeps_no_prompt_logprobs(path: Path, prompts: list[li
 
     def failing(out: Any, runs: dict[str, LogprobsTensors], failed: dict[str, str]) -> None:
         add(out, runs, failed)
-        for req in out.scheduled_requests:
-            if req.request_id == "0" and req.num_computed_tokens + 16 >= req.num_prompt_tokens:
-                failed["0"] = "injected failure"
+        req = engine.scheduler.requests.get("0")
+        if req is not None and "0" in out.num_scheduled_tokens and \
+                req.num_computed_tokens + 16 >= req.num_prompt_tokens:
+            failed["0"] = "injected failure"
 
     engine._add_prompt_logprobs = failing  # type: ignore[method-assign]
     params = SamplingParams(temperature=0.0, max_tokens=2, prompt_logprobs=0)

@@ -10,23 +10,30 @@ import pytest
 import torch
 
 from workbench import LLM, SamplingParams
-from workbench.core.request import Request
 from workbench.layers.sampler import Sampler
 from workbench.layers.sampling_metadata import SamplingMetadata
+from workbench.worker.request_state import CachedRequestState
 from workbench.worker.sampling_metadata_builder import SamplingMetadataBuilder
 
 CPU = torch.device("cpu")
 
 
-def _req(**params: Any) -> Request:
-    return Request("r", [1, 2, 3], SamplingParams(**params), eos_token_id=2)
+def _state(rid: str, params: SamplingParams) -> CachedRequestState:
+    """The worker's state of a request with prompt [1, 2, 3] (what the sampler's metadata
+    is built from)."""
+    return CachedRequestState(rid, [1, 2, 3], params, [], 0, eos_token_id=2)
 
 
-def _meta(*reqs: Request, builder: SamplingMetadataBuilder | None = None) -> SamplingMetadata:
+def _req(**params: Any) -> CachedRequestState:
+    return _state("r", SamplingParams(**params))
+
+
+def _meta(*reqs: CachedRequestState,
+          builder: SamplingMetadataBuilder | None = None) -> SamplingMetadata:
     return (builder or SamplingMetadataBuilder(CPU)).build(list(reqs))
 
 
-def _probs(logits: torch.Tensor, req: Request) -> torch.Tensor:
+def _probs(logits: torch.Tensor, req: CachedRequestState) -> torch.Tensor:
     return Sampler.sampling_probs(logits, _meta(req), [0])
 
 
@@ -48,7 +55,7 @@ def test_min_tokens_masks_eos_and_stop_ids() -> None:
     logits = torch.tensor([[0.0, 0.0, 9.0, 8.0, 1.0]])
     req = _req(temperature=0.0, min_tokens=2, stop_token_ids=[3])
     assert s(logits.clone(), _meta(req)) == [4]  # eos (2) and stop (3) are masked
-    req.append_output_token_ids([4, 4])
+    req.all_token_ids.extend([4, 4])  # two tokens sampled
     assert s(logits.clone(), _meta(req)) == [2]
 
 
@@ -159,10 +166,9 @@ def test_top_p_mask_and_sorted_values_equal_torch_sort(ties: bool) -> None:
 
 
 def test_batched_draws_equal_row_by_row_draws() -> None:
-    reqs = [Request(str(i), [1, 2, 3], SamplingParams(temperature=0.7, top_p=0.9,
-                                                      seed=i if i % 2 else None),
-                    eos_token_id=2) for i in range(6)]
-    reqs.insert(2, Request("g", [1, 2, 3], SamplingParams(temperature=0.0), eos_token_id=2))
+    reqs = [_state(str(i), SamplingParams(temperature=0.7, top_p=0.9,
+                                          seed=i if i % 2 else None)) for i in range(6)]
+    reqs.insert(2, _state("g", SamplingParams(temperature=0.0)))
     logits = torch.randn(7, 300, generator=torch.Generator().manual_seed(0)) * 1.6
     meta = SamplingMetadataBuilder(CPU).build(reqs)
     got = Sampler(5, CPU)(logits.clone(), meta)

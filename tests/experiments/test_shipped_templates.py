@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from workbench.config import EngineConfig
-from workbench.demo import bundled_checkpoint
+from workbench.config.named_models import bundled_checkpoint
 from workbench.experiments.template import load_template
 from workbench.harness.workloads import FIXTURES
 from workbench.router.cli import ROUTER_KNOBS

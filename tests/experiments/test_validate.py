@@ -117,7 +117,7 @@ def test_the_model_folder_is_named_as_target_model(tmp_path: Path) -> None:
         "demo, demo-draft) (did you mean 'demo'?)"]
     import shutil
 
-    from workbench.demo import bundled_checkpoint
+    from workbench.config.named_models import bundled_checkpoint
 
     for f in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(bundled_checkpoint() / f, tmp_path / f)

@@ -19,13 +19,13 @@ import torch
 
 from workbench import cli
 from workbench.config import kv_transfer as kvt
-from workbench.demo import bundled_checkpoint
+from workbench.config.kv_transfer import KVTransferConfig
+from workbench.config.named_models import bundled_checkpoint
 from workbench.distributed.kv_transfer import host_pool
 from workbench.distributed.kv_transfer.disk_format import MAGIC, BadKVFile, remove_stale_temps
 from workbench.distributed.kv_transfer.host_pool import HostKVPool
 from workbench.distributed.kv_transfer.metadata import KVConnectorStats
 from workbench.distributed.kv_transfer.tiers import disk_file
-from workbench.config.kv_transfer import KVTransferConfig
 
 KEY_A = hashlib.sha256(b"a").hexdigest()
 KEY_B = hashlib.sha256(b"b").hexdigest()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tests.core.test_scheduler import runner_output
 from workbench.config import CacheConfig, SchedulerConfig
 from workbench.core.request import Request
 from workbench.core.sched.output import SchedulerOutput
@@ -31,12 +32,12 @@ def _step(s: Scheduler, tokens: dict[str, list[int]] | None = None) -> Scheduler
     """schedule + update; a request whose computed tokens reach its end gets `tokens[id]`
     (default one token, 7)."""
     out = s.schedule()
+    reqs = s.requests
     sampled = {
-        r.request_id: (tokens or {}).get(r.request_id, [7])
-        for r in out.scheduled_requests
-        if r.num_computed_tokens + out.num_scheduled_tokens[r.request_id] >= r.num_tokens
+        rid: (tokens or {}).get(rid, [7]) for rid, n in out.num_scheduled_tokens.items()
+        if reqs[rid].num_computed_tokens + n >= reqs[rid].num_tokens
     }
-    s.update_from_output(out, sampled)
+    s.update_from_output(out, runner_output(sampled))
     return out
 
 
@@ -89,7 +90,7 @@ def test_spec_decoding_counts_each_verification_with_tokens() -> None:
     assert out.scheduled_spec_decode_tokens == {"a": [1, 2, 3], "b": [4, 5], "c": [6]}
     # a: two drafts accepted + the bonus token; b: none accepted; c: its sampling failed
     failed = {"c": "injected"}
-    s.update_from_output(out, {"a": [1, 2, 9], "b": [8]}, failed)
+    s.update_from_output(out, runner_output({"a": [1, 2, 9], "b": [8]}), failed)
     stats = s.make_stats()
     assert stats.spec_decoding_stats == SpecDecodingStats(
         num_drafts=2, num_draft_tokens=5, num_accepted_tokens=2,

@@ -26,17 +26,17 @@ import pytest
 import torch
 
 from workbench import LLM, SamplingParams
-from workbench.calc import (
+from workbench.config import EngineConfig
+from workbench.core.kv_cache.utils import (
     budget_num_blocks,
     cdiv,
     kv_bytes_per_block,
     kv_cache_dtype_bytes,
     max_concurrency,
-    quantized_weight_bytes,
 )
-from workbench.config import EngineConfig
 from workbench.layers.linear import LinearBase
 from workbench.layers.linear_backend import BACKEND_ENV, available_backends
+from workbench.planning import quantized_weight_bytes
 from workbench.testing import tiny_checkpoint
 from workbench.worker.memory_profile import LiveTensorPeak
 
@@ -239,7 +239,7 @@ def test_bad_knobs(ckpt: Path) -> None:
 
 
 def test_calc_helpers() -> None:
-    from workbench.calc import fp8_kv_scale
+    from workbench.core.kv_cache.utils import fp8_kv_scale
 
     assert [kv_cache_dtype_bytes(d, 2) for d in ("auto", "fp8", "fp8_e4m3")] == [2, 1, 1]
     assert kv_cache_dtype_bytes("auto", 4) == 4

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench.demo import bundled_checkpoint
+from workbench.config.named_models import bundled_checkpoint
 from workbench.router.cli import ROUTER_KNOBS, build_parser, parse_args
 
 
@@ -43,8 +43,8 @@ def test_bad_flags_are_one_error_line(capsys: pytest.CaptureFixture[str]) -> Non
 def test_template_target_runs_with_this_interpreter_on_another_port() -> None:
     import sys
 
-    from workbench.experiments.template import load_template
     from workbench.experiments.studies.targets import local_target
+    from workbench.experiments.template import load_template
 
     t = load_template(Path(__file__).parents[2] / "experiments" / "routing_policy.yaml")
     assert t.target["command"][:2] == ["workbench", "router"]
@@ -112,9 +112,9 @@ def test_a_tp_rank_takes_omp_num_threads_as_a_replica_does(
 
 
 def test_tp_vs_replicas_template_changes_tp_at_a_fixed_worker_count() -> None:
+    from workbench.experiments.studies.targets import local_target
     from workbench.experiments.template import load_template
     from workbench.harness.server_process import server_command_for
-    from workbench.experiments.studies.targets import local_target
 
     t = load_template(Path(__file__).parents[2] / "experiments" / "tp_vs_replicas.yaml")
     assert t.variable_name == "tensor_parallel_size" and t.variable_values == [2]

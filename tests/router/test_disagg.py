@@ -12,7 +12,7 @@ from typing import Any
 from fastapi.testclient import TestClient
 
 from tests.router.fakes import FakeClock, FakeReplica, fake_transport
-from workbench.demo import bundled_checkpoint
+from workbench.config.named_models import bundled_checkpoint
 from workbench.harness import prom
 from workbench.models.tokenizer import load_tokenizer
 from workbench.router.app import build_router_app

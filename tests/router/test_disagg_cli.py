@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from workbench.demo import bundled_checkpoint
+from workbench.config.named_models import bundled_checkpoint
 from workbench.router.cli import parse_args
 from workbench.router.config import RouterConfig
 from workbench.router.disagg_pool import (

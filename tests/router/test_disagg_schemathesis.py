@@ -43,7 +43,7 @@ from tests.server.test_schemathesis import (
     _report,
 )
 from workbench.config import EngineConfig
-from workbench.demo import bundled_checkpoint
+from workbench.config.named_models import bundled_checkpoint
 from workbench.models.tokenizer import load_tokenizer
 from workbench.router.app import build_router_app
 from workbench.router.config import RouterConfig

@@ -22,7 +22,7 @@ from fastapi import FastAPI
 from prometheus_client.parser import text_string_to_metric_families
 
 from workbench.config import EngineConfig
-from workbench.demo import bundled_checkpoint
+from workbench.config.named_models import bundled_checkpoint
 from workbench.engine.async_engine import AsyncEngine
 from workbench.server.app import build_app
 

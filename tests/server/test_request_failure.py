@@ -53,7 +53,7 @@ def test_a_request_failed_by_the_engine_fails_alone(model_dir: Path) -> None:
         batches: list[int] = []  # sizes of the batches a failing request was part of
 
         def failing(out: Any, *args: Any, **kwargs: Any) -> Any:
-            ids = [r.request_id for r in out.scheduled_requests]
+            ids = list(out.num_scheduled_tokens)
             if any(i.startswith("fail-me") for i in ids):
                 batches.append(len(ids))
                 raise RuntimeError("injected failure of fail-me")

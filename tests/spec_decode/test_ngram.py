@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 
 from workbench.config import SpeculativeConfig
-from workbench.core.request import Request
+from workbench.core.sched.output import SchedulerOutput
 from workbench.sampling_params import SamplingParams
 from workbench.spec_decode.ngram import NgramProposer, propose_ngram
+from workbench.worker.request_state import CachedRequestState
 
 
 def _p(tokens: list[int], min_n: int, max_n: int, k: int) -> list[int]:
@@ -43,14 +44,18 @@ def test_draft_stops_at_the_end_of_the_context() -> None:
     assert _p([1, 2, 3, 1, 2], 2, 2, 5) == [3, 1, 2]
 
 
-def _req(tokens: list[int], max_tokens: int, num_output: int = 0) -> Request:
-    req = Request("r", tokens[: len(tokens) - num_output], SamplingParams(max_tokens=max_tokens))
-    req.append_output_token_ids(tokens[len(tokens) - num_output:])
+def _req(tokens: list[int], max_tokens: int, num_output: int = 0,
+         rid: str = "r") -> CachedRequestState:
+    """The worker's state of a request: `tokens`, the last `num_output` of them sampled."""
+    req = CachedRequestState(rid, tokens[: len(tokens) - num_output],
+                             SamplingParams(max_tokens=max_tokens), [], 0)
+    req.all_token_ids.extend(tokens[len(tokens) - num_output:])
     return req
 
 
-def _drafts(prop: NgramProposer, req: Request, sampled: list[int]) -> list[int]:
-    return prop.propose([req], {req.request_id: sampled}).get(req.request_id, [])
+def _drafts(prop: NgramProposer, req: CachedRequestState, sampled: list[int]) -> list[int]:
+    drafts = prop.propose([req], SchedulerOutput(), {req.req_id: sampled}).token_ids
+    return drafts.get(req.req_id, [])
 
 
 def test_k_is_capped_by_max_model_len_and_max_tokens() -> None:
@@ -71,8 +76,10 @@ def test_k_is_capped_by_max_model_len_and_max_tokens() -> None:
 def test_only_requests_that_got_tokens_draft() -> None:
     cfg = SpeculativeConfig(method="ngram", num_speculative_tokens=2, prompt_lookup_min=1,
                             prompt_lookup_max=2)
-    a, b = Request("a", [1, 2, 3, 1], SamplingParams()), Request("b", [1, 2, 1], SamplingParams())
-    assert NgramProposer(cfg, max_model_len=100).propose([a, b], {"b": [2]}) == {"b": [1, 2]}
+    a, b = _req([1, 2, 3, 1], 16, rid="a"), _req([1, 2, 1], 16, rid="b")
+    proposal = NgramProposer(cfg, max_model_len=100).propose([a, b], SchedulerOutput(),
+                                                             {"b": [2]})
+    assert proposal.token_ids == {"b": [1, 2]} and proposal.probs == {}
 
 
 @pytest.mark.parametrize(

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import torch
-
-from tests.core.test_scheduler import make_request, make_scheduler
+from tests.core.test_scheduler import make_request, make_scheduler, runner_output
 from workbench.core.request import RequestStatus
 from workbench.core.sched.scheduler import Scheduler
 
@@ -12,7 +10,8 @@ from workbench.core.sched.scheduler import Scheduler
 def _decode_ready(s: Scheduler, rid: str = "a", prompt: int = 7) -> None:
     s.add_request(make_request(rid, prompt, max_tokens=50))
     out = s.schedule()
-    s.update_from_output(out, {rid: [99]})  # prefill done: 7 prompt tokens + 1 output
+    # prefill done: 7 prompt tokens + 1 output
+    s.update_from_output(out, runner_output({rid: [99]}))
 
 
 def test_drafts_are_scheduled_after_the_last_token_and_count_against_the_budget() -> None:
@@ -43,7 +42,7 @@ def test_rejected_drafts_roll_back_num_computed_tokens() -> None:
     req.spec_token_ids = [31, 32, 33, 34]
     out = s.schedule()
     # two drafts accepted, the third replaced by 55: positions 7, 8, 9 hold confirmed tokens
-    s.update_from_output(out, {"a": [31, 32, 55]})
+    s.update_from_output(out, runner_output({"a": [31, 32, 55]}))
     assert req.output_token_ids == [99, 31, 32, 55]
     assert req.num_computed_tokens == 7 + 5 - 2 == 10
     assert req.num_tokens == 11 and req.spec_token_ids == []
@@ -56,7 +55,7 @@ def test_all_drafts_accepted_plus_bonus() -> None:
     req = s.requests["a"]
     req.spec_token_ids = [31, 32, 33]
     out = s.schedule()
-    s.update_from_output(out, {"a": [31, 32, 33, 34]})
+    s.update_from_output(out, runner_output({"a": [31, 32, 33, 34]}))
     assert req.num_computed_tokens == 11 and req.num_tokens == 12
 
 
@@ -80,12 +79,13 @@ def test_rejected_drafts_are_overwritten_before_their_block_is_cached() -> None:
     req = s.requests["a"]
     req.spec_token_ids = [31, 32, 33, 34]
     out = s.schedule()
-    s.update_from_output(out, {"a": [37]})  # nothing accepted: positions 8.. are garbage
+    # nothing accepted: positions 8.. are garbage
+    s.update_from_output(out, runner_output({"a": [37]}))
     assert req.num_computed_tokens == 8
     for tok in (8, 9, 10):
         out = s.schedule()
         assert out.scheduled_spec_decode_tokens == {}
-        s.update_from_output(out, {"a": [tok]})
+        s.update_from_output(out, runner_output({"a": [tok]}))
     s.schedule()  # block 2 (positions 8..11) is now full of confirmed tokens, computed anew
     st = s.kv_cache_manager._reqs["a"]
     assert st.blocks[2].block_hash is not None
@@ -101,14 +101,14 @@ def test_lookahead_allocates_slots_for_the_draft_model() -> None:
     assert len(s.kv_cache_manager.get_block_ids("a")) == 3
 
 
-def test_preemption_clears_drafts_and_draft_progress() -> None:
+def test_preemption_clears_drafts() -> None:
     s = make_scheduler(block_size=4)
     _decode_ready(s)
     req = s.requests["a"]
-    req.spec_token_ids, req.num_draft_computed_tokens = [31, 32], 8
+    req.spec_token_ids = [31, 32]
     s.running.remove(req)
     s._preempt(req)
-    assert req.spec_token_ids == [] and req.num_draft_computed_tokens == 0
+    assert req.spec_token_ids == []
     assert req.num_computed_tokens == 0
 
 
@@ -119,14 +119,12 @@ def test_drafts_go_only_to_requests_still_running_after_the_update() -> None:
     s.add_request(make_request("a", 7, max_tokens=50))
     s.add_request(make_request("b", 7, max_tokens=1, start=40))
     out = s.schedule()
-    _, finished = s.update_from_output(out, {"a": [99], "b": [98]})
+    _, finished = s.update_from_output(out, runner_output({"a": [99], "b": [98]}))
     assert [r.request_id for r in finished] == ["b"]
     b = finished[0]
-    probs = {"a": torch.full((2, 4), 0.25), "b": torch.full((2, 4), 0.25)}
-    s.update_draft_token_ids({"a": [31, 32], "b": [33, 34], "gone": [1]}, probs)
+    s.update_draft_token_ids({"a": [31, 32], "b": [33, 34], "gone": [1]})
     assert s.requests["a"].spec_token_ids == [31, 32]
-    assert s.requests["a"].spec_token_probs is probs["a"]
-    assert b.spec_token_ids == [] and b.spec_token_probs is None
+    assert b.spec_token_ids == []
     assert s.schedule().scheduled_spec_decode_tokens == {"a": [31, 32]}
 
 
@@ -134,7 +132,7 @@ def test_finished_request_ids_reach_the_next_scheduler_output_once() -> None:
     s = make_scheduler(block_size=4)
     s.add_request(make_request("a", 7, max_tokens=1))
     s.add_request(make_request("b", 7, max_tokens=50, start=40))
-    s.update_from_output(s.schedule(), {"a": [99], "b": [98]})
+    s.update_from_output(s.schedule(), runner_output({"a": [99], "b": [98]}))
     s.finish_requests(["b"], RequestStatus.FINISHED_ABORTED)
     assert s.schedule().finished_req_ids == {"a", "b"}
     assert s.schedule().finished_req_ids == set()

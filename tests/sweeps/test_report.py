@@ -12,10 +12,10 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from workbench.notebook_params import NotebookParameterError
-from workbench.notebook_specs import declared_specs, sweep_metrics, value_problems
 from workbench.sweeps.cli import main
 from workbench.sweeps.driver import sweep
 from workbench.sweeps.inputs import declared_parameters
+from workbench.sweeps.notebook_specs import declared_specs, sweep_metrics, value_problems
 from workbench.sweeps.report import key_metrics, metric_steps
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from workbench.demo import bundled_checkpoint
+from workbench.config.named_models import bundled_checkpoint
 from workbench.experiments.runner import run_experiment
 from workbench.experiments.template import load_template, parse_template
 from workbench.harness.redact import (

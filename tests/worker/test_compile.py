@@ -19,11 +19,15 @@ import torch
 from tests.engine.conftest import hf_greedy, mixed_prompts
 from workbench import LLM, SamplingParams
 from workbench.attention.custom_op import OpaqueAttentionBackend, make_attention_opaque
+from workbench.attention.forward_context import (
+    ForwardContext,
+    get_forward_context,
+    set_forward_context,
+)
 from workbench.compilation.compiled_forward import dummy_batch, own_code
-from workbench.config.compilation import MODE_ENV, CompilationConfig, CompilationMode
 from workbench.config import EngineConfig
+from workbench.config.compilation import MODE_ENV, CompilationConfig, CompilationMode
 from workbench.engine.arg_utils import add_engine_args, engine_kwargs
-from workbench.forward_context import ForwardContext, get_forward_context, set_forward_context
 from workbench.testing import tiny_checkpoint
 
 NUM_OUTPUT = 8

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 import torch
 
-from workbench.calc import kv_bytes_per_block
-from workbench.kv_cache.sizing import get_num_blocks
+from workbench.core.kv_cache.sizing import get_num_blocks
+from workbench.core.kv_cache.utils import kv_bytes_per_block
 from workbench.worker.kv_cache_sizing import (
     AvailableKVMemory,
     determine_available_memory,

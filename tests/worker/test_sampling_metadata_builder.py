@@ -5,22 +5,24 @@ from __future__ import annotations
 
 import torch
 
-from workbench.core.request import Request
 from workbench.layers.sampler import Sampler
 from workbench.sampling_params import SamplingParams
+from workbench.worker.request_state import CachedRequestState
 from workbench.worker.sampling_metadata_builder import SamplingMetadataBuilder
 
 CPU = torch.device("cpu")
 EOS = 2
 
 
-def _req(rid: str, num_output: int = 0, **params: object) -> Request:
-    req = Request(rid, [11, 12, 13], SamplingParams(**params), eos_token_id=EOS)  # type: ignore[arg-type]
-    req.append_output_token_ids([20] * num_output)
+def _req(rid: str, num_output: int = 0, **params: object) -> CachedRequestState:
+    """The worker's state of a 3-token prompt with `num_output` tokens sampled."""
+    sp = SamplingParams(**params)  # type: ignore[arg-type]
+    req = CachedRequestState(rid, [11, 12, 13], sp, [], 0, eos_token_id=EOS)
+    req.all_token_ids.extend([20] * num_output)
     return req
 
 
-def _mixed() -> list[Request]:
+def _mixed() -> list[CachedRequestState]:
     return [
         _req("a", temperature=0.0, min_tokens=2, stop_token_ids=[7]),
         _req("b", temperature=0.8, top_k=50, seed=3),

@@ -13,7 +13,7 @@ torch.compile each layer's attention is the single op
 registered with `torch.library.custom_op` and a fake implementation (the output's shape and
 dtype, nothing run), so dynamo records one node and inductor calls it as an extern kernel.
 The batch's metadata and the backend instance come from the forward context
-(`workbench.forward_context`), which the compiled forward sets around the call; eager
+(`workbench.attention.forward_context`), which the compiled forward sets around the call; eager
 forwards never go through the op.
 
 `make_attention_opaque(model)` wraps every Attention layer's backend in an
@@ -27,8 +27,8 @@ import torch
 from torch import nn
 
 from workbench.attention.backends import AttentionBackend
+from workbench.attention.forward_context import get_forward_context
 from workbench.attention.metadata import AttentionMetadata
-from workbench.forward_context import get_forward_context
 
 OP_NAME = "workbench::unified_attention"
 

@@ -52,9 +52,9 @@ from torch import nn
 
 from workbench.attention.backends import AttentionBackend
 from workbench.attention.custom_op import make_attention_opaque
+from workbench.attention.forward_context import ForwardContext, set_forward_context
 from workbench.attention.metadata import AttentionMetadata
 from workbench.config.compilation import CompilationConfig, CompilationMode
-from workbench.forward_context import ForwardContext, set_forward_context
 
 logger = logging.getLogger(__name__)
 

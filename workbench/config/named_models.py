@@ -31,3 +31,9 @@ def resolve_model(model: str | Path) -> str:
 
         tiny_checkpoint(path, arch="llama", seed=0)
     return str(path)
+
+
+def bundled_checkpoint() -> Path:
+    """The bundled checkpoint's folder (`resolve_model("bundled")`); rebuilt deterministically
+    if the folder is missing."""
+    return Path(resolve_model("bundled"))

@@ -123,9 +123,8 @@ class ModelRunnerOutput:
     `SamplingParams.prompt_logprobs` whose scheduled tokens include prompt positions that
     score a prompt token; empty otherwise (no cost for other requests).
     spec_token_ids: request id -> the drafts the worker's proposer made for the next step
-    (from this step's tokens); the scheduler keeps them only for requests still running.
-    spec_token_probs: request id -> [k, vocab] distributions the drafts were drawn from
-    (draft model, sampled requests); absent: one-hot drafts (n-gram, greedy).
+    (from this step's tokens); the scheduler keeps them only for requests still running. The
+    distributions they were drawn from stay on the worker, for their verification.
     spec_decode_error: why this step has no drafts (the proposer raised); None otherwise.
     kv_connector_output: the KV connector's report (loads finished or failed, counters).
     phase_times: the worker's seconds per phase of this step (`WorkerPhaseTimes`); the
@@ -134,7 +133,6 @@ class ModelRunnerOutput:
     sampled_token_ids: dict[str, list[int]] = field(default_factory=dict)
     prompt_logprobs: dict[str, LogprobsTensors] = field(default_factory=dict)
     spec_token_ids: dict[str, list[int]] = field(default_factory=dict)
-    spec_token_probs: dict[str, torch.Tensor] = field(default_factory=dict)
     spec_decode_error: str | None = None
     kv_connector_output: KVConnectorOutput | None = None  # loads done, transfer counters
     phase_times: WorkerPhaseTimes = field(default_factory=WorkerPhaseTimes)
@@ -144,7 +142,6 @@ class ModelRunnerOutput:
         self.sampled_token_ids.update(other.sampled_token_ids)
         self.prompt_logprobs.update(other.prompt_logprobs)
         self.spec_token_ids.update(other.spec_token_ids)
-        self.spec_token_probs.update(other.spec_token_probs)
         self.spec_decode_error = self.spec_decode_error or other.spec_decode_error
         self.kv_connector_output = self.kv_connector_output or other.kv_connector_output
         self.phase_times.add(other.phase_times)

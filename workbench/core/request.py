@@ -1,12 +1,17 @@
-"""Request: the one object that flows Scheduler -> KVCacheManager -> ModelRunner.
+"""Request: the scheduler's view of a request (Scheduler, KVCacheManager, the engine).
+
+It never leaves the engine process: the workers get what they need of it in the step message
+(`SchedulerOutput`'s NewRequestData, once) and keep their own state.
 
 As in vLLM V1 there is no prefill/decode phase flag: the scheduler only gives each request a
 number of new tokens, `num_tokens - num_computed_tokens` (plus speculative tokens, later).
 
     all_token_ids:   | prompt_token_ids ............ | output_token_ids ... |
     num_computed_tokens:  tokens whose KV is in the cache
-    spec_token_ids:  draft tokens proposed for the next step (not part of all_token_ids);
-                     verified next step, then cleared (rejected ones roll back)
+    spec_token_ids:  draft tokens the worker's proposer made for the next step (not part of
+                     all_token_ids; from ModelRunnerOutput); verified next step, then
+                     cleared (rejected ones roll back). Their distributions and any draft
+                     model's progress stay on the worker.
     prompt_logprobs: runs of prompt logprobs received so far (SamplingParams.prompt_logprobs);
                      `add_prompt_logprobs` keys them by position, so a recompute after
                      preemption adds nothing twice
@@ -23,8 +28,6 @@ from typing import TYPE_CHECKING, Any
 from workbench.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    import torch
-
     from workbench.core.outputs import LogprobsTensors
 
 
@@ -82,8 +85,6 @@ class Request:
         "num_computed_tokens",
         "num_cached_tokens",
         "spec_token_ids",
-        "spec_token_probs",
-        "num_draft_computed_tokens",
         "status",
         "priority",
         "cache_salt",
@@ -120,11 +121,6 @@ class Request:
         self.num_computed_tokens = 0
         self.num_cached_tokens = -1  # prefix-cache hit tokens at first schedule; -1 = unknown
         self.spec_token_ids: list[int] = []
-        # Draft-model distributions the drafts were sampled from ([k, vocab]); None = one-hot
-        # drafts (n-gram, or a greedy request).
-        self.spec_token_probs: torch.Tensor | None = None
-        # Tokens whose KV the draft model holds (draft-model speculation only).
-        self.num_draft_computed_tokens = 0
         self.status = RequestStatus.WAITING
         self.priority = priority
         self.cache_salt = cache_salt

@@ -2,7 +2,6 @@
 
     parallel_state      this process's TP rank and group; what layers read at construction
     communication_op    all_reduce / all_gather over the group
-    step_input          the per-step message rank 0 sends the workers (a SchedulerOutput delta)
 
 The processes live elsewhere: `workbench.executor` (rank 0's side: spawn, send, collect
 errors, shut down; the driver-side runner) and `workbench.worker.tp_worker` (ranks 1..N-1).

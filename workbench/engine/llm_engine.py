@@ -168,12 +168,11 @@ class LLMEngine:
             self._add_prompt_logprobs(out, output.prompt_logprobs, failed)
         sched = self.scheduler
         with profiling.range("scheduler.update"):
-            progressed, finished = sched.update_from_output(out, output.sampled_token_ids,
-                                                            failed)
+            progressed, finished = sched.update_from_output(out, output, failed)
         if failed:
             progressed.extend(self.failures.fail_requests(failed, "request", self.stats, taint))
         if output.spec_token_ids:  # the worker's drafts, for requests still running
-            sched.update_draft_token_ids(output.spec_token_ids, output.spec_token_probs)
+            sched.update_draft_token_ids(output.spec_token_ids)
         if output.spec_decode_error is not None:
             self.errors.append({"step": self.stats.num_steps, "scope": "propose",
                                 "request_ids": [], "message": output.spec_decode_error})
@@ -184,10 +183,11 @@ class LLMEngine:
     ) -> None:
         """Hand each request its run of prompt logprobs (`Request.add_prompt_logprobs`);
         a request whose run cannot be added fails alone (in `failed`)."""
-        for req in out.scheduled_requests:
-            rid = req.request_id
+        requests = self.scheduler.requests
+        for rid in out.num_scheduled_tokens:
             run = runs.get(rid)
-            if run is None or rid in failed:
+            req = requests.get(rid)
+            if run is None or req is None or rid in failed:
                 continue
             try:
                 req.add_prompt_logprobs(run)

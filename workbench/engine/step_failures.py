@@ -72,13 +72,18 @@ class StepFailures:
         num_computed_tokens on (this step's writes) may be unwritten, so those blocks lose
         their prefix-cache keys. The engine stays usable."""
         logger.error("engine step %d failed in the forward; failing its %d requests",
-                     stats.num_steps, len(out.scheduled_requests), exc_info=error)
+                     stats.num_steps, len(out.num_scheduled_tokens), exc_info=error)
         msg = f"engine step failed: {type(error).__name__}: {error}"
-        reqs = out.scheduled_requests
+        reqs = self._scheduled(out)
         return self.fail_requests(
             {r.request_id: msg for r in reqs}, "step", stats,
             {r.request_id: r.num_computed_tokens for r in reqs},
         )
+
+    def _scheduled(self, out: SchedulerOutput) -> list[Request]:
+        """The step's requests, in batch order (the message holds only their ids)."""
+        requests = self.scheduler.requests
+        return [requests[rid] for rid in out.num_scheduled_tokens if rid in requests]
 
     def execute_one_by_one(
         self, out: SchedulerOutput, failed: dict[str, str], taint: dict[str, int],
@@ -94,7 +99,7 @@ class StepFailures:
         together), a lone request, failing copy-on-write copies, or every request failing
         alone too (then the failure is the step's, not a request's).
         """
-        reqs = out.scheduled_requests
+        reqs = self._scheduled(out)
         if len(reqs) < 2 or self.tensor_parallel_size > 1:
             return None
         logger.warning("the forward of step %d failed (%s: %s); running its %d requests one "
@@ -106,17 +111,12 @@ class StepFailures:
         except Exception:  # noqa: BLE001 - the step's failure, not a request's
             return None
         result = ModelRunnerOutput()
+        kv = self.scheduler.kv_cache_manager
+        block_ids = {req.request_id: kv.get_block_ids(req.request_id) for req in reqs}
         for req in reqs:
             rid = req.request_id
-            spec = out.scheduled_spec_decode_tokens.get(rid)
-            n = out.num_scheduled_tokens[rid]
             prefill = req.num_computed_tokens < req.num_prompt_tokens
-            alone = SchedulerOutput(
-                scheduled_requests=[req], num_scheduled_tokens={rid: n},
-                block_ids={rid: out.block_ids[rid]},
-                scheduled_spec_decode_tokens={rid: spec} if spec is not None else {},
-                num_prefill_tokens=n if prefill else 0, num_decode_tokens=0 if prefill else n,
-            )
+            alone = out.for_request(rid, block_ids[rid], prefill)
             try:
                 result.merge(self.runner.execute_model(alone, failed))
             except Exception as e:  # noqa: BLE001 - this request's failure
@@ -127,10 +127,10 @@ class StepFailures:
             taint.clear()
             return None
         bs = self.block_size
-        unwritten = {b for rid, n in taint.items() for b in out.block_ids[rid][n // bs:]}
+        unwritten = {b for rid, n in taint.items() for b in block_ids[rid][n // bs:]}
         for req in reqs:
             rid = req.request_id
-            if rid not in taint and unwritten.intersection(out.block_ids[rid]):
+            if rid not in taint and unwritten.intersection(block_ids[rid]):
                 failed[rid] = ("engine step failed: it reads prefix-cache blocks that failed "
                                f"request(s) {sorted(taint)} did not write")
                 taint[rid] = req.num_computed_tokens

@@ -6,15 +6,16 @@
       init_distributed_environment(rank 0)  <====>  init_distributed_environment(rank r)
       (rank 0 builds its ModelRunner)               builds its ModelRunner shard
       wait_ready()                             <--  "ready" (or "error" + traceback)
-      per step: send_step(StepInput)           -->  execute_model (no reply)
+      per step: send_step(SchedulerOutput)     -->  execute_model (no reply)
       send_call(...) / collect_replies()       <->  ("ok", result)
       shutdown(): "shutdown", join, terminate, kill
 
 Transport: each message is pickled once and written to every worker's pipe (a local
 multiprocessing Pipe, not a torch.distributed object broadcast: it works beside NCCL and under
 any backend, and the same pipe carries the workers' errors back). `broadcast_stats()` reports
-what one step's send costs (pickle + pipe writes, bytes). Measured on the shared 2-core CPU,
-TP=2, 16 decoding requests (~1.4 KB a step): send median 72 us (pickle ~40 us of it), p90
+what one step's send costs (pickle + pipe writes, bytes). Measured on the shared 2-core CPU
+with the earlier StepInput encoding of the same delta, TP=2, 16 decoding requests (~1.4 KB a
+step): send median 72 us (pickle ~40 us of it), p90
 ~470 us (the OS waking the worker on a busy machine), worker decode ~60 us, against a 5.6 ms
 step of the tiny test model: 1-3 % of a step.
 
@@ -53,12 +54,12 @@ from typing import Any, NoReturn
 import torch
 
 from workbench.config import EngineConfig
+from workbench.core.sched.output import SchedulerOutput
 from workbench.distributed.parallel_state import (
     destroy_distributed_environment,
     init_distributed_environment,
     model_parallel_is_initialized,
 )
-from workbench.distributed.step_input import StepInput
 from workbench.executor.main_module import MAIN_ADVICE, main_module_problem
 from workbench.worker.tp_worker import worker_main
 
@@ -245,8 +246,9 @@ class MultiprocExecutor:
             self.fail(e)
         return len(data), pickle_s
 
-    def send_step(self, step: StepInput) -> None:
-        """One step's broadcast (no reply): timed and counted for broadcast_stats()."""
+    def send_step(self, step: SchedulerOutput) -> None:
+        """One step's message, as rank 0's runner gets it (no reply): timed and counted for
+        broadcast_stats()."""
         t0 = time.perf_counter()
         nbytes, pickle_s = self._send(("step", step))
         self.broadcast_s += time.perf_counter() - t0

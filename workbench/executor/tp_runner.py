@@ -33,7 +33,6 @@ from workbench.distributed.parallel_state import (
     get_tp_group,
     init_from_torchrun_env,
 )
-from workbench.distributed.step_input import StepInputEncoder
 from workbench.executor.multiproc_executor import MultiprocExecutor, threads_per_rank
 from workbench.worker.model_runner import ModelRunner
 from workbench.worker.tp_worker import rank_memory_info
@@ -70,7 +69,8 @@ class MultiprocModelRunner(ModelRunner):
         except BaseException:
             self.executor.shutdown()
             raise
-        self.encoder = StepInputEncoder()
+        # request id -> how many of its tokens the workers hold (new_token_ids' start)
+        self.num_sent_tokens: dict[str, int] = {}
 
     def collective_rpc(
         self,
@@ -106,16 +106,38 @@ class MultiprocModelRunner(ModelRunner):
     def execute_model(
         self, out: SchedulerOutput, failed: dict[str, str] | None = None
     ) -> ModelRunnerOutput:
-        if not out.is_empty:
-            self.executor.send_step(self.encoder.encode(out))
+        """The step message, pickled as it is, to every worker (a step with only finished ids
+        too: they drop those requests), then rank 0's own step."""
+        if out.scheduled_spec_decode_tokens:
+            raise ValueError("speculative decoding with tensor_parallel_size > 1 is not supported")
+        if not out.is_empty or out.finished_req_ids:
+            self.fill_new_token_ids(out)
+            self.executor.send_step(out)
         try:
             return super().execute_model(out, failed)
         except BaseException as e:
             self.executor.fail(e)
 
+    def fill_new_token_ids(self, out: SchedulerOutput) -> None:
+        """`CachedRequestData.new_token_ids` for the workers, which do not sample: the tokens
+        each cached request gained since they last got it, from rank 0's own request states
+        (which hold the tokens it sampled; vLLM sends tokens so to pipeline stages)."""
+        sent = self.num_sent_tokens
+        for rid in out.finished_req_ids:
+            sent.pop(rid, None)
+        for data in out.scheduled_new_reqs:
+            sent[data.req_id] = len(data.prompt_token_ids)
+        cached = out.scheduled_cached_reqs
+        new_token_ids: list[list[int]] = []
+        for rid in cached.req_ids:
+            tokens = self.requests[rid].all_token_ids
+            new_token_ids.append(tokens[sent[rid]:])
+            sent[rid] = len(tokens)
+        cached.new_token_ids = new_token_ids
+
     def broadcast_stats(self) -> dict[str, float]:
         """Per-step broadcast cost: rank 0's send (pickle + pipe writes) and the workers'
-        decode (unpickle + apply), mean microseconds, and the mean message size."""
+        decode (unpickling the message), mean microseconds, and the mean message size."""
         stats = dict(self.executor.broadcast_stats())
         workers = self.collective_rpc("broadcast_stats", include_driver=False)
         steps = max(1, max(w["num_steps"] for w in workers))

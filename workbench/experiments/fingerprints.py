@@ -46,7 +46,7 @@ def mixed_nodes(probes: Sequence[dict[str, Any]]) -> str | None:
     groups = _groups((p["fingerprint"], p["node"]) for p in probes)
     if len(groups) < 2:
         return None
-    from workbench.preflight import compare_fingerprints
+    from workbench.platforms.preflight import compare_fingerprints
 
     first = {p["fingerprint"]: p["preflight"] for p in probes}
     a, b = list(groups)[:2]

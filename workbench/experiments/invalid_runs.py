@@ -26,6 +26,7 @@ from typing import Any
 
 from workbench.experiments.resume import SUPERSEDED_TAG
 from workbench.experiments.run_record import RunRecord
+from workbench.harness.validity import busy_machine_line, invalid_advice, load_before_start
 
 Key = tuple[str, int]  # (label, repeat)
 # measure(kept records, {(label, repeat): tags}): every record, the missing ones measured
@@ -36,8 +37,6 @@ def check_load(watch: Any, threshold: float,
                say: Callable[[str], None] | None = None) -> float:
     """The other processes' share of the CPUs now (`validity.load_before_start`: a 1 s
     watch); one warning line (`validity.busy_machine_line`) when it exceeds `threshold`."""
-    from workbench.harness.validity import busy_machine_line, load_before_start
-
     share = load_before_start(watch)
     line = busy_machine_line(share, threshold)
     if line is not None:
@@ -52,8 +51,6 @@ def _stderr(line: str) -> None:
 def advice_line(runs: list[RunRecord]) -> str | None:
     """One line when runs are invalid: how many of how many, and what to do
     (`validity.invalid_advice` for disturbed runs, as `workbench sweep` says it)."""
-    from workbench.harness.validity import invalid_advice
-
     measured = [r for r in runs if r.error is None]
     behind = sum(not r.valid and not r.disturbed for r in measured)
     parts = [invalid_advice(sum(r.disturbed for r in measured), len(runs))]

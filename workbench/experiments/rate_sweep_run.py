@@ -33,6 +33,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from workbench.experiments.child_run import RunContext
 from workbench.experiments.labels import metric_label
 from workbench.experiments.rate_sweep import RateSweep
@@ -197,8 +199,6 @@ def _finish_child(store: Any, child: str, label: str, value: Any, repeat: int,
 
 
 def _points_csv(points: Sequence[SweepPoint]) -> str:
-    import pandas as pd
-
     cols = ["value", "repeat", "rate_index", "rate", "attainment", "requests", "met",
             "status", "valid", "disturbed", "run_id", "error"]
     return pd.DataFrame([{**vars(p), "value": p.label, "repeat": p.repeat + 1,
@@ -242,8 +242,6 @@ def log_sweep_parent(store: Any, parent: str, template: Template, result: RateSw
     """The parent's slo_attainment.csv and .png, slo_attainment/<value> medians (step = rate
     index), tag rate_sweep; the same files in the results folder. A plotting failure only
     warns (the numbers are logged already)."""
-    import pandas as pd
-
     sweep = result.sweep
     bands = result.bands()
     for name, band in bands.items():
@@ -271,7 +269,8 @@ def log_sweep_parent(store: Any, parent: str, template: Template, result: RateSw
 
 def _attainment_figure(bands: dict[str, Band], target: float, goodputs: dict[str, float],
                        title: str) -> Any:
-    """`analysis.disagg.slo_attainment_plot`, each value's goodput marked."""
+    """`analysis.disagg.slo_attainment_plot`, each value's goodput marked (matplotlib is
+    imported here, on first use, inside the caller's guard: a plotting failure only warns)."""
     from workbench.analysis.disagg import slo_attainment_plot
 
     return slo_attainment_plot(bands, target, goodputs=goodputs, title=title)

@@ -51,8 +51,8 @@ GOLDEN_PROMPTS: tuple[str, ...] = (
 
 def golden_prompts(model: str | Path, num_prompts: int | None = None) -> list[list[int]]:
     """GOLDEN_PROMPTS (cycled to `num_prompts`) tokenized with `model`'s tokenizer."""
-    from workbench.models.tokenizer import load_tokenizer
     from workbench.config.named_models import resolve_model
+    from workbench.models.tokenizer import load_tokenizer
 
     tok = load_tokenizer(resolve_model(model))
     n = len(GOLDEN_PROMPTS) if num_prompts is None else num_prompts
@@ -67,8 +67,8 @@ def held_out_ids(model: str | Path, num_tokens: int = DEFAULT_PPL_TOKENS) -> lis
     shorter. Files are read only until there are enough tokens."""
     import sysconfig
 
-    from workbench.models.tokenizer import load_tokenizer
     from workbench.config.named_models import resolve_model
+    from workbench.models.tokenizer import load_tokenizer
     from workbench.testing.demo_pair import HOLDOUT_EVERY, corpus_files
 
     tok = load_tokenizer(resolve_model(model))

@@ -252,8 +252,8 @@ def make_target(target_spec: dict[str, Any], engine_config: dict[str, Any]
     """
     kind = str(target_spec.get("kind", "in-process")).replace("_", "-")
     if kind in ("in-process", "inprocess"):
-        from workbench.harness.targets import InProcessTarget
         from workbench.config.named_models import resolve_model
+        from workbench.harness.targets import InProcessTarget
 
         model = resolve_model(str(target_spec.get("model", "bundled")))
         return InProcessTarget(model, engine_kwargs=dict(engine_config)), contextlib.nullcontext()

@@ -53,12 +53,12 @@ from torch import nn
 from workbench.config.compilation import CACHE_ENV as CACHE_ENV  # re-exported: tests set it
 from workbench.config.compilation import cache_root
 from workbench.layers import linear_backend as lb
+from workbench.layers.linear_backend import LinearPlan, Shape
 from workbench.platforms.cpu_info import (
     cpu_model_name,
     last_level_cache_bytes,
     machine_fingerprint,
 )
-from workbench.layers.linear_backend import LinearPlan, Shape
 
 CACHE_FILE = "linear_backends.json"
 CACHE_VERSION = 1

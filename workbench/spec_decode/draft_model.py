@@ -1,9 +1,9 @@
 """Draft-model proposer: a smaller model with its own paged KV cache beside the target's.
 
 The model runner owns it and calls `propose` inside `execute_model`, right after sampling
-(vLLM V1's drafter), before the scheduler appends the sampled tokens: a request's tokens are
-`all_token_ids + sampled[id]`, and its computed tokens after the step are
-`num_computed_tokens + scheduled - rejected drafts`.
+(vLLM V1's drafter, `workbench.spec_decode.proposer`), before the worker appends the sampled
+tokens: a request's tokens are `all_token_ids + sampled[id]`, and its computed tokens after
+the step are `num_computed_tokens + scheduled - rejected drafts`.
 
 The draft's KV tensors have the target's shape in blocks and are indexed by the *same* block
 ids (the target's KVCacheManager owns the block tables; the scheduler allocates k lookahead
@@ -11,7 +11,7 @@ slots so the draft can write ahead; the target runner's `copy_blocks` copies the
 blocks too). Every step:
 
     1. catch-up: one draft forward over every scheduled request's tokens the draft has not
-       seen, [num_draft_computed_tokens, computed tokens after the step), plus, for requests
+       seen, [its draft progress, computed tokens after the step), plus, for requests
        that got tokens and may draft, their newest token (its logits give draft 1). So every
        token the target computed has draft KV in the same step, and prefix-cache hits are
        valid for both.
@@ -19,13 +19,17 @@ blocks too). Every step:
 
 Drafts of greedy requests are the draft's argmax; sampled requests draw from the draft's
 processed distribution q (temperature/top-k/top-p applied) and return q for the rejection
-sampler. Drafted positions are not counted in num_draft_computed_tokens: whatever the target
-accepts is recomputed by the next catch-up, so rejected drafts need no rollback here. Drafts
-of a request that finishes in this step are dropped by the scheduler.
+sampler. The draft progress (tokens whose draft KV is written) is the proposer's own
+per-request state: set to num_computed_tokens when a request starts (a prefix-cache hit's
+blocks hold the draft's KV too, it runs on every computed token) and advanced only when
+`propose` returns. Drafted positions are not counted: whatever the target accepts is
+recomputed by the next catch-up, so rejected drafts need no rollback here. Drafts of a
+request that finishes in this step are dropped by the scheduler.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Protocol
 
@@ -33,12 +37,12 @@ import torch
 
 from workbench.attention.metadata import AttentionMetadata
 from workbench.config import EngineConfig, ModelConfig
-from workbench.core.request import Request
 from workbench.core.sched.output import SchedulerOutput
 from workbench.layers.sampler import Sampler
 from workbench.models.tokenizer import load_tokenizer
 from workbench.profiling import nvtx_range
-from workbench.spec_decode.ngram import max_draft_tokens
+from workbench.spec_decode.proposer import DraftProposal, Proposer, max_draft_tokens
+from workbench.worker.request_state import CachedRequestState
 from workbench.worker.sampling_metadata_builder import make_sampling_metadata
 
 
@@ -94,39 +98,52 @@ def draft_engine_config(config: EngineConfig) -> EngineConfig:
     return replace(config, model_config=draft_mc, speculative_config=None)
 
 
-class DraftModelProposer:
+class DraftModelProposer(Proposer):
     def __init__(self, config: EngineConfig, runner: DraftRunner) -> None:
         """`runner`: the draft model's runner, built from `draft_engine_config(config)`."""
         spec = config.speculative_config
         assert spec is not None and not isinstance(spec, dict)
         assert config.model_config.max_model_len is not None
-        self.k = spec.num_speculative_tokens
+        self.num_speculative_tokens = spec.num_speculative_tokens
         self.max_model_len = config.model_config.max_model_len
         self.runner = runner
         self.generator = torch.Generator(device=runner.device)
         self.generator.manual_seed(config.model_config.seed + 1)
+        # request id -> tokens whose draft KV is written (the draft's num_computed_tokens)
+        self.num_draft_computed_tokens: dict[str, int] = {}
+
+    def start_requests(self, requests: Sequence[CachedRequestState]) -> None:
+        for req in requests:
+            self.num_draft_computed_tokens[req.req_id] = req.num_computed_tokens
+
+    def remove_requests(self, req_ids: Iterable[str]) -> None:
+        for rid in req_ids:
+            self.num_draft_computed_tokens.pop(rid, None)
 
     @torch.inference_mode()
     def propose(
-        self, out: SchedulerOutput, sampled: dict[str, list[int]],
-        failed: dict[str, str] | None = None,
-    ) -> tuple[dict[str, list[int]], dict[str, torch.Tensor]]:
+        self, requests: Sequence[CachedRequestState], scheduler_output: SchedulerOutput,
+        sampled: dict[str, list[int]], failed: dict[str, str] | None = None,
+    ) -> DraftProposal:
         """Catch the draft KV up on this step's tokens; draft for the requests in `sampled`.
-        Returns (request id -> drafts, request id -> their distributions [k, vocab]); a
-        request with no drafts, or greedy drafts (one-hot), is absent from the second."""
+        Returns the drafts and their distributions [k, vocab]; a request with no drafts, or
+        greedy drafts (one-hot), is absent from the second."""
+        out = scheduler_output
         spec = out.scheduled_spec_decode_tokens
         num_sched = out.num_scheduled_tokens
+        progress = self.num_draft_computed_tokens
+        advanced: dict[str, int] = {}  # committed when the drafts are made
         token_ids: list[int] = []
         starts: list[int] = []
         q_lens: list[int] = []
         tables: list[list[int]] = []
         rows: list[int] = []  # flat row of each drafting request's newest token
-        reqs: list[Request] = []
+        reqs: list[CachedRequestState] = []
         want: list[int] = []  # drafts each drafting request may have
         first_pos: list[int] = []  # position of each drafting request's first draft
         draft_tables: list[list[int]] = []
-        for req in out.scheduled_requests:
-            rid = req.request_id
+        for req in requests:
+            rid = req.req_id
             if failed and rid in failed:
                 continue
             all_ids = req.all_token_ids
@@ -137,8 +154,9 @@ class DraftModelProposer:
                 drafts = spec.get(rid)
                 if drafts:
                     computed -= len(drafts) + 1 - len(new)
-                k = max_draft_tokens(req, self.k, self.max_model_len, len(new))
-            start = req.num_draft_computed_tokens
+                k = max_draft_tokens(req, self.num_speculative_tokens, self.max_model_len,
+                                     len(new))
+            start = progress.get(rid, req.num_computed_tokens)
             end = computed + (1 if k > 0 else 0)
             if end <= start:
                 continue
@@ -149,20 +167,21 @@ class DraftModelProposer:
                 token_ids.extend(new[: end - len(all_ids)])
             starts.append(start)
             q_lens.append(end - start)
-            tables.append(out.block_ids[rid])
-            req.num_draft_computed_tokens = end
+            tables.append(req.block_ids)
+            advanced[rid] = end
             if k > 0:
                 rows.append(len(token_ids) - 1)
                 reqs.append(req)
                 want.append(k)
                 first_pos.append(end)
-                draft_tables.append(out.block_ids[rid])
+                draft_tables.append(req.block_ids)
         if not q_lens:
-            return {}, {}
+            return DraftProposal({}, {})
         with nvtx_range(f"draft.catch_up tokens={len(token_ids)}"):
             logits = self._forward(token_ids, starts, q_lens, tables, rows)
         if not reqs:
-            return {}, {}
+            progress.update(advanced)
+            return DraftProposal({}, {})
         meta = make_sampling_metadata(reqs, self.runner.device)
         random = set(meta.random_rows)
         drafts: list[list[int]] = [[] for _ in reqs]
@@ -190,9 +209,10 @@ class DraftModelProposer:
                     probs[active[row]].append(q[s])
             for row, i in enumerate(active):
                 drafts[i].append(tokens[row])
-        ids = {r.request_id: d for r, d in zip(reqs, drafts, strict=True)}
-        dists = {r.request_id: torch.stack(p) for r, p in zip(reqs, probs, strict=True) if p}
-        return ids, dists
+        ids = {r.req_id: d for r, d in zip(reqs, drafts, strict=True)}
+        dists = {r.req_id: torch.stack(p) for r, p in zip(reqs, probs, strict=True) if p}
+        progress.update(advanced)
+        return DraftProposal(ids, dists)
 
     def _forward(
         self, token_ids: list[int], starts: list[int], q_lens: list[int],

@@ -13,25 +13,24 @@ n-gram drafts are one-hot: q = 1 at the draft token, so the rejection sampler ac
 probability p(draft).
 
 The model runner owns the proposer and calls it inside `execute_model`, right after sampling,
-before the scheduler appends the sampled tokens: the context is `all_token_ids + sampled`.
+before the worker appends the sampled tokens: the context is `all_token_ids + sampled`
+(`workbench.spec_decode.proposer`). It keeps no per-request state.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from workbench.config import SpeculativeConfig
-from workbench.core.request import Request
+from workbench.spec_decode.proposer import DraftProposal, Proposer, max_draft_tokens
 
-
-def max_draft_tokens(req: Request, k: int, max_model_len: int, num_new: int = 0) -> int:
-    """k, capped so the request cannot pass max_model_len and so that accepted drafts plus
-    the bonus token stay within its max_tokens (shared by both proposers). `num_new`: tokens
-    sampled for it this step that are not appended to the request yet."""
-    room_len = max_model_len - req.num_tokens - num_new
-    room_out = req.max_tokens - req.num_output_tokens - num_new - 1
-    return max(0, min(k, room_len, room_out))
+if TYPE_CHECKING:
+    from workbench.core.sched.output import SchedulerOutput
+    from workbench.worker.request_state import CachedRequestState
 
 
 def propose_ngram(
@@ -51,30 +50,32 @@ def propose_ngram(
     return []
 
 
-class NgramProposer:
+class NgramProposer(Proposer):
     def __init__(self, config: SpeculativeConfig, max_model_len: int) -> None:
         assert config.prompt_lookup_min is not None and config.prompt_lookup_max is not None
         self.min_n = config.prompt_lookup_min
         self.max_n = config.prompt_lookup_max
-        self.k = config.num_speculative_tokens
+        self.num_speculative_tokens = config.num_speculative_tokens
         self.max_model_len = max_model_len
 
     def propose(
-        self, requests: list[Request], sampled: dict[str, list[int]]
-    ) -> dict[str, list[int]]:
+        self, requests: Sequence[CachedRequestState], scheduler_output: SchedulerOutput,
+        sampled: dict[str, list[int]], failed: dict[str, str] | None = None,
+    ) -> DraftProposal:
         """Drafts (request id -> token ids; one-hot, so no distributions) for the requests
         that got tokens this step, from their context `all_token_ids + sampled[id]`; a
         request without drafts is absent."""
         drafts: dict[str, list[int]] = {}
         for req in requests:
-            new = sampled.get(req.request_id)
+            new = sampled.get(req.req_id)
             if not new:
                 continue
-            k = max_draft_tokens(req, self.k, self.max_model_len, len(new))
+            k = max_draft_tokens(req, self.num_speculative_tokens, self.max_model_len,
+                                 len(new))
             if not k:
                 continue
             tokens = np.asarray(req.all_token_ids + new, dtype=np.int64)
             draft = propose_ngram(tokens, self.min_n, self.max_n, k)
             if draft:
-                drafts[req.request_id] = draft
-        return drafts
+                drafts[req.req_id] = draft
+        return DraftProposal(drafts, {})

@@ -199,7 +199,7 @@ def _sweep(ex: Executor, nb: Path, param: str, values: list[Any], keys: list[str
         bar.close()
         rows = [r for r in slots if r is not None]
         failed = len(rows) < len(values) or any(r["status"] == "FAILED" for r in rows)
-        from workbench.notebook_specs import sweep_metrics
+        from workbench.sweeps.notebook_specs import sweep_metrics
         from workbench.sweeps.report import report
 
         for r in rows:

@@ -5,7 +5,7 @@
     kernel_language(nb, kernel)  the kernel's language for a notebook without a kernelspec
                                (--kernel must then be given and installed)
     check_values(nb, ...)      every swept and fixed value against the notebook's declared
-                               parameter types (`workbench.notebook_specs`): one
+                               parameter types (`workbench.sweeps.notebook_specs`): one
                                `NotebookParameterError` naming each problem, nothing run
 """
 
@@ -72,10 +72,10 @@ def kernel_language(nb: Path, kernel_name: str | None) -> str | None:
 def check_values(nb: Path, declared: dict[str, Any], param: str, values: Sequence[Any],
                  fixed: dict[str, Any]) -> None:
     """Every swept and fixed value against the notebook's `check_params` declaration
-    (`workbench.notebook_specs`), before anything runs: one `NotebookParameterError`
+    (`workbench.sweeps.notebook_specs`), before anything runs: one `NotebookParameterError`
     naming each bad parameter, its value and what is allowed."""
     from workbench.notebook_params import NotebookParameterError
-    from workbench.notebook_specs import declared_specs, value_problems
+    from workbench.sweeps.notebook_specs import declared_specs, value_problems
 
     problems = value_problems(declared_specs(nb), declared, param, values, fixed)
     if problems:

@@ -14,7 +14,7 @@ MLflow parent run, read like an experiment's.
       artifacts    summary.md, sweep.png
 
 The sweep metrics are the ones the notebook declares (`SWEEP_METRICS = [...]`, names or
-fnmatch patterns, `workbench.notebook_specs.sweep_metrics`), in that order; a notebook that
+fnmatch patterns, `workbench.sweeps.notebook_specs.sweep_metrics`), in that order; a notebook that
 declares none gets KEY_METRICS it logged, else the first names in sorted order.
 """
 

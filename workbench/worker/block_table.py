@@ -4,12 +4,11 @@
     row 1   [ 4  0  0  0  0 ]     (zeros past a row's blocks, so a gathered
     row 2   [ 1  2  3  5  0 ]      table reads as the block ids padded with 0)
 
-A row is written whole when its request enters the batch (`add_row`); afterwards a step adds
-only its new block ids at the row's end (`append_row`), or, on a step with copy-on-write
-replacements, rewrites the row from the first block this step writes (`replace_tail`): the
-KV cache manager changes a running request's block list only by appending, and by replacing
-the shared blocks it writes into (`KVCacheManager.allocate_slots`). Rows move when the batch
-condenses (`move_row`). `slot_mapping` and `gather` read the step's rows with numpy.
+A row is written whole when its request enters the batch (`add_row`: new, resumed, or its
+table replaced by a copy-on-write step); afterwards a step adds only its new block ids at the
+row's end (`append_row`), the step message's delta (`CachedRequestData.new_block_ids`). Rows
+move when the batch condenses (`move_row`). `slot_mapping` and `gather` read the step's rows
+with numpy.
 
 The table grows (doubling) when a row needs more columns or the batch more rows than
 allocated; `np.zeros` leaves untouched pages unallocated, so a large capacity costs nothing
@@ -79,19 +78,6 @@ class BlockTable:
         self.ensure_capacity(row + 1, end)
         self.block_table_np[row, start:end] = block_ids
         self.num_blocks_per_row[row] = end
-
-    def replace_tail(self, block_ids: Sequence[int], row: int, start: int) -> None:
-        """Row `row` from block `start` on := `block_ids[start:]` (`block_ids` is the request's
-        whole list; the blocks before `start` are unchanged). A list shorter than the row, or
-        `start` past the row's end, rewrites the whole row."""
-        old = int(self.num_blocks_per_row[row])
-        n = len(block_ids)
-        if n < old or start > old or start < 0:
-            self.add_row(block_ids, row)
-            return
-        self.ensure_capacity(row + 1, n)
-        self.block_table_np[row, start:n] = block_ids[start:]
-        self.num_blocks_per_row[row] = n
 
     def move_row(self, src: int, dst: int) -> None:
         """Row `dst` := row `src` (`dst` must be empty); `src` is left empty."""

@@ -10,29 +10,25 @@ One row per request scheduled in the current step, rows 0..num_reqs-1 (condensed
     num_computed_tokens_cpu  [8, 4, 0]               the request's num_computed_tokens
     block_table              BlockTable rows         (block_table.py)
 
-`update_states(out)` brings the rows to a SchedulerOutput (vLLM's `_update_states`):
+`update_states(out, reqs)` brings the rows to a SchedulerOutput (vLLM's `_update_states`);
+`reqs` are the worker's own states of the scheduled requests (`request_state.py`, already
+brought to the message), in batch order:
 
     1. leave: every row whose request is not scheduled this step (finished, preempted,
        aborted, or left out by the token budget) becomes a hole
-    2. continue: a scheduled request whose row holds this very request object (a reused
-       request id is a new object) in the same preemption epoch (`num_preemptions`): only the
-       tokens appended since its last step are copied, and its block-table row gets only its
-       new block ids (rewritten from block num_computed_tokens // block_size on when the step
-       copies blocks: copy-on-write replaces the blocks a request writes; block_table.py)
-    3. enter: any other scheduled request (new, resumed after preemption, back after a step
-       left out) takes the lowest hole or the next row, its tokens and block ids copied whole
+    2. continue: a scheduled request whose row holds this very state object (a reused
+       request id is a new object) in the same epoch (its block table was not replaced since,
+       as after a preemption or a copy-on-write step): only the tokens appended since its
+       last step are copied, and its block-table row gets only its new block ids
+    3. enter: any other scheduled request (new, resumed, back after a step left out) takes
+       the lowest hole or the next row, its tokens and block ids copied whole
     4. condense: the last rows move into the holes left, so rows stay 0..num_reqs-1
     5. this step's draft tokens are written after each request's confirmed tokens; they are
        not counted in `num_tokens_no_spec`, so the next step's confirmed tokens overwrite them
 
-A request without `num_preemptions` (a tensor-parallel worker's `MirrorRequest`, which does
-not see preemptions) gets its block-table row rewritten whole every step; its tokens are still
-copied once (`all_token_ids` only ever grows).
-
-`prepare(out)` then gathers the step's flat batch in `out.scheduled_requests` order with
-numpy (the layout is `model_runner.py`'s diagram): token ids, positions and slot mapping are
-read from the persistent arrays at each token's (row, position); nothing walks a request's
-history.
+`prepare(out, reqs)` then gathers the step's flat batch in batch order with numpy (the layout
+is `model_runner.py`'s diagram): token ids, positions and slot mapping are read from the
+persistent arrays at each token's (row, position); nothing walks a request's history.
 """
 
 from __future__ import annotations
@@ -43,9 +39,9 @@ from typing import NamedTuple
 import numpy as np
 
 from workbench.core.kv_cache.utils import cdiv
-from workbench.core.request import Request
 from workbench.core.sched.output import SchedulerOutput
 from workbench.worker.block_table import BlockTable
+from workbench.worker.request_state import CachedRequestState
 
 
 class StepArrays(NamedTuple):
@@ -58,19 +54,19 @@ class StepArrays(NamedTuple):
     block_table: np.ndarray  # [num_reqs, cdiv(max seq_len, block_size)] int64, 0-padded
     slot_mapping: np.ndarray  # [num_tokens] int64
     logits_indices: np.ndarray  # [rows scored] int64: the flat rows whose logits are needed
-    to_sample: list[Request]  # the requests sampled this step, in batch order
+    to_sample: list[CachedRequestState]  # the requests sampled this step, in batch order
     query_lens: list[int]  # [num_reqs] tokens scheduled per request
 
 
 class StepRows(NamedTuple):
-    """`InputBatch.update_states`' answer, in `out.scheduled_requests` order."""
+    """`InputBatch.update_states`' answer, in batch order."""
 
     rows: np.ndarray  # [num_reqs] int64: each request's row (after condense)
     query_lens: list[int]  # tokens scheduled per request
     starts: list[int]  # num_computed_tokens per request
     num_tokens: int  # the step's tokens
     logits_indices: list[int]  # flat rows scored: last confirmed token and drafts, if sampled
-    to_sample: list[Request]  # the requests sampled
+    to_sample: list[CachedRequestState]  # the requests sampled
 
 
 class InputBatch:
@@ -83,8 +79,8 @@ class InputBatch:
         self.req_ids: list[str | None] = []  # by row; None = a hole (until condense)
         self.req_id_to_index: dict[str, int] = {}
         self._holes: list[int] = []  # heap of the rows freed since the last condense
-        self._requests: list[Request | None] = []  # the object each row was built from
-        self._epochs: list[int | None] = []  # its num_preemptions then (None: not known)
+        self._requests: list[CachedRequestState | None] = []  # the state each row was built from
+        self._epochs: list[int | None] = []  # its epoch then
         # num_tokens_no_spec as a Python list: the step loop reads it once per request
         self._num_tokens: list[int] = []
         self.token_ids_cpu = np.zeros((max_num_reqs, max_model_len), dtype=np.int32)
@@ -121,10 +117,10 @@ class InputBatch:
         return self.token_ids_cpu
 
     # ------------------------------------------------------------------ rows
-    def add_request(self, req: Request, block_ids: list[int]) -> int:
+    def add_request(self, req: CachedRequestState) -> int:
         """A row for `req` (the lowest hole, else the next row): its confirmed tokens and
         block ids copied whole, its num_computed_tokens noted. Returns the row."""
-        rid = req.request_id
+        rid = req.req_id
         if rid in self.req_id_to_index:
             raise ValueError(f"request {rid!r} already has row {self.req_id_to_index[rid]}; "
                              "remove_request it first")
@@ -140,10 +136,10 @@ class InputBatch:
         self._ensure_token_cols(len(ids))[row, : len(ids)] = ids
         self._num_tokens[row] = self.num_tokens_no_spec[row] = len(ids)
         self.num_computed_tokens_cpu[row] = req.num_computed_tokens
-        self.block_table.add_row(block_ids, row)
+        self.block_table.add_row(req.block_ids, row)
         self.req_ids[row] = rid
         self._requests[row] = req
-        self._epochs[row] = getattr(req, "num_preemptions", None)
+        self._epochs[row] = req.epoch
         self.req_id_to_index[rid] = row
         return row
 
@@ -205,17 +201,17 @@ class InputBatch:
             per_row.clear()
 
     # ------------------------------------------------------------------ the step
-    def update_states(self, out: SchedulerOutput) -> StepRows:
+    def update_states(self, out: SchedulerOutput, reqs: list[CachedRequestState]) -> StepRows:
         """Bring the rows to `out` (steps 1-5 of the module docstring); the step's rows and
-        per-request figures in `out.scheduled_requests` order. On any error the batch is
-        cleared (the next step rebuilds every row) and the error raised."""
+        per-request figures in batch order (`reqs`). On any error the batch is cleared (the
+        next step rebuilds every row) and the error raised."""
         try:
-            return self._update_states(out)
+            return self._update_states(out, reqs)
         except BaseException:
             self.clear()
             raise
 
-    def _update_states(self, out: SchedulerOutput) -> StepRows:
+    def _update_states(self, out: SchedulerOutput, reqs: list[CachedRequestState]) -> StepRows:
         num_sched = out.num_scheduled_tokens
         index = self.req_id_to_index
         for rid in out.finished_req_ids:
@@ -225,8 +221,6 @@ class InputBatch:
         table = self.block_table
         counts = table.num_blocks_per_row  # Python lists, grown in place: read per request
         have_of, requests, epochs = self._num_tokens, self._requests, self._epochs
-        cow = bool(out.blocks_to_copy)
-        bs = self.block_size
         spec = out.scheduled_spec_decode_tokens
         cols = self.token_ids_cpu.shape[1]
         rows: list[int] = []
@@ -234,25 +228,25 @@ class InputBatch:
         starts: list[int] = []
         lens: list[int] = []
         logits: list[int] = []
-        to_sample: list[Request] = []
+        to_sample: list[CachedRequestState] = []
         one_rows: list[int] = []  # single new tokens (decodes): written at once after the loop
         one_cols: list[int] = []
         one_ids: list[int] = []
         drafts_at: list[tuple[int, int, list[int]]] = []  # (batch index, first position, ids)
         total = 0
-        for req in out.scheduled_requests:
-            rid = req.request_id
+        for req in reqs:
+            rid = req.req_id
             ids = req.all_token_ids
             num_ids = len(ids)
             nc = req.num_computed_tokens
-            epoch = getattr(req, "num_preemptions", None)
+            epoch = req.epoch
             row = index.get(rid)
             if row is not None and (requests[row] is not req or epochs[row] != epoch
                                     or num_ids < have_of[row]):
                 self.remove_request(rid)
                 row = None
             if row is None:
-                row = self.add_request(req, out.block_ids[rid])
+                row = self.add_request(req)
                 cols = self.token_ids_cpu.shape[1]
             else:
                 have = have_of[row]
@@ -266,12 +260,8 @@ class InputBatch:
                         cols = tokens.shape[1]
                         tokens[row, have:num_ids] = ids[have:]
                     have_of[row] = num_ids
-                block_ids = out.block_ids[rid]
-                if epoch is None:
-                    table.add_row(block_ids, row)
-                elif cow:
-                    table.replace_tail(block_ids, row, nc // bs)
-                elif len(block_ids) > counts[row]:
+                block_ids = req.block_ids
+                if len(block_ids) > counts[row]:
                     table.append_row(block_ids[counts[row]:], row)
             n = num_sched[rid]
             end = nc + n
@@ -309,9 +299,9 @@ class InputBatch:
             self._ensure_token_cols(end)[rows_np[i], first:end] = drafts
         return StepRows(rows_np, q_lens, starts, total, logits, to_sample)
 
-    def prepare(self, out: SchedulerOutput) -> StepArrays:
+    def prepare(self, out: SchedulerOutput, reqs: list[CachedRequestState]) -> StepArrays:
         """`update_states`, then the step's flat batch gathered from the rows."""
-        st = self.update_states(out)
+        st = self.update_states(out, reqs)
         rows, n = st.rows, len(st.rows)
         q = np.asarray(st.query_lens, dtype=np.int64)
         starts = np.asarray(st.starts, dtype=np.int64)

@@ -1,6 +1,6 @@
 """KV-pool sizing, the worker's half (vLLM's `Worker.determine_available_memory`): the bytes
 the KV cache may take on this device, measured where the model lives. The engine turns them
-into blocks (`workbench.kv_cache.sizing.get_num_blocks`).
+into blocks (`workbench.core.kv_cache.sizing.get_num_blocks`).
 
 The KV pool is num_gpu_blocks_override blocks, or kv_cache_memory_bytes of KV, or the rest of
 a whole-process budget,
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from workbench.calc import cdiv
+from workbench.core.kv_cache.utils import cdiv
 
 if TYPE_CHECKING:
     from workbench.config import EngineConfig

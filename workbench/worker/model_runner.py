@@ -6,6 +6,9 @@
     query_start_loc     [0, 1, 6, 7]
     slot_mapping[t]     block_table[r][pos // block_size] * block_size + pos % block_size
 
+The runner keeps its own state per request (`request_state.CachedRequestState`, vLLM V1's),
+brought to each step's message (the SchedulerOutput delta: new requests whole, then new block
+ids and computed tokens) and extended with the tokens it samples; it never sees a `Request`.
 The batch is gathered with numpy from the persistent `InputBatch` (`input_batch.py`, vLLM
 V1's): one row per scheduled request kept across steps, so a step copies only each request's
 new tokens and new block ids, not its history.
@@ -13,8 +16,9 @@ new tokens and new block ids, not its history.
 Only requests whose computed tokens reach their end this step are sampled (a prefill's last
 chunk emits the first output token; a middle chunk emits nothing). The sampler gets their
 `SamplingMetadata` (`sampling_metadata_builder.py`), not the requests. With speculative
-decoding the runner owns the proposer (`drafter`) and drafts right after sampling
-(`drafting.py`); the drafts ride back in `ModelRunnerOutput.spec_token_ids`.
+decoding the runner owns the proposer (`drafter`, a `spec_decode.proposer.Proposer`) and
+drafts right after sampling (`drafting.py`); the drafts ride back in
+`ModelRunnerOutput.spec_token_ids`.
 
 KV cache dtype: the model dtype, or float8_e4m3fn with kv_cache_dtype="fp8" (one
 `KVCacheScales` per layer, bound to its cache tensor; see workbench.attention.metadata).
@@ -47,7 +51,6 @@ from workbench.core.kv_cache.utils import (
     tp_kv_heads_per_rank,
 )
 from workbench.core.outputs import ModelRunnerOutput, WorkerPhaseTimes
-from workbench.core.request import Request
 from workbench.core.sched.output import SchedulerOutput
 from workbench.distributed.kv_transfer.base import KVConnectorBase_V1, KVConnectorRole
 from workbench.distributed.kv_transfer.factory import KVConnectorFactory
@@ -63,14 +66,20 @@ from workbench.models.loader import load_model
 from workbench.profiling import nvtx_range
 from workbench.spec_decode.draft_model import DraftModelProposer, draft_engine_config
 from workbench.spec_decode.ngram import NgramProposer
+from workbench.spec_decode.proposer import Proposer
 from workbench.worker import cpu_threads, hugepages
 from workbench.worker.cpu_malloc import keep_freed_memory
 from workbench.worker.cuda_graph import DecodeGraphRunner, GraphFactory, cudagraph_capture_sizes
-from workbench.worker.drafting import Drafter, propose_drafts
+from workbench.worker.drafting import propose_drafts
 from workbench.worker.input_batch import InputBatch
 from workbench.worker.memory_profile import activation_peak
 from workbench.worker.phase_clock import PhaseClock
 from workbench.worker.prompt_logprobs import compute_prompt_logprobs
+from workbench.worker.request_state import (
+    CachedRequestState,
+    append_sampled,
+    update_request_states,
+)
 from workbench.worker.sampling_metadata_builder import SamplingMetadataBuilder
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -121,6 +130,8 @@ class ModelRunner:
         self.compiled_forward: CompiledForward | None = None
         self.compile_skipped: str | None = None
         self.sampling_metadata_builder = SamplingMetadataBuilder(self.device)
+        # This worker's state of every request it holds (until finished_req_ids drops it).
+        self.requests: dict[str, CachedRequestState] = {}
         # The persistent batch (rows kept across steps); it grows past these sizes if needed.
         sc = config.scheduler_config
         self.input_batch = InputBatch(sc.max_num_seqs, sc.max_model_len, self.block_size)
@@ -128,7 +139,7 @@ class ModelRunner:
         self.kv_connector: KVConnectorBase_V1 | None = None
         # Speculative decoding: the proposer runs after sampling in execute_model; a draft
         # model has its own runner, whose KV blocks share the target's block ids.
-        self.drafter: Drafter | None = None
+        self.drafter: Proposer | None = None
         self.draft_runner: ModelRunner | None = None
         spec = config.speculative_config
         if spec is not None and is_driver_worker:
@@ -351,8 +362,7 @@ class ModelRunner:
         blamed); a failing proposer costs only the drafts (`spec_decode_error`)."""
         if self.device.type == "cpu":  # once per calling thread (worker.cpu_threads)
             cpu_threads.bind_this_thread(torch.get_num_threads(), self.tp_size)
-        if out.finished_req_ids:  # (the input batch drops their rows when it updates)
-            self.sampling_metadata_builder.remove_requests(out.finished_req_ids)
+        reqs = self._update_states(out)
         connector = self.kv_connector if out.kv_connector_metadata is not None else None
         if connector is not None:  # swap-outs, then loads on the connector's thread
             assert out.kv_connector_metadata is not None
@@ -360,7 +370,7 @@ class ModelRunner:
             with nvtx_range("kv_connector.start_load_kv"):
                 connector.start_load_kv()
         try:
-            output = self._forward_and_sample(out, failed)
+            output = self._forward_and_sample(out, reqs, failed)
             if connector is not None:
                 with nvtx_range("kv_connector.wait_for_save"):
                     if not connector.saves_layerwise:  # else called inside the forward
@@ -375,28 +385,46 @@ class ModelRunner:
                 out.finished_req_ids, wait=out.is_empty)
         if self.drafter is not None and not out.is_empty:
             clock = PhaseClock(self.device)
-            propose_drafts(self.drafter, out, output, failed)
+            propose_drafts(self.drafter, reqs, out, output, failed)
             output.phase_times.spec_propose_s = clock.lap()
+        if output.sampled_token_ids:  # last: a step that raised appended nothing
+            append_sampled(self.requests, output.sampled_token_ids.items())
         return output
 
+    def _update_states(self, out: SchedulerOutput) -> list[CachedRequestState]:
+        """The request half of vLLM's `_update_states`: this worker's states brought to the
+        message (`request_state.update_request_states`; a rank that does not sample takes
+        the tokens it lacks from it), finished requests dropped here, in the sampling state
+        and in the proposer, new and resumed ones started in the proposer. The scheduled
+        states in batch order."""
+        if out.finished_req_ids:  # (the input batch drops their rows when it updates)
+            self.sampling_metadata_builder.remove_requests(out.finished_req_ids)
+            if self.drafter is not None:
+                self.drafter.remove_requests(out.finished_req_ids)
+        reqs, started = update_request_states(self.requests, out, not self.is_driver_worker)
+        if started and self.drafter is not None:
+            self.drafter.start_requests(started)
+        return reqs
+
     def _forward_and_sample(
-        self, out: SchedulerOutput, failed: dict[str, str] | None
+        self, out: SchedulerOutput, reqs: list[CachedRequestState],
+        failed: dict[str, str] | None,
     ) -> ModelRunnerOutput:
         if out.is_empty:
-            self.input_batch.update_states(out)  # nobody scheduled: every row leaves
+            self.input_batch.update_states(out, [])  # nobody scheduled: every row leaves
             return ModelRunnerOutput()
         # the step's overhead account: seconds per phase (phase_clock.py: host time on CUDA)
         clock, times = PhaseClock(self.device), WorkerPhaseTimes()
         if out.blocks_to_copy:
             self.copy_blocks(out.blocks_to_copy)
         with nvtx_range("model_runner.prepare_inputs"):
-            input_ids, positions, meta, logits_idx, to_sample = self.prepare_inputs(out)
+            input_ids, positions, meta, logits_idx, to_sample = self.prepare_inputs(out, reqs)
         times.prepare_inputs_s = clock.lap()
         with nvtx_range(f"model_runner.forward prefill={out.num_prefill_tokens} "
                         f"decode={out.num_decode_tokens}"):
             hidden = self.forward(input_ids, positions, meta)
         times.forward_s = clock.lap()
-        prompt_logprobs = (compute_prompt_logprobs(self.model, out, hidden)
+        prompt_logprobs = (compute_prompt_logprobs(self.model, reqs, out, hidden)
                            if out.num_prefill_tokens else {})
         if not to_sample:
             times.sample_s = clock.lap()
@@ -410,12 +438,12 @@ class ModelRunner:
                 to_sample, spec or None, failed)
             if not spec:
                 tokens = self.sampler(logits, sampling_metadata, failed=failed)
-                sampled = {r.request_id: [t] for r, t in zip(to_sample, tokens, strict=True)
-                           if not failed or r.request_id not in failed}
+                sampled = {r.req_id: [t] for r, t in zip(to_sample, tokens, strict=True)
+                           if not failed or r.req_id not in failed}
             else:
                 accepted = self.sampler.verify(logits, sampling_metadata, failed=failed)
-                sampled = {r.request_id: a for r, a in zip(to_sample, accepted, strict=True)
-                           if not failed or r.request_id not in failed}
+                sampled = {r.req_id: a for r, a in zip(to_sample, accepted, strict=True)
+                           if not failed or r.req_id not in failed}
         times.sample_s = clock.lap()
         return ModelRunnerOutput(sampled_token_ids=sampled, prompt_logprobs=prompt_logprobs,
                                  phase_times=times)
@@ -432,12 +460,13 @@ class ModelRunner:
             self.draft_runner.copy_blocks(pairs)
 
     def prepare_inputs(
-        self, out: SchedulerOutput
-    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor, list[Request]]:
+        self, out: SchedulerOutput, reqs: list[CachedRequestState],
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, torch.Tensor,
+               list[CachedRequestState]]:
         """The step's flat batch (input ids, positions, attention metadata), the flat rows
-        whose logits are computed and the requests sampled, in `out.scheduled_requests`
-        order: the persistent batch brought to `out`, then gathered (`InputBatch.prepare`)."""
-        a = self.input_batch.prepare(out)
+        whose logits are computed and the requests sampled, in batch order (`reqs`): the
+        persistent batch brought to `out`, then gathered (`InputBatch.prepare`)."""
+        a = self.input_batch.prepare(out, reqs)
         input_ids, positions, meta = batch_tensors(
             self.device, a.input_ids, a.positions, a.query_start_loc, a.seq_lens,
             a.block_table, a.slot_mapping, a.query_lens)

@@ -8,7 +8,8 @@
 Called by `ModelRunner.execute_model` only on steps with prefill tokens, and only requests
 with `num_prompt_logprobs` set add rows, so decode steps and other requests cost nothing.
 One `compute_logits` for all the rows (with tensor parallelism the LM head's all-gather is a
-collective: every rank runs this on the same rows, `MirrorRequest` carries k), then a float32
+collective: every rank runs this on the same rows: k is in the request's SamplingParams, sent
+to every rank in NewRequestData), then a float32
 log_softmax and, per request, the actual token's logprob and rank and the top-k.
 """
 
@@ -20,27 +21,29 @@ import torch
 
 from workbench.core.outputs import LogprobsTensors
 from workbench.core.sched.output import SchedulerOutput
+from workbench.worker.request_state import CachedRequestState
 
 
 def compute_prompt_logprobs(
-    model: Any, out: SchedulerOutput, hidden: torch.Tensor
+    model: Any, reqs: list[CachedRequestState], out: SchedulerOutput, hidden: torch.Tensor
 ) -> dict[str, LogprobsTensors]:
     """request id -> this step's run of prompt logprobs (on the CPU); {} when no scheduled
     request asked for them. `hidden` is the step's flat [num_tokens, hidden] output, laid
-    out in `out.scheduled_requests` order (as `ModelRunner.prepare_inputs` builds it)."""
+    out in batch order (`reqs`, the worker's states; as `ModelRunner.prepare_inputs` builds
+    it)."""
     spans: list[tuple[str, int, int, int]] = []  # (request id, k, start position, rows)
     rows: list[int] = []
     targets: list[int] = []
     offset = 0
     num_sched = out.num_scheduled_tokens
-    for req in out.scheduled_requests:
-        n = num_sched[req.request_id]
+    for req in reqs:
+        n = num_sched[req.req_id]
         k = req.num_prompt_logprobs
         if k is not None:
             start = req.num_computed_tokens
             stop = min(start + n, req.num_prompt_tokens - 1)  # last row scoring a prompt token
             if stop > start:
-                spans.append((req.request_id, k, start, stop - start))
+                spans.append((req.req_id, k, start, stop - start))
                 rows.extend(range(offset, offset + stop - start))
                 targets.extend(req.all_token_ids[start + 1:stop + 1])
         offset += n

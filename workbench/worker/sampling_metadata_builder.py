@@ -1,9 +1,10 @@
 """SamplingMetadata from the scheduled requests: the worker side of the sampler's input.
 
-The model runner calls `SamplingMetadataBuilder.build` every step with the requests it samples
-(in batch order) and the drafts it verifies; the sampler then reads only the metadata. What
-outlives a step is the seeded requests' generators: created at a request's first sampled row,
-advanced by every draw, dropped when the scheduler lists the request in `finished_req_ids`.
+The model runner calls `SamplingMetadataBuilder.build` every step with its own states of the
+requests it samples (`CachedRequestState`, in batch order) and the drafts it verifies; the
+sampler then reads only the metadata. What outlives a step is the seeded requests'
+generators: created at a request's first sampled row, advanced by every draw, dropped when
+the scheduler lists the request in `finished_req_ids`.
 
 Per-row tensors are built only when some row samples: an all-greedy batch costs one pass over
 its requests (greedy check and min_tokens) and no tensor. A request whose own parameters
@@ -17,14 +18,15 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-from workbench.core.request import Request
 from workbench.layers.sampler import sampling_error
 from workbench.layers.sampling_metadata import SamplingMetadata
 from workbench.sampling_params import SamplingParams
+from workbench.worker.request_state import CachedRequestState
 
 
 def make_sampling_metadata(
-    requests: Sequence[Request], device: torch.device, failed: dict[str, str] | None = None,
+    requests: Sequence[CachedRequestState], device: torch.device,
+    failed: dict[str, str] | None = None,
 ) -> SamplingMetadata:
     """Metadata with no generators (every sampled row draws from the sampler's generator) and
     no drafts; `SamplingMetadataBuilder.build` adds both."""
@@ -35,7 +37,7 @@ def make_sampling_metadata(
         if params.temperature != 0.0:
             random_rows.append(i)
         if params.min_tokens:
-            remaining = params.min_tokens - len(req.output_token_ids)
+            remaining = params.min_tokens - req.num_output_tokens
             if remaining > 0:
                 banned = list(params.stop_token_ids)
                 if req.eos_token_id is not None:
@@ -47,7 +49,7 @@ def make_sampling_metadata(
     if random_rows:
         temperature, top_k, top_p = _sampling_tensors(requests, device, failed)
     return SamplingMetadata(
-        request_ids=[r.request_id for r in requests],
+        request_ids=[r.req_id for r in requests],
         temperature=temperature,
         all_greedy=not random_rows,
         all_random=len(random_rows) == n,
@@ -60,7 +62,7 @@ def make_sampling_metadata(
 
 
 def _sampling_tensors(
-    requests: Sequence[Request], device: torch.device, failed: dict[str, str] | None,
+    requests: Sequence[CachedRequestState], device: torch.device, failed: dict[str, str] | None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """temperature [n] float32, top_k [n] int64 (None if no row uses it), top_p [n] float32
     (None if no row uses it). Row by row when the batched build raises and failures are
@@ -75,7 +77,7 @@ def _sampling_tensors(
         try:
             _tensors([p], device)
         except Exception as e:
-            failed.setdefault(requests[i].request_id, sampling_error(e))
+            failed.setdefault(requests[i].req_id, sampling_error(e))
             params[i] = SamplingParams(temperature=1.0)
     return _tensors(params, device)
 
@@ -108,20 +110,20 @@ class SamplingMetadataBuilder:
 
     def build(
         self,
-        requests: Sequence[Request],
+        requests: Sequence[CachedRequestState],
         spec_decode_tokens: dict[str, list[int]] | None = None,
         failed: dict[str, str] | None = None,
     ) -> SamplingMetadata:
         """Metadata for `requests` (one row each, in order). With `spec_decode_tokens`
         (request id -> drafts being verified) it carries every row's drafts and the draft
-        distributions (`Request.spec_token_probs`) for `Sampler.verify`."""
+        distributions (`CachedRequestState.spec_token_probs`) for `Sampler.verify`."""
         meta = make_sampling_metadata(requests, self.device, failed)
         for i in meta.random_rows:
             req = requests[i]
             seed = req.sampling_params.seed
             if seed is None:
                 continue
-            gen = self.generators.get(req.request_id)
+            gen = self.generators.get(req.req_id)
             if gen is None:
                 try:
                     gen = torch.Generator(device=self.device)
@@ -129,12 +131,12 @@ class SamplingMetadataBuilder:
                 except Exception as e:
                     if failed is None:
                         raise
-                    failed.setdefault(req.request_id, sampling_error(e))
+                    failed.setdefault(req.req_id, sampling_error(e))
                     continue
-                self.generators[req.request_id] = gen
+                self.generators[req.req_id] = gen
             meta.generators[i] = gen
         if spec_decode_tokens is not None:
-            drafts = [spec_decode_tokens.get(r.request_id, []) for r in requests]
+            drafts = [spec_decode_tokens.get(r.req_id, []) for r in requests]
             meta.spec_token_ids = drafts
             meta.draft_probs = [r.spec_token_probs if d else None
                                 for r, d in zip(requests, drafts, strict=True)]

@@ -2,7 +2,7 @@
 
     spawn (not fork) -> join the process group -> build its ModelRunner shard -> "ready"
     loop:  recv from rank 0's pipe
-             ("step", StepInput)           -> execute_model on the same batch; send nothing
+             ("step", SchedulerOutput)     -> execute_model on the same message; send nothing
              ("call", method, args, kw)    -> run it (profile_run, initialize_kv_cache, ...);
                                               send ("ok", result)
              ("shutdown",)                 -> leave the group, exit 0
@@ -37,7 +37,6 @@ from workbench.distributed.parallel_state import (
     destroy_distributed_environment,
     init_distributed_environment,
 )
-from workbench.distributed.step_input import StepInputDecoder
 from workbench.worker.model_runner import ModelRunner
 
 PARENT_POLL_S = 0.5
@@ -62,9 +61,8 @@ class TPWorker:
     def __init__(self, config: EngineConfig, rank: int) -> None:
         self.rank = rank
         self.runner = ModelRunner(config, is_driver_worker=False)
-        self.decoder = StepInputDecoder()
         self.num_steps = 0
-        self.decode_s = 0.0  # unpickling + applying the step deltas, summed
+        self.decode_s = 0.0  # unpickling the step messages, summed
 
     def broadcast_stats(self) -> dict[str, float]:
         """This worker's side of the per-step broadcast: steps received and decode seconds."""
@@ -84,10 +82,9 @@ class TPWorker:
             msg = pickle.loads(data)
             kind = msg[0]
             if kind == "step":
-                out = self.decoder.decode(msg[1])
                 self.decode_s += time.perf_counter() - t0
                 self.num_steps += 1
-                self.runner.execute_model(out)
+                self.runner.execute_model(msg[1])
             elif kind == "call":
                 conn.send(("ok", self.call(msg[1], msg[2], msg[3])))
             elif kind == "shutdown":

@@ -20,7 +20,9 @@ import sys
 import time
 
 from workbench.config import CacheConfig, SchedulerConfig
+from workbench.core.outputs import ModelRunnerOutput
 from workbench.core.request import Request
+from workbench.core.sched.output import SchedulerOutput
 from workbench.core.sched.scheduler import Scheduler
 from workbench.harness.validity import (
     DEFAULT_MAX_OTHER_CPU_SHARE,
@@ -51,15 +53,15 @@ def measure(
                               eos_token_id=2, arrival_time=0.0))
     while len(s.waiting):  # prefill everyone (not timed)
         out = s.schedule()
-        s.update_from_output(out, _sampled(out))
+        s.update_from_output(out, _sampled(s, out))
     times = []
     with (watch or default_cpu_watch()).measure() as share:
         for _ in range(steps):
             t0 = time.perf_counter()
             out = s.schedule()
-            s.update_from_output(out, _sampled(out))
+            s.update_from_output(out, _sampled(s, out))
             times.append(time.perf_counter() - t0)
-            assert len(out.scheduled_requests) == num_requests
+            assert len(out.num_scheduled_tokens) == num_requests
     validity = Validity()
     validity.judge_cpu(share.others, max_other_cpu_share)
     times.sort()
@@ -76,13 +78,13 @@ def measure(
     }
 
 
-def _sampled(out: object) -> dict[str, list[int]]:
-    return {
-        r.request_id: [7]
-        for r in out.scheduled_requests  # type: ignore[attr-defined]
-        if r.num_computed_tokens + out.num_scheduled_tokens[r.request_id]  # type: ignore[attr-defined]
-        >= r.num_tokens
-    }
+def _sampled(s: Scheduler, out: SchedulerOutput) -> ModelRunnerOutput:
+    """One token 7 for each request whose computed tokens reach its end (a model's output)."""
+    reqs = s.requests
+    return ModelRunnerOutput(sampled_token_ids={
+        rid: [7] for rid, n in out.num_scheduled_tokens.items()
+        if reqs[rid].num_computed_tokens + n >= reqs[rid].num_tokens
+    })
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -11,7 +11,10 @@
        prefill) or the whole prompt if it fits (no chunked prefill: the request waits).
 
 `update_from_output()` is the one place state changes after a forward: tokens appended,
-stop conditions, blocks freed.
+stop conditions, blocks freed; it reads only the ModelRunnerOutput. The step message is a
+delta (`SchedulerOutput`: NewRequestData the first time a request is scheduled, then
+CachedRequestData with its new block ids; the whole table after a preemption): the scheduler
+remembers how many of each request's block ids the workers hold.
 
 `n > 1` (vLLM V1's parallel sampling): `add_request` fans the request out into n independent
 requests (the request itself is index 0, `id#1` ... `id#n-1` the others). They share the
@@ -40,16 +43,15 @@ from typing import TYPE_CHECKING
 
 from workbench.config import CacheConfig, SchedulerConfig
 from workbench.core.kv_cache import KVCacheManager
+from workbench.core.outputs import ModelRunnerOutput
 from workbench.core.request import Request, RequestStatus
-from workbench.core.sched.output import SchedulerOutput
+from workbench.core.sched.output import NewRequestData, SchedulerOutput
 from workbench.core.sched.request_queue import make_request_queue
 from workbench.core.sched.utils import check_stop
 from workbench.metrics.spec_decode import SpecDecodingStats
 from workbench.metrics.stats import PrefixCacheStats, SchedulerStats
 
 if TYPE_CHECKING:
-    import torch
-
     from workbench.core.sched.kv_connector import SchedulerConnector
     from workbench.distributed.kv_transfer.metadata import KVConnectorOutput
 
@@ -86,6 +88,10 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         # Finished since the last schedule(); handed to the worker in the next SchedulerOutput.
         self.finished_req_ids: set[str] = set()
+        # The step message's delta: request id -> how many of its block ids the workers hold
+        # (absent: the workers have not seen it); preempted since their last step.
+        self._num_sent_blocks: dict[str, int] = {}
+        self._resumed: set[str] = set()
         self.num_preemptions_last_step = 0
         # Set by update_from_output: tokens appended (stops truncate a verification's
         # tokens) and prompt tokens of requests that got their first token (n > 1 children
@@ -143,7 +149,7 @@ class Scheduler:
                     req, None if num_valid_tokens is None else num_valid_tokens.get(rid)
                 )
             self.requests.pop(rid, None)
-            self.finished_req_ids.add(rid)
+            self._forget(rid)
             done.append(req)
         return done
 
@@ -156,18 +162,15 @@ class Scheduler:
             out.finished_req_ids, self.finished_req_ids = self.finished_req_ids, set()
         budget: int = cfg.max_num_batched_tokens  # type: ignore[assignment]
         threshold = cfg.long_prefill_token_threshold
-        scheduled = out.scheduled_requests
+        scheduled: list[Request] = []
         num_sched = out.num_scheduled_tokens
         preempted: list[Request] = []
 
         # 1. Running requests.
-        now = time.perf_counter()
         max_model_len = self.max_model_len
         running = self.running
-        block_ids = out.block_ids
         spec_out = out.scheduled_spec_decode_tokens
         lookahead = self.num_lookahead_tokens
-        decode_tokens = 0
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
@@ -190,7 +193,6 @@ class Scheduler:
                 if victim.request_id in num_sched:  # a policy that preempts out of order
                     budget += num_sched.pop(victim.request_id)
                     scheduled.remove(victim)
-                    del block_ids[victim.request_id]
                     spec_out.pop(victim.request_id, None)
                     i -= 1
                 self._preempt(victim)
@@ -202,36 +204,59 @@ class Scheduler:
                 break  # the request preempted itself: nothing left to take blocks from
             scheduled.append(req)
             num_sched[req.request_id] = num_new
-            block_ids[req.request_id] = kv.block_ids_view(req.request_id)
             budget -= num_new
             i += 1
 
         # 2. Waiting requests, unless the pool just ran dry.
-        num_running_scheduled = len(scheduled)
         if not preempted:
-            self._schedule_waiting(out, budget)
+            self._schedule_waiting(scheduled, num_sched, budget)
 
-        prefill_tokens = 0
-        for j, req in enumerate(scheduled):
-            n = num_sched[req.request_id]
-            if req.num_computed_tokens >= len(req.prompt_token_ids):
-                decode_tokens += n  # one token, plus any drafts being verified
-            else:
-                prefill_tokens += n
-            if j >= num_running_scheduled:
-                block_ids[req.request_id] = kv.block_ids_view(req.request_id)
-                if req.times.first_scheduled is None:
-                    req.times.first_scheduled = now
-        out.num_prefill_tokens = prefill_tokens
-        out.num_decode_tokens = decode_tokens
         out.blocks_to_copy = kv.take_copy_ops()
+        self._fill_request_data(out, scheduled)
         out.preempted_request_ids = [r.request_id for r in preempted]
         self.num_preemptions_last_step = len(preempted)
         if self.connector is not None:
             out.kv_connector_metadata = self.connector.build_connector_meta(out)
         return out
 
-    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+    def _fill_request_data(self, out: SchedulerOutput, scheduled: list[Request]) -> None:
+        """The message's delta for each scheduled request, in batch order: NewRequestData for
+        one the workers have not seen, else CachedRequestData with the block ids appended
+        since (the whole table after a preemption, or on a step that copies blocks); and the
+        prefill/decode split of the step's tokens."""
+        num_sched = out.num_scheduled_tokens
+        cached = out.scheduled_cached_reqs
+        sent = self._num_sent_blocks
+        resumed_ids = self._resumed
+        rewrite = bool(out.blocks_to_copy)  # copy-on-write replaced held blocks
+        now = time.perf_counter()
+        prefill_tokens = decode_tokens = 0
+        for req in scheduled:
+            rid = req.request_id
+            n = num_sched[rid]
+            nc = req.num_computed_tokens
+            if nc >= len(req.prompt_token_ids):
+                decode_tokens += n  # one token, plus any drafts being verified
+            else:
+                prefill_tokens += n
+            ids = self.kv_cache_manager.block_ids_view(rid)
+            have = sent.get(rid)
+            if have is None:
+                out.scheduled_new_reqs.append(NewRequestData.from_request(req, list(ids)))
+                if req.times.first_scheduled is None:
+                    req.times.first_scheduled = now
+            elif rid in resumed_ids or rewrite:
+                cached.append(rid, True, list(ids), nc)
+                resumed_ids.discard(rid)
+            else:
+                cached.append(rid, False, ids[have:] if len(ids) > have else None, nc)
+            sent[rid] = len(ids)
+        out.total_num_scheduled_tokens = prefill_tokens + decode_tokens
+        out.num_prefill_tokens = prefill_tokens
+        out.num_decode_tokens = decode_tokens
+
+    def _schedule_waiting(self, scheduled: list[Request], num_sched: dict[str, int],
+                          budget: int) -> None:
         cfg = self.config
         kv = self.kv_cache_manager
         threshold = cfg.long_prefill_token_threshold
@@ -264,14 +289,12 @@ class Scheduler:
             self.running.append(req)
             req.status = RequestStatus.RUNNING
             req.num_computed_tokens += num_computed
-            # Prefix-hit blocks hold the draft model's KV too (it runs on every computed token).
-            req.num_draft_computed_tokens = req.num_computed_tokens
             if req.num_cached_tokens < 0:
                 req.num_cached_tokens = num_computed
             if self.connector is not None:
                 self.connector.update_state_after_alloc(req, kv.block_ids_view(req.request_id), 0)
-            out.scheduled_requests.append(req)
-            out.num_scheduled_tokens[req.request_id] = num_new
+            scheduled.append(req)
+            num_sched[req.request_id] = num_new
             budget -= num_new
 
     def _start_load(self, req: Request, computed_blocks: list, num_computed: int,
@@ -330,7 +353,6 @@ class Scheduler:
                 req.times.kv_transfer_bytes, req.times.kv_transfer_s = info
             if rid in output.finished_recving:
                 req.num_computed_tokens += ext
-                req.num_draft_computed_tokens = req.num_computed_tokens
                 self.kv_cache_manager.cache_blocks(req, req.num_computed_tokens)
             if rid in output.timed_out_recving:  # holds nothing now: queued again
                 req.status = RequestStatus.WAITING
@@ -363,28 +385,36 @@ class Scheduler:
         req.status = RequestStatus.PREEMPTED
         req.num_computed_tokens = 0
         req.spec_token_ids = []
-        req.spec_token_probs = None
-        req.num_draft_computed_tokens = 0
         req.num_preemptions += 1
+        if req.request_id in self._num_sent_blocks:  # the workers keep its state: resumed
+            self._resumed.add(req.request_id)
         self.waiting.prepend(req)
 
     def _free(self, req: Request) -> None:
         if not self._connector_finished(req):
             self.kv_cache_manager.free(req)
         self.requests.pop(req.request_id, None)
-        self.finished_req_ids.add(req.request_id)
+        self._forget(req.request_id)
+
+    def _forget(self, rid: str) -> None:
+        """A finished request: the workers drop it at the next step."""
+        self.finished_req_ids.add(rid)
+        self._num_sent_blocks.pop(rid, None)
+        self._resumed.discard(rid)
 
     # ------------------------------------------------------------------ update
     def update_from_output(
-        self, out: SchedulerOutput, sampled: dict[str, list[int]],
+        self, out: SchedulerOutput, model_runner_output: ModelRunnerOutput,
         failed: dict[str, str] | None = None,
     ) -> tuple[list[Request], list[Request]]:
-        """Apply one forward's results. Returns (requests that got tokens, finished ones).
+        """Apply one forward's results (vLLM's name). Returns (requests that got tokens,
+        finished ones).
 
-        `sampled` holds, for each request whose computed tokens reached its end this step,
-        the accepted token ids (one without speculation; accepted drafts + one with it). A
-        request mid-prefill gets none. Rejected drafts roll back: num_computed_tokens counts
-        only the scheduled tokens whose KV matches the confirmed tokens.
+        `model_runner_output.sampled_token_ids` holds, for each request whose computed tokens
+        reached its end this step, the accepted token ids (one without speculation; accepted
+        drafts + one with it). A request mid-prefill gets none. Rejected drafts roll back:
+        num_computed_tokens counts only the scheduled tokens whose KV matches the confirmed
+        tokens. The drafts for the next step come in `update_draft_token_ids`.
 
         With `failed` (request id -> error), requests whose sampling already failed are
         skipped, and one whose own update raises is added there instead of stopping the
@@ -394,12 +424,13 @@ class Scheduler:
         progressed: list[Request] = []
         finished: list[Request] = []
         max_model_len = self.max_model_len
-        num_sched = out.num_scheduled_tokens
+        sampled = model_runner_output.sampled_token_ids
         spec = out.scheduled_spec_decode_tokens
+        requests = self.requests
         generated = prompt_tokens = 0
-        for req in out.scheduled_requests:
-            rid = req.request_id
-            if failed is not None and rid in failed:
+        for rid, num_scheduled in out.num_scheduled_tokens.items():
+            req = requests.get(rid)
+            if req is None or (failed is not None and rid in failed):
                 continue
             # inline, not a per-request call: this loop runs for every request every step
             try:
@@ -407,11 +438,10 @@ class Scheduler:
                 num_rejected = 0
                 if req.spec_token_ids:
                     req.spec_token_ids = []
-                    req.spec_token_probs = None
                     drafts = spec.get(rid)
                     if drafts and new:
                         num_rejected = len(drafts) + 1 - len(new)
-                req.num_computed_tokens += num_sched[rid] - num_rejected
+                req.num_computed_tokens += num_scheduled - num_rejected
                 if not new:
                     continue
                 token_times = req.times.token_times
@@ -479,19 +509,16 @@ class Scheduler:
             stats.kv_offload_cpu_usage = self.connector.host_usage
         return stats
 
-    def update_draft_token_ids(
-        self, spec_token_ids: dict[str, list[int]],
-        spec_token_probs: dict[str, torch.Tensor] | None = None,
-    ) -> None:
-        """Store the worker's drafts (verified next step) on the requests still running after
-        this step's update (vLLM's name); a request that finished, failed or left gets none."""
+    def update_draft_token_ids(self, spec_token_ids: dict[str, list[int]]) -> None:
+        """Store the worker's drafts (`ModelRunnerOutput.spec_token_ids`, verified next step)
+        on the requests still running after this step's update (vLLM's name); a request that
+        finished, failed or left gets none. Their distributions stay on the worker."""
         requests = self.requests
         for rid, drafts in spec_token_ids.items():
             req = requests.get(rid)
             if req is None or req.status != RequestStatus.RUNNING:
                 continue
             req.spec_token_ids = drafts
-            req.spec_token_probs = spec_token_probs.get(rid) if spec_token_probs else None
 
     @staticmethod
     def _fan_out(parent: Request) -> list[Request]:

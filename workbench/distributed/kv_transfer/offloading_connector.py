@@ -34,6 +34,10 @@ from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from workbench.config.kv_transfer import OffloadingConfig
+from workbench.config.kv_transfer_params import kv_transfer_params
+from workbench.core.kv_cache.hashing import extend_block_hashes, sha256_hash_fn
+from workbench.core.sched.output import yield_req_data
 from workbench.distributed.kv_transfer.base import KVConnectorBase_V1, KVConnectorRole
 from workbench.distributed.kv_transfer.disk_format import BadKVFile
 from workbench.distributed.kv_transfer.metadata import (
@@ -45,15 +49,13 @@ from workbench.distributed.kv_transfer.metadata import (
     StoreJob,
 )
 from workbench.distributed.kv_transfer.tiers import DiskTier, HostTier
-from workbench.kv_cache.hashing import extend_block_hashes, sha256_hash_fn
-from workbench.kv_transfer_config import OffloadingConfig, kv_transfer_params
 
 if TYPE_CHECKING:
     import torch
 
     from workbench.config import EngineConfig
-    from workbench.engine.request import Request
-    from workbench.engine.scheduler_output import SchedulerOutput
+    from workbench.core.request import Request
+    from workbench.core.sched.output import SchedulerOutput
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +85,10 @@ class _ReqState:
     swap_tokens: int = 0
     lookup: tuple[int, int, int, int] = (0, 0, 0, 0)  # (queries, hits, host hits, disk hits)
     no_external: bool = False  # a load of it failed or timed out: recompute from now on
+    # the scheduler's Request (from update_state_after_alloc) and this connector's copy of
+    # its block table, kept from the step messages (vLLM's connectors keep the same)
+    request: Request | None = None
+    block_ids: list[int] = field(default_factory=list)
 
 
 class OffloadingConnector(KVConnectorBase_V1):
@@ -124,6 +130,7 @@ class OffloadingConnector(KVConnectorBase_V1):
         st = self._reqs.get(request.request_id)
         if st is None:
             st = self._reqs[request.request_id] = _ReqState()
+        st.request = request
         return st
 
     def _extend(self, request: Request, st: _ReqState, num_blocks: int) -> None:
@@ -205,15 +212,23 @@ class OffloadingConnector(KVConnectorBase_V1):
         B, g = self.block_size, self.group  # noqa: N806
         stores: list[StoreJob] = []
         step_slots: list[int] = []
-        for req in scheduler_output.scheduled_requests:
-            n = scheduler_output.num_scheduled_tokens[req.request_id]
+        for rid, ids, replace in yield_req_data(scheduler_output):
+            held = self._reqs.get(rid)
+            if held is not None:
+                if replace:
+                    held.block_ids = list(ids)
+                else:
+                    held.block_ids.extend(ids)
+        for rid, n in scheduler_output.num_scheduled_tokens.items():
+            st = self._reqs[rid]
+            req = st.request
+            assert req is not None  # every admitted request passed update_state_after_alloc
             valid = min(req.num_computed_tokens + n, len(req.all_token_ids))
             full = valid // B
-            st = self._state(req)
             if full <= st.num_stored:
                 continue
             self._extend(req, st, full)
-            block_ids = scheduler_output.block_ids[req.request_id]
+            block_ids = st.block_ids
             for j in range(st.num_stored, full):
                 key = st.hashes[j]
                 if self.host.holds(key):

@@ -59,6 +59,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from workbench.config.kv_transfer import P2pConfig
+from workbench.config.kv_transfer_params import kv_transfer_params
+from workbench.core.sched.output import yield_req_data
 from workbench.distributed.kv_transfer.base import KVConnectorBase_V1, KVConnectorRole
 from workbench.distributed.kv_transfer.host_pool import bytes_view
 from workbench.distributed.kv_transfer.metadata import (
@@ -75,14 +78,13 @@ from workbench.distributed.kv_transfer.p2p_transport import (
     ZmqTransport,
 )
 from workbench.distributed.kv_transfer.p2p_trust import PeerTrust, own_hosts, prompt_digest
-from workbench.kv_transfer_config import P2pConfig, kv_transfer_params
 
 logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from workbench.config import EngineConfig
-    from workbench.engine.request import Request
-    from workbench.engine.scheduler_output import SchedulerOutput
+    from workbench.core.request import Request
+    from workbench.core.sched.output import SchedulerOutput
 
 
 @dataclass
@@ -183,6 +185,10 @@ class P2pConnector(KVConnectorBase_V1):
             self._legs: dict[str, str] = {}  # prefill legs seen -> prompt digest
             self._new_legs: dict[str, str] = {}  # ... the worker has not been told about
             self._ended: list[str] = []  # ... that ended without a hand-over
+            # layerwise: the scheduler's Requests (update_state_after_alloc) and this
+            # connector's copy of their block tables, kept from the step messages
+            self._requests: dict[str, Request] = {}
+            self._block_ids: dict[str, list[int]] = {}
         else:
             self._init_worker()
 
@@ -247,6 +253,8 @@ class P2pConnector(KVConnectorBase_V1):
     def update_state_after_alloc(self, request: Request, block_ids: list[int],
                                  num_external_tokens: int) -> None:
         rid = request.request_id
+        if self.saves_layerwise:
+            self._requests[rid] = request
         if rid in self._consumed or not self.kt.is_kv_consumer:
             return
         params = kv_transfer_params(request.sampling_params.extra_args)
@@ -283,17 +291,23 @@ class P2pConnector(KVConnectorBase_V1):
         """Layerwise: the prompt blocks each prefill leg's step writes (from the first not
         yet final one: a partial block is copied again when the next chunk fills it)."""
         bs = self.block_size
-        for req in out.scheduled_requests:
-            rid = req.request_id
+        tables = self._block_ids
+        for rid, ids, replace in yield_req_data(out):
+            if replace:
+                tables[rid] = list(ids)
+            else:
+                tables[rid].extend(ids)
+        for rid, n in out.num_scheduled_tokens.items():
+            req = self._requests[rid]
             if rid not in self._stages:
                 self._stages[rid] = self._new_stage(req)
             st = self._stages[rid]
             if st is None or st.complete:
                 continue
             prompt = len(req.prompt_token_ids)
-            end = min(req.num_computed_tokens + out.num_scheduled_tokens[rid], prompt)
+            end = min(req.num_computed_tokens + n, prompt)
             last = -(-end // bs)
-            ids = out.block_ids[rid]
+            ids = tables[rid]
             st.complete = end == prompt
             self._stage_jobs.append(StageJob(rid, st.staged_full, list(ids[st.staged_full:last]),
                                              st.num_blocks, st.complete, st.push_to,
@@ -338,10 +352,12 @@ class P2pConnector(KVConnectorBase_V1):
                          block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         """A prefill leg that ran to its length keeps its blocks for the decode instance
         and returns where they are; anything else frees them as usual."""
-        from workbench.engine.request import RequestStatus
+        from workbench.core.request import RequestStatus
 
         rid = request.request_id
         self._consumed.discard(rid)
+        self._requests.pop(rid, None)
+        self._block_ids.pop(rid, None)
         digest = self._legs.pop(rid, None) if self.kt.is_kv_producer else None
         stage = self._stages.pop(rid, None) if self.saves_layerwise else None
         params = kv_transfer_params(request.sampling_params.extra_args)

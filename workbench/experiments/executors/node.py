@@ -44,7 +44,7 @@ _PREFLIGHT: dict[str, Any] = {}
 def node_preflight() -> dict[str, Any]:
     """`collect_preflight()` of this process's machine, collected once per process."""
     if not _PREFLIGHT:
-        from workbench.preflight import collect_preflight
+        from workbench.platforms.preflight import collect_preflight
 
         _PREFLIGHT.update(collect_preflight())
     return dict(_PREFLIGHT)

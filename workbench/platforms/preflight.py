@@ -1,7 +1,7 @@
 """Preflight: the hardware/software contract a measurement ran under (seed 001, step 1).
 
     workbench preflight [--json] [--out FILE] [--compare OLD.json]
-    python -m workbench.preflight ...
+    python -m workbench.platforms.preflight ...
 
 `collect_preflight()` records CPU (model, cores, memory, AVX2/AVX-512/AMX), GPUs (nvidia-smi,
 else pynvml, else None), python/torch/triton/transformers/vllm versions, the git sha and dirty

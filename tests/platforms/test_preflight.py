@@ -1,5 +1,6 @@
-"""workbench.preflight: the hardware/software record, its fingerprint and comparison (seed 001:
-fix the hardware contract before measuring, record runtime versions beside every result)."""
+"""workbench.platforms.preflight: the hardware/software record, its fingerprint and comparison
+(seed 001: fix the hardware contract before measuring, record runtime versions beside every
+result)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from workbench import preflight
-from workbench.preflight import (
+from workbench.platforms import preflight
+from workbench.platforms.preflight import (
     collect_preflight,
     compare_fingerprints,
     fingerprint,
