@@ -192,9 +192,10 @@ def test_shape_template_reshapes_the_shipped_template() -> None:
         assert t.workload["params"]["input_len"] == dr.SHAPES[shape]["input_len"]
         assert t.workload["params"]["num_requests"] == 6 and t.workload["seed"] == 3
         assert t.rate_sweep is not None and t.rate_sweep.rates == (1.0, 2.0)
-        assert t.rate_sweep.seed == 3 and t.repeats == 1
+        assert t.rate_sweep.seed == 3 and t.repeats == 1 and t.max_repeats is None
         assert t.baseline["num_prefill"] == 0 and t.variable_values == [1]
     assert raw["workload"]["params"]["num_requests"] != 6  # the input is not modified
+    assert st.shape_template(raw, "mixed")["max_repeats"] == raw["max_repeats"]  # kept
     assert st.shape_template(raw, "mixed")["workload"] == {
         **raw["workload"], "params": {**raw["workload"]["params"], **dr.SHAPES["mixed"]}}
     with pytest.raises(ValueError, match="shape .'long'. must be one of prefill-heavy"):

@@ -72,7 +72,9 @@ def shape_template(raw: Mapping[str, Any], shape: str, *, rates: Sequence[float]
     """A copy of the raw pd_disaggregation template with the shape's lengths (fixture
     balanced-chat), and when given the sweep's `rates`, `num_requests` (one count, or
     {shape: count} per shape: `shape_num_requests`; else the template's), `repeats`, the
-    workload and arrival `seed` and the experiment `name` (default: "<name>-<shape>")."""
+    workload and arrival `seed` and the experiment `name` (default: "<name>-<shape>"). Given
+    `repeats` are what runs: the template's adaptive rounds (`max_repeats`) are dropped, as
+    `analysis.notebook.override_template` drops them."""
     params = _check_shape(shape)
     count = shape_num_requests(num_requests, shape)
     if "rate_sweep" not in raw:
@@ -91,6 +93,7 @@ def shape_template(raw: Mapping[str, Any], shape: str, *, rates: Sequence[float]
         out["rate_sweep"] = {**out["rate_sweep"], "rates": [float(r) for r in rates]}
     if repeats is not None:
         out["repeats"] = repeats
+        out.pop("max_repeats", None)
     out["name"] = name or f"{raw.get('name', 'pd-disaggregation')}-{shape}"
     return out
 
