@@ -131,7 +131,7 @@ def _run_result(lateness_s: float, duration_s: float, others: float = 0.0,
                 failed: int = 0) -> Any:
     from workbench.harness.arrivals import ArrivalSpec
     from workbench.harness.metrics import RequestRecord
-    from workbench.harness.runner import RunResult
+    from workbench.harness.replay import RunResult
     from workbench.harness.validity import check_validity
 
     arrival = ArrivalSpec(mode="constant", rate=10.0)

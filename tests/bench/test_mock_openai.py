@@ -182,7 +182,7 @@ def test_bad_json_unknown_path_and_method(mock: tuple[MockServer, httpx.Client])
 def test_the_harness_runs_against_it(mock: tuple[MockServer, httpx.Client]) -> None:
     from workbench.harness.arrivals import ArrivalSpec
     from workbench.harness.http_target import OpenAITarget
-    from workbench.harness.runner import run, run_sync
+    from workbench.harness.replay import run, run_sync
     from workbench.harness.workloads import BenchRequest, Workload
 
     server, _ = mock

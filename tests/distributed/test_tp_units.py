@@ -24,7 +24,7 @@ from workbench.distributed.parallel_state import (
     get_tensor_model_parallel_world_size,
     tensor_parallel_scope,
 )
-from workbench.executor.tp_runner import MultiprocModelRunner
+from workbench.executor.tp_model_runner import MultiprocModelRunner
 from workbench.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from workbench.layers.linear import (
     MergedColumnParallelLinear,

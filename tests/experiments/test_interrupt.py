@@ -62,7 +62,7 @@ def measured(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int]]:
 
 def interrupt_second_run(monkeypatch: pytest.MonkeyPatch, exc: KeyboardInterrupt) -> None:
     """The harness's second measured run raises `exc` while it runs (as Ctrl-C would)."""
-    from workbench.harness import runner as harness
+    from workbench.harness import replay as harness
 
     real, count = harness.run, [0]
 

@@ -38,7 +38,7 @@ CONSOLE: dict[str, str] = {}
 
 @pytest.fixture(scope="module")
 def experiment(tmp_path_factory: pytest.TempPathFactory) -> tuple[ExperimentResult, str]:
-    import workbench.harness.runner as harness_runner
+    import workbench.harness.replay as harness_runner
 
     real_run = harness_runner.run
 

@@ -11,7 +11,7 @@ import pytest
 
 from workbench.harness.arrivals import ArrivalSpec
 from workbench.harness.metrics import RequestRecord, records_frame
-from workbench.harness.runner import run, run_sync
+from workbench.harness.replay import run, run_sync
 from workbench.harness.sse import StreamParser
 from workbench.harness.targets import InProcessTarget
 from workbench.harness.workloads import BenchRequest, Workload

@@ -15,7 +15,7 @@ import pytest
 from tests.harness.fakes import QuietTarget
 from workbench.harness.arrivals import ArrivalSpec
 from workbench.harness.metrics import RequestRecord
-from workbench.harness.runner import run
+from workbench.harness.replay import run
 from workbench.harness.validity import (
     DEFAULT_MAX_OTHER_CPU_SHARE,
     STATED_SHARE_ENV,

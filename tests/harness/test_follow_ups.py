@@ -20,7 +20,7 @@ import pytest
 from tests.harness.fakes import QuietTarget
 from workbench.harness.arrivals import ArrivalSpec, arrival_offsets
 from workbench.harness.metrics import RequestRecord
-from workbench.harness.runner import RunClock, RunResult, run, run_benchmark
+from workbench.harness.replay import RunClock, RunResult, run, run_benchmark
 from workbench.harness.targets import InProcessTarget
 from workbench.harness.validity import FixedCpuWatch
 from workbench.harness.workloads import BenchRequest, Workload, make_workload
@@ -155,7 +155,7 @@ def test_concurrency_caps_sends_in_due_order() -> None:
 def test_a_failed_turn_releases_its_session(caplog: pytest.LogCaptureFixture) -> None:
     clock = VirtualClock()
     target = FakeTarget(clock, service_s={"a0": 2.0}, fail=("a0",))
-    with caplog.at_level(logging.WARNING, logger="workbench.harness.runner"):
+    with caplog.at_level(logging.WARNING, logger="workbench.harness.replay"):
         res = _run(target, clock, _chat(), ArrivalSpec("closed", concurrency=4))
     by_id = {r.request_id: r for r in res.records}
     assert not by_id["a0"].success and "engine exploded" in by_id["a0"].error  # type: ignore
@@ -254,7 +254,7 @@ def test_multi_turn_chat_on_the_engine_hits_the_previous_turns(tmp_path: Path) -
 def test_follow_ups_over_http_after_a_failed_turn() -> None:
     from tests.harness.test_http_target import MODEL, FakeOpenAI, serve
     from workbench.harness.http_target import OpenAITarget
-    from workbench.harness.runner import run_sync
+    from workbench.harness.replay import run_sync
 
     wl = Workload("http-chat", 0, {}, (
         BenchRequest("fail-a0", [1, 2, 3], 3, turn=0),

@@ -28,7 +28,7 @@ from workbench.harness.arrivals import ArrivalSpec
 from workbench.harness.http_target import OpenAITarget
 from workbench.harness.join import join_client_server, overhead_table, server_side
 from workbench.harness.metrics import RequestRecord
-from workbench.harness.runner import run, run_sync
+from workbench.harness.replay import run, run_sync
 from workbench.harness.workloads import BenchRequest, Workload
 
 MODEL = "fake-model"

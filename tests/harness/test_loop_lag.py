@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from tests.harness.fakes import QuietTarget
-from workbench.harness import runner
+from workbench.harness import replay as runner
 from workbench.harness.arrivals import ArrivalSpec
 from workbench.harness.loop_lag import (
     LoopLagMonitor,

@@ -23,7 +23,7 @@ from workbench.core.outputs import ModelRunnerOutput
 from workbench.core.request import Request
 from workbench.core.sched.output import NewRequestData, SchedulerOutput
 from workbench.core.sched.scheduler import Scheduler
-from workbench.executor.tp_runner import MultiprocModelRunner
+from workbench.executor.tp_model_runner import MultiprocModelRunner
 from workbench.sampling_params import SamplingParams
 from workbench.worker.block_table import BlockTable
 from workbench.worker.input_batch import InputBatch

@@ -150,6 +150,6 @@ def rank_for_tensor_parallel_size(tp_size: int) -> int:
         raise RuntimeError(
             f"tensor_parallel_size ({tp_size}) needs a TP group of {tp_size} ranks in this "
             f"process ({have} is initialized); build engines through LLM / LLMEngine, which "
-            "start the ranks (workbench.executor.tp_runner.create_model_runner)"
+            "start the ranks (workbench.executor.tp_model_runner.create_model_runner)"
         )
     return _TP.rank

@@ -31,7 +31,7 @@ from workbench.engine.kv_connector_bookkeeping import (
 )
 from workbench.engine.processor import Processor, PromptType
 from workbench.engine.step_failures import StepFailures
-from workbench.executor.tp_runner import create_model_runner
+from workbench.executor.tp_model_runner import create_model_runner
 from workbench.metrics.loggers import LoggingStatLogger, preemption_warning
 from workbench.metrics.stats import EngineStats, StepRecord
 from workbench.metrics.step_account import step_account

@@ -32,7 +32,7 @@ import pandas as pd
 from workbench.experiments import interrupts
 from workbench.experiments.run_record import RunRecord, run_label, run_name
 from workbench.experiments.template import Template
-from workbench.harness import runner as harness  # harness.run: a test may stand in for it
+from workbench.harness import replay as harness  # harness.run: a test may stand in for it
 from workbench.harness.cache_metrics import kv_cache_metrics
 from workbench.harness.join import log_server_side
 from workbench.harness.metrics import records_frame, summary_table

@@ -4,7 +4,7 @@ Place in the flow: the experiments layer is the only driver of a measurement; te
 through `runner.run_experiment` (notebooks 03, 06 and the studies), and these loops measure
 what is not a baseline-vs-variant question (a quickstart run, a grid of cache conditions or
 concurrencies, the KV pool per block size, an all-reduce). Each replay goes through the
-harness (`harness.runner.run`: its validity check, its metrics). `workbench.analysis` only
+harness (`harness.replay.run`: its validity check, its metrics). `workbench.analysis` only
 reads results back (frames, plots, tables).
 
 Each function starts what it measures (an in-process engine, fresh engines per block size,
@@ -32,7 +32,7 @@ from workbench import LLM
 from workbench.harness.arrivals import ArrivalSpec
 from workbench.harness.collectives import allreduce_latency, collectives_per_step
 from workbench.harness.metrics import records_frame
-from workbench.harness.runner import RunResult, run, run_sync
+from workbench.harness.replay import RunResult, run, run_sync
 from workbench.harness.targets import InProcessTarget
 from workbench.harness.workloads import Workload, make_workload
 

@@ -18,7 +18,7 @@ import sys
 import time
 from typing import Any
 
-from workbench.harness.runner import live_output
+from workbench.harness.replay import live_output
 
 
 def clock(seconds: float) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from workbench.harness.runner import CACHE_STATES as CACHE_STATES  # the harness owns them
+from workbench.harness.replay import CACHE_STATES as CACHE_STATES  # the harness owns them
 from workbench.metrics.registry import SLO_BOUNDS
 
 DIRECTIONS = ("minimize", "maximize")

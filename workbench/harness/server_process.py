@@ -288,7 +288,7 @@ def run_variant(target_spec: dict[str, Any], engine_config: dict[str, Any], work
     """One measured run of one variant: build the target (`make_target`), start its server,
     `runner.run(...)`, stop the target, then the server. Returns (RunResult, target); the
     target still answers server_series() / server_rows() for `join.log_server_side`."""
-    from workbench.harness.runner import run, run_sync
+    from workbench.harness.replay import run, run_sync
 
     target, lifecycle = make_target(target_spec, engine_config)
     with lifecycle:

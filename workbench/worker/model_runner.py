@@ -28,7 +28,7 @@ KV cache dtype: the model dtype, or float8_e4m3fn with kv_cache_dtype="fp8" (one
 Tensor parallelism (`tensor_parallel_size` > 1): the model is built as this process's TP rank
 (its shard of every layer) and the KV cache holds this rank's KV heads
 (`calc.tp_kv_heads_per_rank`), so `bytes_per_block` is per rank; block ids are the same on
-every rank. The ranks are started by `workbench.executor.tp_runner.create_model_runner`.
+every rank. The ranks are started by `workbench.executor.tp_model_runner.create_model_runner`.
 """
 
 from __future__ import annotations
@@ -340,7 +340,7 @@ class ModelRunner:
 
     def shutdown(self) -> None:
         """Release what outlives the model (the KV connector's threads); the tensor-parallel
-        runners stop their ranks (workbench.executor.tp_runner)."""
+        runners stop their ranks (workbench.executor.tp_model_runner)."""
         if self.kv_connector is not None:
             self.kv_connector.shutdown()
 

@@ -72,7 +72,7 @@ def run_ours(config: ClientCapacityConfig, base_url: str, server: Any, rate: flo
     """One step through OpenAITarget + runner.run against the mock at `base_url`."""
     from workbench.harness.arrivals import ArrivalSpec
     from workbench.harness.http_target import OpenAITarget
-    from workbench.harness.runner import run, run_sync
+    from workbench.harness.replay import run, run_sync
 
     arrival = ArrivalSpec(mode=config.arrival, rate=rate, seed=config.seed,
                           max_concurrency=config.max_concurrency)

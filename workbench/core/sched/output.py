@@ -66,7 +66,7 @@ class CachedRequestData:
     new_token_ids[i]: the tokens it gained since the workers last got it (the tokens rank 0
         sampled, drafts excluded), for ranks that do not sample and so cannot know them (TP
         ranks 1..N-1: rank 0's runner fills them before sending,
-        `workbench.executor.tp_runner`); empty in-process, where the runner appended them.
+        `workbench.executor.tp_model_runner`); empty in-process, where the runner appended them.
     num_computed_tokens[i]: tokens with KV in the cache before this step.
 
     A step that copies blocks (copy-on-write, `blocks_to_copy`, which replaces held blocks)

@@ -1,4 +1,5 @@
-"""Runner: closed/open loops on the in-process engine, validity, cache states, failures."""
+"""The load generator (harness/replay.py): closed/open loops on the in-process engine,
+validity, cache states, failures."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 from workbench import LLM, SamplingParams
 from workbench.harness.arrivals import ArrivalSpec
 from workbench.harness.metrics import RequestRecord
-from workbench.harness.runner import RunResult, run
+from workbench.harness.replay import RunResult, run
 from workbench.harness.targets import InProcessTarget
 from workbench.harness.validity import check_validity
 from workbench.harness.workloads import BenchRequest, Workload

@@ -21,17 +21,18 @@ with max_tokens=1, keeping the prefix cache.
 Follow-ups (a workload where some request has `follows`): the requests without one (the
 first turns) are the arrival process's: a closed loop sends them at once, an open loop at its
 offsets (one per first turn, "trace" = their arrival_s). A follow-up is due think_s after its
-predecessor finished on the runner's clock; a failed predecessor releases it too (so a failed
-turn never blocks its session; `RunResult.follow_ups` records which predecessor failed). Due
-requests go in (due time, workload order), at most `concurrency` (closed) or `max_concurrency`
-(open) in flight. Follow-ups carry no target_arrival_s: the validity check judges the first
-turns' schedule only. A workload without `follows` runs exactly as before.
+predecessor finished on the load generator's clock; a failed predecessor releases it too (so a
+failed turn never blocks its session; `RunResult.follow_ups` records which predecessor failed).
+Due requests go in (due time, workload order), at most `concurrency` (closed) or
+`max_concurrency` (open) in flight. Follow-ups carry no target_arrival_s: the validity check
+judges the first turns' schedule only. A workload without `follows` runs exactly as before.
 
-Clock: the runner reads `clock.now()` and waits with `clock.sleep()` (`RunClock`: perf_counter
-and asyncio.sleep); tests inject a virtual clock, and a target's `now_s()` reads the same one.
+Clock: the load generator reads `clock.now()` and waits with `clock.sleep()` (`RunClock`:
+perf_counter and asyncio.sleep); tests inject a virtual clock, and a target's `now_s()` reads
+the same one.
 
 Nothing is lost: a failing request becomes a failed record with its error and the run goes on;
-an exception in the runner itself returns RunResult(error=...) with every record so far.
+an exception in the load generator itself returns RunResult(error=...) with every record so far.
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ PREFIX_REPLAY_CONCURRENCY = 16  # warm-prefix replay in flight, at most
 
 @dataclass(frozen=True)
 class RunClock:
-    """Where the runner reads time (`now()`, monotonic seconds) and how it waits
+    """Where the load generator reads time (`now()`, monotonic seconds) and how it waits
     (`await sleep(s)`): time.perf_counter and asyncio.sleep unless a test injects another."""
 
     now: Callable[[], float] = time.perf_counter
@@ -128,8 +129,8 @@ async def run_benchmark(
     `cpu_watch` (default: `default_cpu_watch()`) measures the other processes' CPU share
     over the measured part; above `max_other_cpu_share` (None: record only) it is invalid.
     `progress`: a tqdm bar of finished requests on stderr (a widget in Jupyter), removed
-    when the run ends; off by default (the CLI turns it on). `clock`: the runner's time
-    source (default `RunClock()`); requests with `follows` must name an earlier request.
+    when the run ends; off by default (the CLI turns it on). `clock`: the load generator's
+    time source (default `RunClock()`); requests with `follows` must name an earlier request.
     `warn_invalid`: log and warn when the run is invalid (off for a caller that reports it
     itself, as the experiment runner does)."""
     if cache_state not in CACHE_STATES:
@@ -260,7 +261,7 @@ class _Driver:
             main.result()
 
     def now_s(self) -> float:
-        """Seconds since the run start on the runner's clock."""
+        """Seconds since the run start on the load generator's clock."""
         assert self.t0 is not None
         return self.clock.now() - self.t0
 
