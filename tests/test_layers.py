@@ -146,7 +146,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
 LEAVES: tuple[str, ...] = (
     "workbench.models.registry",  # architecture -> (module, class): config validates with it
     "workbench.testing",  # tiny checkpoints named_models builds on demand; the demo pair trainer
-    "workbench.errors",
+    "workbench.errors",  # UserError / TemplateError: every layer refuses bad input with them
     "workbench.profiling",  # NVTX ranges, used from the engine down to the runner
 )
 
