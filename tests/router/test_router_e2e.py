@@ -24,13 +24,13 @@ import uvicorn
 from fastapi import FastAPI
 
 from tests.router.serving import serve_router
+from workbench.analysis.replicas import replica_summary
 from workbench.harness import prom
 from workbench.models.tokenizer import load_tokenizer
 from workbench.router.app import build_router_app
 from workbench.router.config import RouterConfig
 from workbench.router.forward import Router
 from workbench.router.pool import ReplicaPool
-from workbench.analysis.replicas import replica_summary
 from workbench.testing import tiny_checkpoint
 
 SERVE = ["--dtype", "float32", "--max-model-len", "384", "--block-size", "16",
