@@ -108,3 +108,36 @@ def test_the_old_parameter_names_still_work_with_a_future_warning(
         "stop working: pass -p max_num_batched_tokens_values ..."]
     assert t.baseline[KNOB] == 256 and t.variable_values == [64]
     assert scheduler_budget(t, 64) == (64, 64, 64)
+
+
+def test_a_sweep_takes_the_old_names_with_a_future_warning() -> None:
+    """`workbench sweep notebooks/03... budgets ...`: the old name is accepted with a
+    FutureWarning and its values checked as the new one's, before anything runs."""
+    import warnings
+
+    from workbench.notebook_params import NotebookParameterError
+    from workbench.sweeps.inputs import check_names, check_values, declared_parameters
+    from workbench.sweeps.notebook_specs import renamed_parameters
+
+    nb = NB03.with_suffix(".ipynb")
+    assert renamed_parameters(nb) == {"baseline_budget": KNOB, "budgets": f"{KNOB}_values"}
+    declared = declared_parameters(nb)
+    with pytest.warns(FutureWarning) as caught:
+        check_names(declared, "budgets", {"baseline_budget": 256}, nb)
+    assert [str(w.message) for w in caught] == [
+        "notebook parameter budgets of 03_chunked_prefill_sweep.ipynb is renamed "
+        "max_num_batched_tokens_values; budgets will stop working: pass "
+        "max_num_batched_tokens_values",
+        "notebook parameter baseline_budget of 03_chunked_prefill_sweep.ipynb is renamed "
+        "max_num_batched_tokens; baseline_budget will stop working: pass "
+        "max_num_batched_tokens"]
+    with pytest.raises(NotebookParameterError) as refused:
+        check_values(nb, declared, "budgets", [[64], [0]], {})
+    assert str(refused.value) == (
+        "03_chunked_prefill_sweep.ipynb: notebook parameter budgets ([0], a list) must be a "
+        "non-empty list, each an integer >= 1 (item 0, 0, is not an integer >= 1); nothing ran")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the new name: no warning
+        check_names(declared, KNOB, {f"{KNOB}_values": [64]}, nb)
+    with pytest.raises(ValueError, match=r"\['budget'\] not declared"):
+        check_names(declared, "budget", {}, nb)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import tempfile
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -75,18 +76,28 @@ def check_values(nb: Path, declared: dict[str, Any], param: str, values: Sequenc
     (`workbench.sweeps.notebook_specs`), before anything runs: one `NotebookParameterError`
     naming each bad parameter, its value and what is allowed."""
     from workbench.notebook_params import NotebookParameterError
-    from workbench.sweeps.notebook_specs import declared_specs, value_problems
+    from workbench.sweeps.notebook_specs import declared_specs, renamed_parameters, value_problems
 
-    problems = value_problems(declared_specs(nb), declared, param, values, fixed)
+    specs = declared_specs(nb)  # a renamed parameter's old name: checked as the new one
+    specs.update({old: specs[new] for old, new in renamed_parameters(nb).items() if new in specs})
+    problems = value_problems(specs, declared, param, values, fixed)
     if problems:
         raise NotebookParameterError(
             f"{nb.name}: notebook parameter {'; '.join(problems)}; nothing ran")
 
 
 def check_names(declared: dict[str, Any], param: str, fixed: dict[str, Any], nb: Path) -> None:
+    """The swept and fixed names are the notebook's parameters (a renamed one's old name: a
+    FutureWarning naming the new one, `notebook_params.renamed_params`), none both."""
+    from workbench.sweeps.notebook_specs import renamed_parameters
+
     if param in fixed:
         raise ValueError(f"param {param!r} is also given in fixed; sweep it or fix it, not both")
-    unknown = [k for k in [param, *fixed] if k not in declared]
+    renamed = renamed_parameters(nb) if declared else {}
+    for old in [k for k in [param, *fixed] if k in renamed and k not in declared]:
+        warnings.warn(f"notebook parameter {old} of {nb.name} is renamed {renamed[old]}; {old} "
+                      f"will stop working: pass {renamed[old]}", FutureWarning, stacklevel=2)
+    unknown = [k for k in [param, *fixed] if k not in declared and k not in renamed]
     if declared and unknown:
         raise ValueError(f"{unknown} not declared in the parameters cell of {nb.name}; "
                          f"declared: {sorted(declared)}")

@@ -8,6 +8,8 @@ Place in the flow: `workbench sweep` reads these before the first point runs.
     sweep_metrics(nb)     the notebook's `SWEEP_METRICS = [...]`: the metric names (or
                           fnmatch patterns, "speedup_c*") its sweep summary, parent metrics
                           and plot show, in that order; None when it declares none
+    renamed_parameters(nb)  {old: new} of its `renamed_params(globals(), old="new")` call:
+                          the old names a sweep still accepts, with a FutureWarning
 
 The call is read with `ast` and only `workbench.notebook_params`' Spec classes and constants,
 literals and `**TRACKING` are evaluated: nothing of the notebook runs. An argument this reader
@@ -93,6 +95,20 @@ def declared_specs(nb: str | Path) -> dict[str, Spec]:
                     out.update({k: v for k, v in value.items() if isinstance(v, Spec)})
                 elif kw.arg is not None and isinstance(value, Spec):
                     out[kw.arg] = value
+    return out
+
+
+def renamed_parameters(nb: str | Path) -> dict[str, str]:
+    """{old name: new name} of the notebook's `renamed_params(globals(), old="new", ...)`
+    call (`workbench.notebook_params`), {} without one."""
+    out: dict[str, str] = {}
+    for tree in _code_cells(nb):
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                    and node.func.id == "renamed_params"):
+                out.update({k.arg: k.value.value for k in node.keywords
+                            if k.arg and isinstance(k.value, ast.Constant)
+                            and isinstance(k.value.value, str)})
     return out
 
 
