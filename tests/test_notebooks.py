@@ -285,7 +285,9 @@ def _check_statements(nb: nbformat.NotebookNode) -> str:
     end = next(i for i, node in enumerate(body) if isinstance(node, ast.Expr)
                and isinstance(node.value, ast.Call)
                and getattr(node.value.func, "id", "") == "check_params")
-    assert all(isinstance(n, ast.ImportFrom) for n in body[:end])  # the check comes first
+    assert all(isinstance(n, ast.ImportFrom) or (  # the check comes first; renamed
+        isinstance(n, ast.Expr) and isinstance(n.value, ast.Call)  # parameters are mapped
+        and getattr(n.value.func, "id", "") == "renamed_params") for n in body[:end])
     return ast.unparse(body[:end + 1])
 
 
