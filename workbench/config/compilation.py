@@ -115,7 +115,9 @@ def default_cache_dir() -> Path:
 class CompilationConfig:
     """The fields of vLLM's CompilationConfig this engine implements (module docstring)."""
 
-    mode: CompilationMode | int | str | None = None  # None: EngineConfig picks the default
+    # None: EngineConfig picks the default; a number or name is accepted and parsed here
+    mode: CompilationMode | None = field(
+        default=None, metadata={"accepts": CompilationMode | int | str | None})
     level: int | None = None  # vLLM's former name of `mode`; must agree with it when both given
     backend: str = "inductor"  # torch.compile backend: inductor | eager | aot_eager
     # token counts also compiled with a static shape (mode 3); a batch of exactly that many
@@ -180,7 +182,7 @@ class CompilationConfig:
         return {**INDUCTOR_DEFAULTS.get(device, {}), **self.inductor_compile_config}
 
     def describe(self) -> str:
-        mode = CompilationMode(self.mode) if self.mode is not None else None
+        mode = self.mode
         if mode is None or mode == CompilationMode.NONE:
             return "NONE (eager)"
         return f"{mode.name} (backend {self.backend})"
@@ -203,7 +205,7 @@ class CompilationConfig:
                 )
             return cls(**value)
         if isinstance(value, int | str) and not isinstance(value, bool):
-            return cls(mode=value)
+            return cls(mode=_mode_of(value, "mode"))
         raise ValueError(
             f"compilation_config ({value!r}) must be a mode (0..3 or a name such as "
             "'VLLM_COMPILE') or a dict such as {'mode': 3}"

@@ -207,6 +207,9 @@ class EngineConfig:
         pick = {c: {k: v for k, v in kwargs.items() if k in names} for c, names in known.items()}
         model_config = ModelConfig(model=os.fspath(model), **pick[ModelConfig])
         device = kwargs.get("device") or ("cuda" if _cuda_available() else "cpu")
+        # the knobs __post_init__ resolves, as given (None: the default; see `knob(accepts=)`)
+        inputs: dict[str, Any] = {k: kwargs.get(k) for k in (
+            "speculative_config", "attention_backend", "kv_transfer_config", "compilation_config")}
         return cls(
             model_config=model_config,
             cache_config=CacheConfig(**pick[CacheConfig]),
@@ -214,12 +217,9 @@ class EngineConfig:
                 max_model_len=model_config.max_model_len, **pick[SchedulerConfig]
             ),
             parallel_config=ParallelConfig(**pick[ParallelConfig]),
-            speculative_config=kwargs.get("speculative_config"),
             enforce_eager=bool(kwargs.get("enforce_eager", False)),
             device=device,
-            attention_backend=kwargs.get("attention_backend"),
-            kv_transfer_config=kwargs.get("kv_transfer_config"),
-            compilation_config=kwargs.get("compilation_config"),
+            **inputs,
         )
 
 

@@ -104,10 +104,10 @@ class OffloadingConfig:
             raise ValueError(f"{w} spec_name ({self.spec_name!r}) must be one of "
                              f"{', '.join(OFFLOADING_SPECS)}")
         tiering = self.spec_name == "TieringOffloadingSpec"
-        if tiering and not (isinstance(self.disk_path, str) and self.disk_path):
-            raise ValueError(f"{w} disk_path ({self.disk_path!r}) is required for "
-                             "TieringOffloadingSpec: the folder of the shared tier")
         if tiering:
+            if not (isinstance(self.disk_path, str) and self.disk_path):
+                raise ValueError(f"{w} disk_path ({self.disk_path!r}) is required for "
+                                 "TieringOffloadingSpec: the folder of the shared tier")
             problem = unusable_folder(self.disk_path)
             if problem:
                 raise ValueError(f"{w} disk_path ({self.disk_path!r}) {problem}; it must be a "
@@ -279,7 +279,8 @@ def parse_peer(where: str, entry: Any) -> tuple[str, int | None]:
     """("host", port or None) of a "host", "host:port" or "[v6 address]:port" entry; the
     host lowercased, without brackets."""
     ok = isinstance(entry, str) and entry.strip() == entry and entry != ""
-    host, port = (entry, None) if ok else ("", None)
+    host: str = entry if ok else ""
+    port: str | None = None
     if ok and entry.startswith("["):  # [v6] or [v6]:port
         end = entry.find("]")
         host, rest = entry[1:end], entry[end + 1:]

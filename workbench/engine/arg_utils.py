@@ -23,7 +23,7 @@ import dataclasses
 import json
 import types
 import typing
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
 from workbench.config import (
@@ -108,11 +108,11 @@ def add_engine_args(
             group.add_argument(*flags, dest=k.name, action=argparse.BooleanOptionalAction,
                                default=start, help=helptext)
         elif base is dict:
-            conv = _json_or_word if k.name in JSON_OR_WORD else json.loads
-            group.add_argument(*flags, dest=k.name, type=conv, default=start,
+            parse: Callable[[str], Any] = _json_or_word if k.name in JSON_OR_WORD else json.loads
+            group.add_argument(*flags, dest=k.name, type=parse, default=start,
                                metavar="JSON", help=helptext)
         else:
-            conv = base if base in (int, float) else str
+            conv: Callable[[str], Any] = base if base in (int, float) else str
             group.add_argument(*flags, dest=k.name, type=conv, default=start, help=helptext)
     return group
 

@@ -197,20 +197,20 @@ def _transfer(a: argparse.Namespace) -> None:
         efficiency=a.efficiency, latency_s=a.latency_ms / 1e3)
     bw, tokens = r["break_even_bandwidth_bytes_per_s"], r["break_even_tokens"]
     faster = "transfer" if r["winner"] == "transfer" else "recompute"
-    ratio = r["speedup"] if faster == "transfer" else 1 / r["speedup"]  # type: ignore[operator]
+    ratio = r["speedup"] if faster == "transfer" else 1 / r["speedup"]
     _rows([
         ("kv bytes/token", r["kv_bytes_per_token"]),
-        ("kv GB", r["kv_bytes"] / 1e9),  # type: ignore[operator]
+        ("kv GB", r["kv_bytes"] / 1e9),
         ("link GB/s", one_link * a.links / 1e9),
-        ("transfer ms", r["transfer_s"] * 1e3),  # type: ignore[operator]
+        ("transfer ms", r["transfer_s"] * 1e3),
         ("prefill TFLOPs (linear + attention)",
-         f"{r['prefill_flops'] / 1e12:,.1f} ({r['linear_flops'] / 1e12:,.1f} + "  # type: ignore
-         f"{r['attention_flops'] / 1e12:,.1f})"),  # type: ignore[operator]
+         f"{r['prefill_flops'] / 1e12:,.1f} ({r['linear_flops'] / 1e12:,.1f} + "
+         f"{r['attention_flops'] / 1e12:,.1f})"),
         ("sustained TFLOP/s", one_gpu * a.gpus * a.efficiency / 1e12),
-        ("recompute ms", r["recompute_s"] * 1e3),  # type: ignore[operator]
+        ("recompute ms", r["recompute_s"] * 1e3),
         ("faster", "tie" if r["winner"] == "tie" else f"{faster} ({ratio:.2f}x)"),
-        ("break-even link GB/s", "never (latency >= recompute)" if math.isinf(bw)  # type: ignore
-         else f"{bw / 1e9:,.2f}"),  # type: ignore[operator]
+        ("break-even link GB/s", "never (latency >= recompute)" if math.isinf(bw)
+         else f"{bw / 1e9:,.2f}"),
         ("transfer wins above tokens", "any length" if tokens == 0 else f"{tokens:,.1f}"),
     ])
 

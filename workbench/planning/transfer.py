@@ -17,6 +17,7 @@ Recompute grows as n^2 and transfer as n, so past a break-even length the transf
 from __future__ import annotations
 
 import math
+from typing import TypedDict
 
 from workbench.core.kv_cache.utils import kv_bytes_per_token
 from workbench.planning.checks import need_int, need_num, need_pos
@@ -86,6 +87,22 @@ def prefill_flops(num_params: float, prompt_tokens: int, num_layers: int, num_he
     return {"linear": linear, "attention": attention, "total": linear + attention}
 
 
+class BreakEven(TypedDict):
+    """`kv_transfer_break_even`'s answer (a dict, typed)."""
+
+    kv_bytes_per_token: int
+    kv_bytes: int
+    transfer_s: float
+    linear_flops: float
+    attention_flops: float
+    prefill_flops: float
+    recompute_s: float
+    winner: str  # "transfer", "recompute" or "tie"
+    speedup: float  # recompute_s / transfer_s
+    break_even_bandwidth_bytes_per_s: float
+    break_even_tokens: float
+
+
 def kv_transfer_break_even(
     *,
     num_layers: int,
@@ -99,7 +116,7 @@ def kv_transfer_break_even(
     peak_flops: float,
     efficiency: float = DEFAULT_EFFICIENCY,
     latency_s: float = 0.0,
-) -> dict[str, float | int | str]:
+) -> BreakEven:
     """Moving a `prompt_tokens` prefix's KV over a link against prefilling it again.
 
     Returns kv_bytes_per_token, kv_bytes, transfer_s, linear_flops, attention_flops,

@@ -80,7 +80,8 @@ def parse_nvidia_smi_csv(text: str) -> list[dict[str, Any]]:
 def parse_cpuinfo(text: str) -> dict[str, Any]:
     """Model name and the flags of interest from /proc/cpuinfo text (x86 `flags`, Arm
     `Features`)."""
-    model, flags = None, set()
+    model: str | None = None
+    flags: set[str] = set()
     for line in text.splitlines():
         key, _, value = line.partition(":")
         key = key.strip().lower()
@@ -122,6 +123,7 @@ def collect_cpu() -> dict[str, Any]:
             memory = int(psutil.virtual_memory().total)
         except ImportError:
             memory = None
+    usable: int | None
     try:
         usable = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
@@ -138,7 +140,7 @@ def collect_cpu() -> dict[str, Any]:
 
 def _gpus_from_pynvml() -> list[dict[str, Any]] | None:
     try:
-        import pynvml  # type: ignore[import-not-found]
+        import pynvml  # type: ignore[import-not-found]  # optional: GPU machines only, no stubs
     except ImportError:
         return None
     try:

@@ -186,7 +186,7 @@ def _sweep(ex: Executor, nb: Path, param: str, values: list[Any], keys: list[str
             slots[todo[finished.index]] = finished.value
             bar.update(1)
         for attempt in range(1, retry_invalid + 1):
-            again = [i for i in todo if slots[i] is not None and not slots[i]["valid"]]
+            again = [i for i in todo if (row := slots[i]) is not None and not row["valid"]]
             if not again:
                 break
             print(f"workbench sweep: {len(again)} INVALID point(s) run again (retry "

@@ -46,10 +46,10 @@ def _ipc_kernel_manager() -> type:
     ("Invalid Signature", or no answer in 60 s). A kernel that has not exited 5 s after its
     shutdown request is interrupted (an "[IPKernelApp] ERROR | KeyboardInterrupt caught in
     kernel" line) on a loaded machine: it gets 30 s."""
-    from jupyter_client import AsyncKernelManager
+    from jupyter_client.manager import AsyncKernelManager
     from traitlets import default
 
-    class IpcKernelManager(AsyncKernelManager):  # type: ignore[misc]
+    class IpcKernelManager(AsyncKernelManager):  # type: ignore[misc]  # untyped base class
         @default("transport")
         def _transport_default(self) -> str:
             return "ipc" if os.name == "posix" else "tcp"
