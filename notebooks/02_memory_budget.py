@@ -19,7 +19,7 @@
 # **Question:** of a fixed device budget, how much goes to weights, KV cache, activations and
 # headroom, and how many tokens, and how many concurrent `max_model_len` requests, does the KV
 # pool hold as `block_size` and `max_model_len` change? Does the engine's own pool sizing
-# agree with the arithmetic in `workbench.calc`?
+# agree with the arithmetic in `workbench.planning`?
 
 # %% tags=["parameters"]
 model = "demo"                  # trained demo target; "bundled": a random tiny Llama

@@ -36,7 +36,7 @@ parses its flags (`workbench <verb> --help`). `workbench --help` lists the verbs
     workbench bench gpu-check OUTDIR [--quick]
                                      the device check (kernels vs torch twins, graphs, TP)
     workbench bench pd-capacity --model DIR --input-len N --output-len N --batch B
-                    --num-workers W   prefill / decode tok/s per instance -> calc.pd_ratio
+                    --num-workers W   prefill / decode tok/s per instance -> planning.pd_ratio
     workbench bench pd-push --model DIR --input-len N
                                      disaggregated KV hand-over: pull vs push, side by side
     workbench bench client-capacity [--rates R1,R2,...] [--no-vllm]

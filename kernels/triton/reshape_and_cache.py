@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-FP8_E4M3_MAX = 448.0  # largest finite float8_e4m3fn value (workbench.calc.FP8_E4M3_MAX)
+FP8_E4M3_MAX = 448.0  # largest finite float8_e4m3fn value (core/kv_cache/utils.FP8_E4M3_MAX)
 FP8_DTYPE = torch.float8_e4m3fn
 
 

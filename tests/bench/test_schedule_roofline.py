@@ -1,4 +1,4 @@
-"""The schedule-aware roofline (workbench.roofline_schedule, calc.schedule_roofline, `workbench
+"""The schedule-aware roofline (workbench.planning.roofline, planning.schedule_roofline, `workbench
 calc roofline`), the start/end check of the machine's figures (bench/roofline.py), and the
 offline benchmark's refusals: a refused roofline, INVALID systems whose medians leave their
 disturbed runs out, the vLLM rows' preload; the engine's overhead share (its step account

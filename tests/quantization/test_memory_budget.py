@@ -1,5 +1,5 @@
 """The memory budget: under one fixed `cpu_memory_budget_bytes`, quantized weights (int8, int4)
-and an FP8 KV cache move memory from weights to KV (seed 001), exactly as `workbench.calc`
+and an FP8 KV cache move memory from weights to KV (seed 001), exactly as `workbench.planning`
 predicts; the readout; the profile run's activation peak; bad budgets and knobs.
 
 Tiny llama (tiny_checkpoint seed 0: hidden 64, 2 layers, 2 KV heads x 16, vocab 1024), fp32,

@@ -1,6 +1,6 @@
 """pandas frames read back from MLflow: runs, parent runs, and baseline-vs-variant comparisons.
 
-Place in the flow: `workbench.experiments.runner` and `workbench.sweep` write one parent run
+Place in the flow: `workbench.experiments.runner` and `workbench.sweeps` write one parent run
 per experiment or sweep and one child run per (value, repeat); these functions read them back.
 
     runs_frame(experiment)            one row per child run:

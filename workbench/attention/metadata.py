@@ -55,7 +55,7 @@ class KVCacheScales:
     """One layer's FP8 KV scales (vLLM's k_scale / v_scale, default 1.0).
 
     calibrate=True: the next forward that writes real tokens sets k_scale / v_scale to
-    amax(|K|) / 448 and amax(|V|) / 448 over those tokens (`calc.fp8_kv_scale`), before
+    amax(|K|) / 448 and amax(|V|) / 448 over those tokens (`kv_cache.utils.fp8_kv_scale`), before
     quantizing them, then clears the flag; later values beyond amax saturate."""
 
     k_scale: float = 1.0

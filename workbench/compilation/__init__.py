@@ -1,6 +1,6 @@
 """torch.compile of the model forward (vLLM's `vllm/compilation`): `CompiledForward`.
 
-The knob is `compilation_config` (`workbench.compilation_config`); the opaque attention op is
+The knob is `compilation_config` (`workbench.config.compilation`); the opaque attention op is
 `workbench.attention.custom_op`; design and figures: docs/compile.md.
 """
 

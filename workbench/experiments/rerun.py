@@ -27,7 +27,7 @@ medians, `<metric>/<label>` for a parent; artifacts rerun.md, rerun.json), with 
 runs as its children (role=rerun, rerun_of=<id>). On disk: results/<experiment>-rerun/<UTC
 time>/ with rerun.md, rerun.json, runs.csv, runs.json (a sweep point: notebooks/ too).
 
-This module sits in the experiments layer and may not import `workbench.sweep` (entrypoints):
+This module sits in the experiments layer and may not import `workbench.sweeps` (entrypoints):
 a sweep point is executed by the `run_point` its caller passes (`workbench rerun` passes
 `workbench.cli.run_sweep_point`, the sweep's own point execution).
 """

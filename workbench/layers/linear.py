@@ -152,7 +152,7 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
 
 class QKVParallelLinear(ColumnParallelLinear):
     """Fused q/k/v projection; shard_id is "q", "k" or "v". Per rank: num_heads query heads
-    and num_kv_heads KV heads (`calc.tp_kv_heads_per_rank`)."""
+    and num_kv_heads KV heads (`kv_cache.utils.tp_kv_heads_per_rank`)."""
 
     def __init__(
         self,

@@ -24,7 +24,7 @@ Disaggregated prefill/decode (`--num-prefill P --num-decode M`, `workbench disag
 
 Replicas split independent requests: each has its own engine, KV pool and prefix cache, so
 where a request lands decides whether its prefix is already cached (seed 001 step 08, seed
-003). Scaling efficiency = throughput_N / (N x throughput_1) (`workbench.calc`). Experiments
+003). Scaling efficiency = throughput_N / (N x throughput_1) (`workbench.planning`). Experiments
 through the router (its templates' targets, layouts, scaling) are
 `workbench.experiments.studies.layouts`; a run's per-replica read-out is
 `workbench.analysis.replicas`.

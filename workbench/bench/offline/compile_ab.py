@@ -11,7 +11,7 @@
                 of < 384 positions) in alternation, eager first then compiled first, so a
                 neighbour's burst hits both alike: output tok/s, the median of the
                 undisturbed runs; token ids compared. The pair is recorded as this
-                machine's measured default for the model (`workbench.compile_choice`; off
+                machine's measured default for the model (`workbench.config.compile_choice`; off
                 with --no-record)
     forward     runner.forward alone per batch shape (decodes of 1..64 sequences at context
                 128, prefills of 128 / 512 tokens): the best of --reps calls, eager / compiled
@@ -199,7 +199,7 @@ def measure_engine(model: str, rounds: int, max_others: float, retries: int
 def record_choice(model: str, eager_tok_s: float | None, compiled_tok_s: float | None,
                   tokens_equal: bool, compiled_slowest_tok_s: float | None = None) -> str:
     """Write the measured pair as this machine's default for the model's shape (the record
-    `workbench.compile_choice` reads), or say why not; returns the line to print."""
+    `workbench.config.compile_choice` reads), or say why not; returns the line to print."""
     from workbench.config import compile_choice as cc
 
     if COMPILED != {"mode": 3}:
@@ -290,7 +290,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                     help='the compiled side\'s compilation_config (default {"mode": 3})')
     ap.add_argument("--record", action=argparse.BooleanOptionalAction, default=True,
                     help="record the engine pair as this machine's measured default for the "
-                    "model (workbench.compile_choice); only the default compiled config "
+                    "model (workbench.config.compile_choice); only the default compiled config "
                     "{\"mode\": 3}, undisturbed runs and equal tokens are recorded")
     ap.add_argument("--json", default=None)
     ap.add_argument("--probe", type=int, default=None, help=argparse.SUPPRESS)
