@@ -171,7 +171,7 @@ def test_cli_roofline(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_cli_roofline_expands_counts_and_refuses_bad_input(
         capsys: pytest.CaptureFixture[str]) -> None:
-    from workbench.planning.cli import parse_requests
+    from workbench.planning.commands import parse_requests
 
     assert parse_requests(["128:64", "32:16x3"]) == [(128, 64)] + [(32, 16)] * 3
     with pytest.raises(SystemExit) as e:

@@ -380,7 +380,7 @@ def test_cli_tp_and_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_parse_bytes_units() -> None:
-    from workbench.planning.cli import parse_bytes
+    from workbench.planning.commands import parse_bytes
 
     assert parse_bytes("16GB") == 16e9
     assert parse_bytes("2 GiB") == 2 * GiB

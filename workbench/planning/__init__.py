@@ -9,7 +9,7 @@ worked examples; `workbench calc ...` prints it). Pure Python, no torch, never t
     pd.py         the prefill:decode split of a disaggregated deployment (`pd_ratio`)
     roofline.py   the schedule-aware roofline of a whole workload (per engine step,
                   max(FLOPs / peak, bytes / bandwidth))
-    cli.py        `workbench calc ...`
+    cli.py        `workbench calc ...`: the parser; commands.py: what each subcommand prints
     checks.py     argument checks (a ValueError naming the argument and its value)
 
 Units are in the names (`_bytes`, `_tokens`, `_s`). The engine's own shape and memory
