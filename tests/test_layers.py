@@ -36,14 +36,15 @@ PACKAGES = ("workbench", "kernels")
 # Top to bottom. Each rule is a module name or a package prefix ("workbench.server" covers
 # workbench.server and workbench.server.*), except "<package>.__init__", which covers the
 # package's own __init__.py only. The longest matching rule wins, so a module can be
-# placed apart from its package (the rejection sampler sits with the layers, below the rest of
-# spec_decode; parallel_state and communication_op sit with the layers too).
+# placed apart from its package (kv_transfer.metadata sits with the core, below the rest of
+# distributed).
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # Processes and front doors: the CLI verbs, the OpenAI server, the router, the sweep and
     # demo scripts, the bench CLI. Nothing imports them but each other.
     ("entrypoints", (
         "workbench.cli",
-        "workbench.planning.cli",  # `workbench calc` (its roofline reads the offline workload)
+        "workbench.planning.cli",  # `workbench calc`: its parser
+        "workbench.planning.commands",  # and its subcommands (roofline reads the offline workload)
         "workbench.demo",
         "workbench.sweeps",  # `workbench sweep`: papermill notebooks, one MLflow run each
         "workbench.server",
@@ -104,13 +105,14 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
         "workbench.compilation",  # torch.compile of the model forward (the runner wraps it)
     )),
     # Architectures and their building blocks: models/, layers/ (linear, norm, rotary,
-    # quantization, sampler), attention/ backends, the rejection sampler the sampler calls,
-    # and the TP group state and collectives the parallel layers call.
+    # quantization), attention/ backends, sample/ (vLLM's v1/sample: the sampler, its
+    # metadata, the rejection sampler), and the TP group state and collectives the parallel
+    # layers call.
     ("model", (
         "workbench.models",
         "workbench.layers",
         "workbench.attention",
-        "workbench.spec_decode.rejection_sampler",
+        "workbench.sample",
         "workbench.distributed",  # parallel_state, communication_op
     )),
     # The torch-free engine core (vLLM's v1/core, v1/request.py, v1/outputs.py): Request, the
@@ -359,8 +361,8 @@ def _plant(tmp_path: Path, files: dict[str, str]) -> list[Import]:
 def test_planted_upward_import_is_reported(tmp_path: Path) -> None:
     imports = _plant(tmp_path, {
         "workbench/__init__.py": "",
-        "workbench/layers/__init__.py": "",
-        "workbench/layers/sampler.py": """
+        "workbench/sample/__init__.py": "",
+        "workbench/sample/sampler.py": """
             def sample():
                 from workbench.engine.llm_engine import LLMEngine  # lazy, still counted
                 return LLMEngine
@@ -373,15 +375,15 @@ def test_planted_upward_import_is_reported(tmp_path: Path) -> None:
         "workbench/worker/__init__.py": "",
         "workbench/worker/model_runner.py": "from workbench.core.request import Request\n",
         "kernels/__init__.py": "",
-        "kernels/ref.py": "from workbench.layers.sampler import sample\n",
+        "kernels/ref.py": "from workbench.sample.sampler import sample\n",
     })
     found = {(i.importer, i.imported): why for i, why in check(imports)}
     assert found == {
-        ("workbench.layers.sampler", "workbench.engine.llm_engine"):
+        ("workbench.sample.sampler", "workbench.engine.llm_engine"):
             "model imports engine, which sits above it",
         ("workbench.core.scheduler", "workbench.worker.model_runner"):
             "core imports worker, which sits above it",
-        ("kernels.ref", "workbench.layers.sampler"): "kernels imports model, which sits above it",
+        ("kernels.ref", "workbench.sample.sampler"): "kernels imports model, which sits above it",
     }
 
 

@@ -1,6 +1,6 @@
 """SamplingParams: how one request is decoded (vLLM's names and defaults).
 
-Owned here: validation of every sampling knob. The sampler (`workbench/layers/sampler.py`)
+Owned here: validation of every sampling knob. The sampler (`workbench/sample/sampler.py`)
 applies them; the scheduler reads `max_tokens`, `min_tokens`, `stop_token_ids`, `ignore_eos`.
 """
 
@@ -36,7 +36,7 @@ class SamplingParams:
        vocabulary (checked at admission). Such a request reads no prefix-cache blocks: every
        prompt position's logits are computed.
     extra_args: vLLM's free-form per-request arguments; "kv_transfer_params" is read by the
-       KV connector (`workbench.kv_transfer_config.kv_transfer_params`: max_load_tokens).
+       KV connector (`workbench.config.kv_transfer_params`: max_load_tokens).
     """
 
     n: int = 1

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from workbench import LLM, SamplingParams
-from workbench.layers.sampler import Sampler
-from workbench.layers.sampling_metadata import SamplingMetadata
+from workbench.sample.metadata import SamplingMetadata
+from workbench.sample.sampler import Sampler
 from workbench.worker.request_state import CachedRequestState
 from workbench.worker.sampling_metadata_builder import SamplingMetadataBuilder
 
@@ -132,7 +132,7 @@ def test_stop_token_ids_and_finish_reasons(llm: LLM, references: dict[str, Any])
 def test_greedy_ids_take_the_first_maximum_like_argmax() -> None:
     import torch
 
-    from workbench.layers.sampler import greedy_ids
+    from workbench.sample.sampler import greedy_ids
 
     x = torch.tensor([[1.0, 3.0, 3.0, 0.0], [5.0, 5.0, 5.0, 5.0],
                       [float("-inf"), 2.0, float("-inf"), 2.0], [0.0, 0.0, 0.0, 7.0]])
@@ -151,7 +151,7 @@ def _reference_top_p_drop(logits: torch.Tensor, top_p: torch.Tensor) -> torch.Te
 
 @pytest.mark.parametrize("ties", [False, True])
 def test_top_p_mask_and_sorted_values_equal_torch_sort(ties: bool) -> None:
-    from workbench.layers.sampler import sorted_desc_values, top_p_drop
+    from workbench.sample.sampler import sorted_desc_values, top_p_drop
 
     gen = torch.Generator().manual_seed(3)
     for trial in range(20):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from workbench.layers.sampler import Sampler
+from workbench.sample.sampler import Sampler
 from workbench.sampling_params import SamplingParams
 from workbench.worker.request_state import CachedRequestState
 from workbench.worker.sampling_metadata_builder import SamplingMetadataBuilder

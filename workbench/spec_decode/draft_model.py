@@ -38,9 +38,9 @@ import torch
 from workbench.attention.metadata import AttentionMetadata
 from workbench.config import EngineConfig, ModelConfig
 from workbench.core.sched.output import SchedulerOutput
-from workbench.layers.sampler import Sampler
 from workbench.models.tokenizer import load_tokenizer
 from workbench.profiling import nvtx_range
+from workbench.sample.sampler import Sampler
 from workbench.spec_decode.proposer import DraftProposal, Proposer, max_draft_tokens
 from workbench.worker.request_state import CachedRequestState
 from workbench.worker.sampling_metadata_builder import make_sampling_metadata

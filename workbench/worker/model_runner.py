@@ -27,7 +27,7 @@ KV cache dtype: the model dtype, or float8_e4m3fn with kv_cache_dtype="fp8" (one
 
 Tensor parallelism (`tensor_parallel_size` > 1): the model is built as this process's TP rank
 (its shard of every layer) and the KV cache holds this rank's KV heads
-(`calc.tp_kv_heads_per_rank`), so `bytes_per_block` is per rank; block ids are the same on
+(`kv_cache.utils.tp_kv_heads_per_rank`), so `bytes_per_block` is per rank; block ids are the same on
 every rank. The ranks are started by `workbench.executor.tp_model_runner.create_model_runner`.
 """
 
@@ -61,9 +61,9 @@ from workbench.distributed.parallel_state import (
 )
 from workbench.layers.attention import Attention
 from workbench.layers.cpu_gemm import pack_linear_weights
-from workbench.layers.sampler import Sampler
 from workbench.models.loader import load_model
 from workbench.profiling import nvtx_range
+from workbench.sample.sampler import Sampler
 from workbench.spec_decode.draft_model import DraftModelProposer, draft_engine_config
 from workbench.spec_decode.ngram import NgramProposer
 from workbench.spec_decode.proposer import Proposer

@@ -18,8 +18,8 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-from workbench.layers.sampler import sampling_error
-from workbench.layers.sampling_metadata import SamplingMetadata
+from workbench.sample.metadata import SamplingMetadata
+from workbench.sample.sampler import sampling_error
 from workbench.sampling_params import SamplingParams
 from workbench.worker.request_state import CachedRequestState
 

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from workbench.spec_decode.rejection_sampler import (
+from workbench.sample.rejection_sampler import (
     greedy_verify,
     rejection_sample,
     rejection_sample_batch,

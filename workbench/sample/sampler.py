@@ -5,7 +5,7 @@ the request's own `torch.Generator` (`SamplingMetadata.generators`: seeded from
 `SamplingParams.seed`, kept by the model runner from step to step, so the same seed gives the
 same tokens whatever else is in the batch) or the sampler's generator when unseeded.
 `min_tokens` suppresses EOS and stop tokens until enough tokens exist. The sampler reads only
-tensors and the metadata (`workbench.layers.sampling_metadata`), never a Request.
+tensors and the metadata (`workbench.sample.metadata`), never a Request.
 
 Batched, with the tokens of a row-by-row sampler: one max over the batch for the greedy rows;
 the sampled rows' noise is drawn row by row (each from its own generator: a row's draws never
@@ -21,8 +21,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from workbench.layers.sampling_metadata import SamplingMetadata
-from workbench.spec_decode.rejection_sampler import greedy_verify, rejection_sample
+from workbench.sample.metadata import SamplingMetadata
+from workbench.sample.rejection_sampler import greedy_verify, rejection_sample
 
 
 def greedy_ids(logits: torch.Tensor) -> list[int]:

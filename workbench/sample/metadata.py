@@ -1,9 +1,10 @@
 """SamplingMetadata: what the sampler needs to know about the rows it samples (vLLM's name).
 
-The model runner builds it from the scheduled requests (`workbench.worker.sampling_metadata_
-builder`); the sampler and the rejection sampler read only this, never a Request. One entry
-per request, in batch order ("row" i is request i; when verifying drafts, request i owns
-len(spec_token_ids[i]) + 1 consecutive rows of logits).
+The model runner builds it from its states of the scheduled requests
+(`workbench.worker.sampling_metadata_builder`); the sampler and the rejection sampler read
+only this, never a Request. One entry per request, in batch order ("row" i is request i;
+when verifying drafts, request i owns len(spec_token_ids[i]) + 1 consecutive rows of
+logits).
 
     request_ids    ["a",  "b",  "c"]
     temperature    [0.0,  0.8,  1.0]      0.0: greedy (never processed, only argmax'd)
