@@ -65,7 +65,7 @@ class KVCacheScales:
 
 def attach_kv_scales(kv_cache: torch.Tensor, scales: KVCacheScales) -> None:
     """Bind a layer's scales to its KV cache tensor (the same object the layer holds)."""
-    kv_cache.kv_scales = scales  # type: ignore[attr-defined]
+    kv_cache.kv_scales = scales  # type: ignore[attr-defined]  # rides on the cache tensor
 
 
 def get_kv_scales(kv_cache: torch.Tensor) -> KVCacheScales | None:

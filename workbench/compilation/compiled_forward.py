@@ -45,7 +45,7 @@ import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -55,6 +55,9 @@ from workbench.attention.custom_op import make_attention_opaque
 from workbench.attention.forward_context import ForwardContext, set_forward_context
 from workbench.attention.metadata import AttentionMetadata
 from workbench.config.compilation import CompilationConfig, CompilationMode
+
+if TYPE_CHECKING:
+    from workbench.layers.linear_backend import PackableLinear
 
 logger = logging.getLogger(__name__)
 
@@ -116,12 +119,14 @@ def strip_linear_plans(model: nn.Module, keep: nn.Module | None) -> int:
     for m in model.modules():
         if m is keep or getattr(m, "linear_plan", None) is None:
             continue
-        packed = getattr(m, "packed_weight", None)
+        # a layer with a plan is a PackableLinear (nn.Module types attributes Tensor | Module)
+        layer = cast("PackableLinear", m)
+        packed = getattr(layer, "packed_weight", None)
         if packed is not None:
-            w = m.weight  # type: ignore[union-attr]
-            freed += w.numel() * w.element_size()  # type: ignore[union-attr,operator]
-        m.linear_plan = None
-        m.packed_weight = None
+            w = layer.weight
+            freed += w.numel() * w.element_size()
+        layer.linear_plan = None
+        layer.packed_weight = None
     return freed
 
 
@@ -167,12 +172,12 @@ class CompiledForward:
 
     def __init__(self, model: nn.Module, config: CompilationConfig,
                  device: torch.device) -> None:
-        if not config.compiles:
+        if not config.compiles or config.mode is None:  # a mode that compiles is never None
             raise ValueError(f"compilation_config mode {config.describe()} compiles nothing")
         self.model = model
         self.config = config
         self.device = device
-        self.mode = CompilationMode(config.mode)  # type: ignore[arg-type]
+        self.mode = CompilationMode(config.mode)
         backend = getattr(model, "attn_backend", None)
         if not isinstance(backend, AttentionBackend):
             raise ValueError("compilation_config needs a model with an `attn_backend` "

@@ -36,7 +36,9 @@ def main_module_problem() -> str | None:
         return None
     full = path
     if not os.path.isabs(full):
-        full = os.path.join(multiprocessing.process.ORIGINAL_DIR or os.getcwd(), full)
+        # multiprocessing's start directory, set when it is imported (not in typeshed)
+        original_dir: str | None = getattr(multiprocessing.process, "ORIGINAL_DIR", None)
+        full = os.path.join(original_dir or os.getcwd(), full)
     if os.path.isfile(full):
         return None
     where = "standard input" if path == "<stdin>" else f"{path!r}, which is not a file"

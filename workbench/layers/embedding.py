@@ -44,7 +44,8 @@ class VocabParallelEmbedding(nn.Module):
         self.weight = nn.Parameter(
             torch.zeros(self.num_embeddings_per_partition, embedding_dim), requires_grad=False
         )
-        self.weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]
+        # weight_loader: the loader's per-parameter hook (vLLM's), not a Parameter attribute
+        self.weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]  # loader hook
 
     def weight_loader(
         self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: str | int | None = None
@@ -76,7 +77,7 @@ class ParallelLMHead(VocabParallelEmbedding):
     linear_plan: LinearPlan | None = None
     packed_weight: torch.Tensor | None = None
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         # [n, V'/tp]: this rank's vocab shard
         logits = linear_backend.linear(hidden_states, self.weight, None, self.packed_weight,
                                        self.linear_plan)

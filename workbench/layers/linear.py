@@ -73,15 +73,16 @@ class LinearBase(nn.Module):
         self.input_size = input_size
         self.output_size = output_size
         self.weight = nn.Parameter(torch.empty(output_size, input_size), requires_grad=False)
-        self.weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]
+        # weight_loader: the loader's per-parameter hook (vLLM's), not a Parameter attribute
+        self.weight.weight_loader = self.weight_loader  # type: ignore[attr-defined]  # loader hook
         if bias:
             self.bias: nn.Parameter | None = nn.Parameter(
                 torch.empty(output_size), requires_grad=False
             )
-            self.bias.weight_loader = self.weight_loader  # type: ignore[attr-defined]
+            self.bias.weight_loader = self.weight_loader  # type: ignore[attr-defined]  # as above
         else:
             self.register_parameter("bias", None)
-        self.quant_method: QuantMethod | None = None  # set by quantize_model after loading
+        self.quant_method: QuantMethod[LinearBase] | None = None  # set by quantize_model
         # CPU fp32 (set by cpu_gemm.pack_linear_weights): the backend per row count, and
         # `weight` packed for its packed backend (MKL or oneDNN; None without one)
         self.linear_plan: LinearPlan | None = None
@@ -183,7 +184,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         layout = {"q": (0, q_size), "k": (q_size, kv_size), "v": (q_size + kv_size, kv_size)}
         if shard_id not in layout:
             raise ValueError(f"shard_id ({shard_id!r}) must be one of 'q', 'k', 'v'")
-        offset, size = layout[shard_id]  # type: ignore[index]
+        offset, size = layout[shard_id]
         dst = param.data.narrow(0, offset, size)
         # query heads: shard tp_rank; KV heads: shard tp_rank // replicas (replicated KV)
         shard = self.tp_rank if shard_id == "q" else self.tp_rank // self.num_kv_head_replicas

@@ -45,7 +45,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 from torch import nn
@@ -231,7 +231,7 @@ def tune_shapes(shapes: Iterable[Shape], backends: Sequence[str], cache: TimingC
 
 
 # ------------------------------------------------------------------------ the model
-def _packable(module: nn.Module) -> bool:
+def _packable(module: nn.Module) -> TypeGuard[lb.PackableLinear]:
     """A layer opts in by having a `packed_weight` attribute (LinearBase, ParallelLMHead); a
     quantized one (`quant_method` set) keeps its own forward."""
     return hasattr(module, "packed_weight") and getattr(module, "quant_method", None) is None

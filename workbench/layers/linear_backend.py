@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -103,6 +104,17 @@ class LinearPlan:
             else:
                 runs.append((i, i, b))
         return ", ".join(f"{bucket_label(first, last)} {b}" for first, last, b in runs)
+
+
+class PackableLinear(Protocol):
+    """A layer that takes a plan (LinearBase, ParallelLMHead): `linear_autotune` sets
+    `linear_plan` and `packed_weight` after loading; the forward passes both to `linear`."""
+
+    linear_plan: LinearPlan | None
+    packed_weight: torch.Tensor | None
+
+    @property
+    def weight(self) -> torch.Tensor: ...
 
 
 def unavailable_reason(backend: str) -> str | None:

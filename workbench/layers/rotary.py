@@ -75,6 +75,10 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 class RotaryEmbedding(nn.Module):
     """forward(positions [T], q [T, Hq*D], k [T, Hk*D]) -> rotated (q, k), same shapes."""
 
+    # buffers registered in __init__ (nn.Module types them Tensor | Module)
+    cos_cache: torch.Tensor
+    sin_cache: torch.Tensor
+
     def __init__(
         self,
         head_size: int,

@@ -26,14 +26,14 @@ from workbench.layers.quantization.fp8 import Fp8Method
 from workbench.layers.quantization.int4 import Int4Method
 from workbench.layers.quantization.int8 import Int8Method
 
-QUANT_METHODS: dict[str, type[QuantMethod]] = {
+QUANT_METHODS: dict[str, type[QuantMethod[LinearBase]]] = {
     "int8": Int8Method,
     "int4": Int4Method,
     "fp8": Fp8Method,
 }
 
 
-def get_quant_method(method_name: str, **opts: Any) -> QuantMethod:
+def get_quant_method(method_name: str, **opts: Any) -> QuantMethod[LinearBase]:
     """A configured QuantMethod; an unknown name or option is a ValueError naming it."""
     cls = QUANT_METHODS.get(method_name)
     if cls is None:

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from workbench.layers.linear import LinearBase
-from workbench.layers.quantization.base import QuantMethod, replace_weight
+from workbench.layers.quantization.base import QuantMethod, quant_tensor, replace_weight
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448.0
@@ -78,7 +78,7 @@ def _has_fp8_tensor_cores(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
 
 
-class Fp8Method(QuantMethod):
+class Fp8Method(QuantMethod[LinearBase]):
     name = "fp8"
 
     def __init__(self) -> None:
@@ -89,14 +89,14 @@ class Fp8Method(QuantMethod):
         replace_weight(layer, weight=w_q, weight_scale=scale)
 
     def dequantize_layer(self, layer: LinearBase, dtype: torch.dtype) -> torch.Tensor:
-        return dequantize(layer.weight, layer.weight_scale, dtype)
+        return dequantize(layer.weight, quant_tensor(layer, "weight_scale"), dtype)
 
     def apply(
         self, layer: LinearBase, x: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
         lead = x.shape[:-1]
         x_q, x_scale = quantize_activation(x.reshape(-1, x.shape[-1]))
-        w_q, w_scale = layer.weight, layer.weight_scale
+        w_q, w_scale = layer.weight, quant_tensor(layer, "weight_scale")
         y = None
         if self.use_scaled_mm and _has_fp8_tensor_cores(x.device) and (
             w_q.shape[0] % 16 == 0 and w_q.shape[1] % 16 == 0

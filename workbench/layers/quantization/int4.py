@@ -24,7 +24,7 @@ from kernels.quant.int4 import (
     unpack,
 )
 from workbench.layers.linear import LinearBase
-from workbench.layers.quantization.base import QuantMethod, replace_weight
+from workbench.layers.quantization.base import QuantMethod, quant_tensor, replace_weight
 
 __all__ = [
     "QMAX", "TRITON_DTYPES", "Int4Method", "dequantize", "pack", "quantize", "unpack",
@@ -39,7 +39,7 @@ def use_triton(x: torch.Tensor) -> bool:
     return x.is_cuda and x.dtype in TRITON_DTYPES and not FORCE_TORCH
 
 
-class Int4Method(QuantMethod):
+class Int4Method(QuantMethod[LinearBase]):
     name = "int4"
 
     def __init__(self, group_size: int = 128) -> None:
@@ -63,15 +63,20 @@ class Int4Method(QuantMethod):
         replace_weight(layer, qweight=qweight, scales=scales, zeros=zeros)
 
     def dequantize_layer(self, layer: LinearBase, dtype: torch.dtype) -> torch.Tensor:
-        return dequantize(layer.qweight, layer.scales, layer.zeros, dtype)
+        return dequantize(*_packed(layer), dtype)
 
     def apply(
         self, layer: LinearBase, x: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
+        qweight, scales, zeros = _packed(layer)
         if use_triton(x):
             from kernels.triton.dequant_matmul import w4a16_matmul  # imports triton: lazily
 
-            return w4a16_matmul(
-                x, layer.qweight, layer.scales, layer.zeros, self.group_size, bias
-            )
-        return F.linear(x, dequantize(layer.qweight, layer.scales, layer.zeros, x.dtype), bias)
+            return w4a16_matmul(x, qweight, scales, zeros, self.group_size, bias)
+        return F.linear(x, dequantize(qweight, scales, zeros, x.dtype), bias)
+
+
+def _packed(layer: LinearBase) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The (qweight, scales, zeros) `quantize_layer` registered on `layer`."""
+    return (quant_tensor(layer, "qweight"), quant_tensor(layer, "scales"),
+            quant_tensor(layer, "zeros"))

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from kernels.quant.int8 import QMAX, TRITON_DTYPES, dequantize, quantize
 from workbench.layers.linear import LinearBase
-from workbench.layers.quantization.base import QuantMethod, replace_weight
+from workbench.layers.quantization.base import QuantMethod, quant_tensor, replace_weight
 
 __all__ = ["QMAX", "TRITON_DTYPES", "Int8Method", "dequantize", "quantize", "use_triton"]
 
@@ -27,7 +27,7 @@ def use_triton(x: torch.Tensor) -> bool:
     return x.is_cuda and x.dtype in TRITON_DTYPES and not FORCE_TORCH
 
 
-class Int8Method(QuantMethod):
+class Int8Method(QuantMethod[LinearBase]):
     name = "int8"
 
     def quantize_layer(self, layer: LinearBase) -> None:
@@ -35,13 +35,14 @@ class Int8Method(QuantMethod):
         replace_weight(layer, weight=q, weight_scale=scale)
 
     def dequantize_layer(self, layer: LinearBase, dtype: torch.dtype) -> torch.Tensor:
-        return dequantize(layer.weight, layer.weight_scale, dtype)
+        return dequantize(layer.weight, quant_tensor(layer, "weight_scale"), dtype)
 
     def apply(
         self, layer: LinearBase, x: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
+        weight_scale = quant_tensor(layer, "weight_scale")
         if use_triton(x):
             from kernels.triton.dequant_matmul import w8a16_matmul  # imports triton: lazily
 
-            return w8a16_matmul(x, layer.weight, layer.weight_scale, bias)
-        return F.linear(x, dequantize(layer.weight, layer.weight_scale, x.dtype), bias)
+            return w8a16_matmul(x, layer.weight, weight_scale, bias)
+        return F.linear(x, dequantize(layer.weight, weight_scale, x.dtype), bias)
