@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -226,7 +226,8 @@ class LlamaForCausalLM(nn.Module):
 
     @property
     def attention_layers(self) -> list[Attention]:
-        return [layer.self_attn.attn for layer in self.model.layers]
+        # nn.ModuleList yields nn.Module; LlamaModel fills it with LlamaDecoderLayer only
+        return [cast(LlamaDecoderLayer, layer).self_attn.attn for layer in self.model.layers]
 
     def bind_kv_cache(self, kv_caches: list[torch.Tensor]) -> None:
         """Give layer i its cache tensor [2, num_blocks, block_size, num_kv_heads, head_dim]

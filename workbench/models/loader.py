@@ -157,7 +157,7 @@ def load_model(
     if `model_config.quantization` says so; returns it in eval mode."""
     model_cls = get_model_class(model_config.architecture)
     with _default_dtype(dtype), torch.device(device):
-        model = model_cls(model_config, attention_backend)  # type: ignore[call-arg]
+        model = model_cls(model_config, attention_backend)
     load_weights(model, model_config.model)
     quant = model_config.quant_config
     if quant.method is not None:
