@@ -38,6 +38,7 @@ import torch
 from workbench.attention.metadata import AttentionMetadata
 from workbench.config import EngineConfig, ModelConfig
 from workbench.core.sched.output import SchedulerOutput
+from workbench.models.interfaces import TextGenerationModel
 from workbench.models.tokenizer import load_tokenizer
 from workbench.profiling import nvtx_range
 from workbench.sample.sampler import Sampler
@@ -50,7 +51,7 @@ class DraftRunner(Protocol):
     """What the proposer uses of the draft model's runner (a `ModelRunner`)."""
 
     device: torch.device
-    model: torch.nn.Module
+    model: TextGenerationModel
 
     def build_batch(
         self, token_ids: list[int], starts: list[int], q_lens: list[int],
@@ -151,9 +152,9 @@ class DraftModelProposer(Proposer):
             new = sampled.get(rid) or []
             k = 0
             if new:
-                drafts = spec.get(rid)
-                if drafts:
-                    computed -= len(drafts) + 1 - len(new)
+                scheduled_drafts = spec.get(rid)
+                if scheduled_drafts:
+                    computed -= len(scheduled_drafts) + 1 - len(new)
                 k = max_draft_tokens(req, self.num_speculative_tokens, self.max_model_len,
                                      len(new))
             start = progress.get(rid, req.num_computed_tokens)

@@ -10,6 +10,10 @@ Scheduler side (in the engine process, called by `workbench.core.sched.scheduler
     update_connector_output(kv_connector_output)
         the worker's report: loads finished or failed, counters
     request_finished(request, block_ids) -> (delay_free_blocks, kv_transfer_params)
+    (the rest of `workbench.core.sched.kv_connector.SchedulerConnector`, the Protocol this
+    side satisfies: request_preempted, has_pending_work, make_stats, host_usage, and the
+    engine's set_xfer_handshake_metadata, transfer_info, step_failed, reset_cache; all with
+    defaults here)
 Worker side (in the model runner):
     register_kv_caches(kv_caches)
     bind_connector_metadata(metadata); start_load_kv(); wait_for_layer_load(layer);

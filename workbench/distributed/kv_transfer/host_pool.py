@@ -133,7 +133,7 @@ class HostKVPool:
             return
         path.parent.mkdir(parents=True, exist_ok=True)
         data = self.host[slot].contiguous()
-        payload = memoryview(data.view(torch.uint8).reshape(-1).numpy())
+        payload = data.view(torch.uint8).reshape(-1).numpy().data  # a memoryview of its bytes
         head = encode_header(key_hex, self.slot_shape, str(data.dtype), payload)
         tmp = temp_path(path)
         try:

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from workbench.config.kv_transfer import OffloadingConfig
 from workbench.config.kv_transfer_params import kv_transfer_params
-from workbench.core.kv_cache.hashing import extend_block_hashes, sha256_hash_fn
+from workbench.core.kv_cache.hashing import BlockHash, extend_block_hashes, sha256_hash_fn
 from workbench.core.sched.output import yield_req_data
 from workbench.distributed.kv_transfer.base import KVConnectorBase_V1, KVConnectorRole
 from workbench.distributed.kv_transfer.disk_format import BadKVFile
@@ -77,7 +77,7 @@ def num_host_slots(cpu_bytes_to_use: int, bytes_per_device_block: int, group: in
 
 @dataclass
 class _ReqState:
-    hashes: list[bytes] = field(default_factory=list)  # offload-block key chain
+    hashes: list[BlockHash] = field(default_factory=list)  # offload-block key chain
     num_stored: int = 0  # leading offload blocks already saved (or found saved)
     load: LoadJob | None = None
     pinned: list[int] = field(default_factory=list)
@@ -114,7 +114,11 @@ class OffloadingConnector(KVConnectorBase_V1):
     # ================================================================= scheduler side
     def _init_scheduler(self) -> None:
         self.host = HostTier(self.num_slots)
-        self.disk = DiskTier(self.extra.disk_path, self.namespace) if self.tiering else None
+        self.disk: DiskTier | None = None
+        if self.tiering:
+            # OffloadingConfig refuses a TieringOffloadingSpec without a disk_path
+            assert self.extra.disk_path is not None
+            self.disk = DiskTier(self.extra.disk_path, self.namespace)
         self._reqs: dict[str, _ReqState] = {}
         self._loads: list[LoadJob] = []
         self._swap_out: list[StoreJob] = []
@@ -134,7 +138,7 @@ class OffloadingConnector(KVConnectorBase_V1):
         return st
 
     def _extend(self, request: Request, st: _ReqState, num_blocks: int) -> None:
-        extend_block_hashes(sha256_hash_fn, st.hashes, request.all_token_ids,  # type: ignore[arg-type]
+        extend_block_hashes(sha256_hash_fn, st.hashes, request.all_token_ids,
                             self.block_size, num_blocks, request.cache_salt)
 
     def get_num_new_matched_tokens(self, request: Request,

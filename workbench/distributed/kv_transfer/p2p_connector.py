@@ -420,15 +420,16 @@ class P2pConnector(KVConnectorBase_V1):
         self._gone: OrderedDict[str, str] = OrderedDict()
         # prefill legs from their first step until their hold or buffer ends -> the prompt's
         # digest; a read of a request not here (nor gone) is refused at once
-        self._legs: dict[str, str] = {}
+        self._legs = {}  # (declared with the scheduler side's: request -> prompt digest)
         self._send_stats = KVConnectorStats()
         self._errors: list[str] = []
 
     def register_kv_caches(self, kv_caches: list[torch.Tensor]) -> None:
         self.caches = [bytes_view(c) for c in kv_caches]
         two, _, bs, hkv, d = self.caches[0].shape
-        self.layout = {"num_layers": len(self.caches), "block_shape": [two, bs, hkv, d],
-                       "dtype": str(self.caches[0].dtype), "namespace": self.namespace}
+        self.layout: dict[str, Any] = {
+            "num_layers": len(self.caches), "block_shape": [two, bs, hkv, d],
+            "dtype": str(self.caches[0].dtype), "namespace": self.namespace}
         if self.kt.is_kv_consumer:
             self._inbox = PushInbox(self.layout, self.caches[0].dtype,
                                     self.extra.push_inbox_bytes, self.extra.abort_timeout_s)
@@ -485,18 +486,18 @@ class P2pConnector(KVConnectorBase_V1):
             return Reply({"ok": False, "error": "the KV layout differs (model, dtype, "
                           "kv_cache_dtype or block_size)"})
         rid = header.get("request_id")
+        if not isinstance(rid, str):  # no prefill leg has such an id
+            return self._unknown_request(rid)
         with self._lock:
-            buf = self._buffers.get(rid)  # type: ignore[arg-type]
+            buf = self._buffers.get(rid)
             staged = buf is not None and buf.deadline is not None  # complete: readable
-            entry = self._held.get(rid)  # type: ignore[arg-type]
-            gone = self._gone.get(rid)  # type: ignore[arg-type]
-            digest = self._legs.get(rid)  # type: ignore[arg-type]
+            entry = self._held.get(rid)
+            gone = self._gone.get(rid)
+            digest = self._legs.get(rid)
         if gone is not None and not staged and entry is None:
             return Reply({"ok": False, "error": f"the blocks of {rid!r} were {gone}"})
         if digest is None:  # never a prefill leg here: nothing will come; say so at once
-            return Reply({"ok": False, "error": f"unknown request {rid!r}: no prefill leg of "
-                          "that id on this instance (never registered, or from before a "
-                          "restart)"})
+            return self._unknown_request(rid)
         if header.get("prompt_digest") != digest:
             return Reply({"ok": False, "error": f"prompt_digest "
                           f"{str(header.get('prompt_digest'))[:16]!r}... is not the prompt "
@@ -518,17 +519,23 @@ class P2pConnector(KVConnectorBase_V1):
             layers = self.caches
             valid = isinstance(ids, list) and set(ids) <= set(entry[0])
             where = f"the blocks held for {rid!r}"
-        if not valid:
+        if not (valid and isinstance(ids, list)):  # (valid implies a list; this narrows ids)
             return Reply({"ok": False, "error": f"block_ids {ids!r} are not {where}"})
         t0 = time.perf_counter()
         index = torch.tensor(ids, dtype=torch.long, device=layers[0].device)
-        frames = [layer.index_select(1, index) for layer in layers]
+        # Reply's payload frames: device tensors, or host arrays when bytes go on the wire
+        frames: list[Any] = [layer.index_select(1, index) for layer in layers]
         if not self.transport.tensor_frames:  # bytes on the wire: host copies
             frames = [f.cpu().view(torch.uint8).numpy() for f in frames]
         nbytes = sum(f.nbytes for f in frames)
         dt = time.perf_counter() - t0
         return Reply({"ok": True, "layout": self.layout, "num_blocks": len(ids)}, frames,
-                     on_sent=lambda: self._done_sending(rid, nbytes, dt))  # type: ignore[arg-type]
+                     on_sent=lambda: self._done_sending(rid, nbytes, dt))
+
+    @staticmethod
+    def _unknown_request(rid: Any) -> Reply:
+        return Reply({"ok": False, "error": f"unknown request {rid!r}: no prefill leg of that "
+                      "id on this instance (never registered, or from before a restart)"})
 
     def _done_sending(self, rid: str, nbytes: int, seconds: float) -> None:
         with self._lock:

@@ -95,13 +95,15 @@ class PushInbox:
         if header.get("layout") != self.layout:
             logger.warning("KV push for %s refused: the producer's layout %s differs from "
                            "this instance's %s", key[1], header.get("layout"), self.layout)
-            return self._refuse(key)
+            self._refuse(key)
+            return None
         two, bs, hkv, d = self.layout["block_shape"]
         n = int(header["num_blocks"])
         shape = (two, n, bs, hkv, d)
         nbytes = self.layout["num_layers"] * two * n * bs * hkv * d * self.dtype.itemsize
         if self.used + nbytes > self.capacity_bytes:
-            return self._refuse(key)
+            self._refuse(key)
+            return None
         entry = _Entry([torch.empty(shape, dtype=self.dtype)
                         for _ in range(self.layout["num_layers"])], nbytes,
                        time.monotonic() + self.expiry_s, str(header.get("prompt_digest")))
@@ -117,7 +119,6 @@ class PushInbox:
         self._remember_refused(key)
         self.dropped += 1
         self._cond.notify_all()
-        return None
 
     @staticmethod
     def _copy_in(entry: _Entry, header: dict[str, Any], frames: list[memoryview]) -> None:

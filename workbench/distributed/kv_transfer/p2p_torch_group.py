@@ -59,11 +59,14 @@ def new_process_group(backend: str, store: Any, rank: int, timeout_s: float, hos
     """A two-rank group on `store`; blocks until the other rank has joined."""
     timeout = timedelta(seconds=timeout_s)
     if backend == "gloo":
-        opts = dist.ProcessGroupGloo._Options()
+        # torch's stubs declare neither ProcessGroupGloo._Options (the gloo options) nor the
+        # (store, rank, size, options) constructor that takes them, both there at runtime
+        gloo: Any = dist.ProcessGroupGloo
+        opts = gloo._Options()
         opts._timeout = timeout
-        opts._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
+        opts._devices = [gloo.create_device(hostname=host)]
         opts._threads = 1  # send/recv do not use the worker threads
-        return dist.ProcessGroupGloo(store, rank, 2, opts)
+        return gloo(store, rank, 2, opts)
     # a peer's death aborts the communicator instead of the process (torch's default is to
     # tear the process down); read when the group is constructed
     os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "2")

@@ -92,7 +92,7 @@ class KVTransport(ABC):
 
 class ZmqTransport(KVTransport):
     def __init__(self, park_timeout_s: float = 30.0) -> None:
-        self.ctx = zmq.Context.instance()
+        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self.park_timeout_s = park_timeout_s
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
