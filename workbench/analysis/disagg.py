@@ -19,6 +19,7 @@ requests/s. Bad input raises ValueError naming the argument and what is allowed.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TypeAlias
 
 import pandas as pd
 from matplotlib.figure import Figure
@@ -27,7 +28,7 @@ from workbench.analysis.plots import _figure, _label, _legend
 from workbench.planning import PDRatio
 
 Point = tuple[float, float, float, float]  # (request rate, median, lo, hi)
-LatencyData = pd.DataFrame | Mapping[str, Sequence[float]] | Sequence[float]
+LatencyData: TypeAlias = pd.DataFrame | Mapping[str, Sequence[float]] | Sequence[float]
 
 
 def _check_points(label: str, points: Sequence[Point]) -> list[Point]:
@@ -174,9 +175,9 @@ def pd_ratio_plot(result: PDRatio, measured: Mapping[str | tuple[int, int], floa
             label="prefill pool")
     ax.plot(xs, [s.decode_rate for s in result.splits], linestyle="-.", color="C1",
             label="decode pool")
-    if result.transfer_s is not None:
-        ax.plot(xs, [s.link_rate for s in result.splits], linestyle=":", color="C4",
-                label="KV link")
+    if result.transfer_s is not None:  # then every split has its link rate
+        ax.plot(xs, [s.link_rate for s in result.splits if s.link_rate is not None],
+                linestyle=":", color="C4", label="KV link")
     ax.plot(xs, [s.system_rate for s in result.splits], marker="o", color="C2",
             label="system (min)")
     best = labels.index(result.best.label)

@@ -81,10 +81,10 @@ def publish(
     is given. Returns {"figures": [paths], "run_id": the run logged into, or None}. A figure
     that is None (a plot with no data, e.g. acceptance at k = 0) is left out."""
     out: dict[str, Any] = {"figures": [], "run_id": None}
-    figures = {key: fig for key, fig in (figures or {}).items() if fig is not None}
+    drawn = {key: fig for key, fig in (figures or {}).items() if fig is not None}
     if figures_dir:
         out["figures"] = [save(fig, Path(figures_dir) / f"{key}.png")
-                          for key, fig in figures.items()]
+                          for key, fig in drawn.items()]
     if not mlflow_uri:
         return out
     from workbench.tracking.mlflow_store import Store
@@ -101,7 +101,7 @@ def publish(
     files: dict[str, str | bytes] = {
         f"{name}/{key}.csv": frame.to_csv(index=False) for key, frame in (tables or {}).items()
     }
-    for key, fig in figures.items():
+    for key, fig in drawn.items():
         buf = io.BytesIO()
         fig.savefig(buf, format="png", dpi=100, bbox_inches="tight")
         files[f"{name}/{key}.png"] = buf.getvalue()

@@ -176,9 +176,10 @@ def parse_rate_sweep(data: dict[str, Any]) -> RateSweep | None:
     if "rate_sweep" not in data:
         return None
     block = data["rate_sweep"]
-    arrivals = data.get("arrivals") or {}
+    arrivals: dict[str, Any] = data.get("arrivals") or {}  # a mapping: checked by _conflicts
     workload = data.get("workload") or {}
-    seed = arrivals.get("seed", workload.get("seed", 0) if isinstance(workload, dict) else 0)
+    workload_seed = workload.get("seed", 0) if isinstance(workload, dict) else 0
+    seed = arrivals["seed"] if "seed" in arrivals else workload_seed
     return RateSweep(
         rates=tuple(float(r) for r in block["rates"]),
         slo=GoodputSLO(float(block["slo"]["ttft_ms"]), float(block["slo"]["tpot_ms"]),

@@ -203,7 +203,7 @@ class Template:
 
 
 
-class KnobValue(dict):  # type: ignore[type-arg]
+class KnobValue(dict[str, Any]):
     """A dict-valued knob value (e.g. a `speculative_config`) that can key the per-value
     tables of an experiment: hashed by its canonical JSON, equal to the plain dict."""
 

@@ -286,6 +286,7 @@ def _check_workload(spec: Any, tokenizer: str | None, out: list[str]) -> Any:
         tok = load_tokenizer(tokenizer)
         if "jsonl" in spec:
             return load_jsonl(spec["jsonl"], tokenizer=tok, name=spec.get("name"))
+        assert isinstance(fixture, str)  # a key of FIXTURES: checked above (else out grew)
         return make_workload(fixture, seed, tok, **params)
     except (ValueError, TypeError) as e:
         out.append(f"workload: {e}")

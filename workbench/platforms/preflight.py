@@ -140,7 +140,7 @@ def collect_cpu() -> dict[str, Any]:
 
 def _gpus_from_pynvml() -> list[dict[str, Any]] | None:
     try:
-        import pynvml  # type: ignore[import-not-found]  # optional: GPU machines only, no stubs
+        import pynvml  # optional: GPU machines only, no stubs
     except ImportError:
         return None
     try:

@@ -282,6 +282,7 @@ def main(argv: list[str] | None = None, disaggregated: bool = False) -> None:
     from workbench.router.app import build_router_app
     from workbench.router.pool import ReplicaPool
 
+    pool: ReplicaPool
     if config.executor == "ray":
         pool = _ray_pool(args, config, serve_args)
     elif config.disaggregated:

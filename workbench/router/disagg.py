@@ -49,7 +49,7 @@ import logging
 import time
 import uuid
 from collections import Counter, deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -369,7 +369,7 @@ class DisaggRouter(Router):
         record.decode_first_byte_s = self.clock() - start
         self.decode_first_byte_seconds.observe(record.decode_first_byte_s)
 
-    async def _timed(self, events: AsyncIterator[Any], record: DisaggRecord, start: float,
+    async def _timed(self, events: AsyncIterable[Any], record: DisaggRecord, start: float,
                      picked: list[Replica]) -> AsyncIterator[Any]:
         """`events` as they are; the first one's time is the decode leg's first byte, the
         record is kept when the stream ends (however it ends)."""

@@ -105,7 +105,7 @@ def router_families(router: Router) -> Iterator[Metric]:
         for r in replicas:
             m.add_metric([str(r.index)], float(value(r)))
         yield m
-    for name, doc, value in (
+    for name, doc, total in (
         ("router_client_requests", "Completion requests received.", router.client_requests),
         ("router_failed_requests", "Requests no live replica could complete.",
          router.failed_requests),
@@ -114,7 +114,7 @@ def router_families(router: Router) -> Iterator[Metric]:
         ("router_restarted_requests", "Requests sent again from scratch after a failure.",
          router.restarted_requests),
     ):
-        yield CounterMetricFamily(name, doc, value=float(value))
+        yield CounterMetricFamily(name, doc, value=float(total))
     d = CounterMetricFamily("router_routing_decisions", "Routing decisions by reason.",
                             labels=["reason"])
     for reason, count in sorted(router.decisions.items()):

@@ -146,9 +146,9 @@ class PrefixAwarePolicy(RoutingPolicy):
 
     def key(self, request: RouteRequest | None) -> BlockHash | None:
         """The chained hash of the first min(k, full blocks) blocks; None below one block."""
-        ids = request.prompt_token_ids if request is not None else None
-        if not ids:
+        if request is None or not request.prompt_token_ids:
             return None
+        ids = request.prompt_token_ids
         n = min(len(ids) // self.block_size, self.prefix_blocks)
         if n == 0:
             return None

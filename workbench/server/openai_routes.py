@@ -77,7 +77,7 @@ class ServingState:
 
 
 def serving_state(request: Request) -> ServingState:
-    return request.app.state.serving  # type: ignore[no-any-return]
+    return request.app.state.serving
 
 
 def request_id(request: Request, prefix: str) -> str:

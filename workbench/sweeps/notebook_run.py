@@ -49,7 +49,7 @@ def _ipc_kernel_manager() -> type:
     from jupyter_client.manager import AsyncKernelManager
     from traitlets import default
 
-    class IpcKernelManager(AsyncKernelManager):  # type: ignore[misc]  # untyped base class
+    class IpcKernelManager(AsyncKernelManager):
         @default("transport")
         def _transport_default(self) -> str:
             return "ipc" if os.name == "posix" else "tcp"

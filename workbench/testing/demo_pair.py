@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -232,7 +232,8 @@ def _rescale_init(model: PreTrainedModel, num_layers: int) -> None:
     the unigram plateau (loss ~6.6) for ~60 steps, since the token's own embedding drowned in
     the layers' outputs; with this it leaves the plateau by step ~20."""
     with torch.no_grad():
-        model.get_input_embeddings().weight.normal_(0.0, EMBED_INIT_STD)
+        # Llama's input embeddings are an nn.Embedding; transformers types them nn.Module
+        cast(torch.nn.Embedding, model.get_input_embeddings()).weight.normal_(0.0, EMBED_INIT_STD)
         for name, param in model.named_parameters():
             if name.endswith(("o_proj.weight", "down_proj.weight")):
                 param.mul_(1.0 / math.sqrt(2 * num_layers))
@@ -337,7 +338,8 @@ def save_model(model: PreTrainedModel, folder: Path) -> None:
     from transformers import GenerationConfig
 
     folder.mkdir(parents=True, exist_ok=True)
-    model.to(WEIGHTS_DTYPE)
+    # transformers types `to` as @wraps(nn.Module.to) on the class, an unbound _Wrapped to mypy
+    cast(torch.nn.Module, model).to(WEIGHTS_DTYPE)
     model.generation_config = GenerationConfig(bos_token_id=BOS_TOKEN_ID, eos_token_id=EOS_TOKEN_ID)
     model.save_pretrained(str(folder))
     model.float()
@@ -498,7 +500,8 @@ def _train_and_save(job: _Job, log: Log | None = None) -> dict[str, Any]:
             batch_size=job.batch_size, context=job.context, log=log or _print, name=job.role,
         )  # fmt: skip
         n_params = param_count(model)
-        embed = model.get_input_embeddings().weight.numel()
+        # Llama's input embeddings are an nn.Embedding; transformers types them nn.Module
+        embed = cast(torch.nn.Embedding, model.get_input_embeddings()).weight.numel()
         save_model(model, job.folder)
         save_tokenizer(job.folder, job.tokenizer_json, MAX_POSITIONS)
     return {

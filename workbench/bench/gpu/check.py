@@ -243,6 +243,8 @@ class ForwardTimer:
 
     def __call__(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: Any) -> Any:
         decode_only = meta.max_query_len == 1
+        start: torch.cuda.Event | float
+        end: torch.cuda.Event | float
         if self.device == "cuda":
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
@@ -422,7 +424,9 @@ def kv_offload_round_trip(cfg: CheckConfig, ckpt: Path) -> list[dict[str, Any]]:
           "kv_connector_extra_config": {"cpu_bytes_to_use": 1 << 30, "block_size": 16}}
     rows: list[dict[str, Any]] = []
     outs: dict[str, list[list[int]]] = {}
-    for name, extra in (("recompute", {}), ("host tier", {"kv_transfer_config": kt})):
+    variants: tuple[tuple[str, dict[str, Any]], ...] = (
+        ("recompute", {}), ("host tier", {"kv_transfer_config": kt}))
+    for name, extra in variants:
         llm = LLM(str(ckpt), dtype=dtype, device=cfg.device, max_num_seqs=2,
                   max_model_len=length + 16, attention_backend="triton", block_size=16,
                   num_gpu_blocks_override=blocks, **extra)
@@ -462,7 +466,7 @@ def pd_disagg_round_trip(cfg: CheckConfig, ckpt: Path) -> list[dict[str, Any]]:
     n, length, out_len = (3, 40, 4) if cfg.quick else (8, 2048, 16)
     prompts = _random_prompts(n, length, vocab, seed=5)
     dtype = "bfloat16" if cfg.device == "cuda" else "float32"
-    kw = {"dtype": dtype, "device": cfg.device, "max_num_seqs": n,
+    kw: dict[str, Any] = {"dtype": dtype, "device": cfg.device, "max_num_seqs": n,
           "max_model_len": length + out_len + 16, "attention_backend": "triton",
           "block_size": 16, "num_gpu_blocks_override": n * -(-(length + out_len) // 16) + 8}
     greedy = SamplingParams(temperature=0.0, max_tokens=out_len, ignore_eos=True)

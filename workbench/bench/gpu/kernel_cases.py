@@ -67,9 +67,11 @@ def kernel_cases(device: str, dtype: torch.dtype, quick: bool = False) -> list[K
                        ) -> tuple[torch.Tensor, torch.Tensor]:
                 kc, vc, tables, sl = _paged(device, dtype, lens, hkv, d, bs, fp8)
                 q = torch.randn(len(lens), hq, d, device=device).to(dtype)
-                kw = {"k_scale": one, "v_scale": one} if fp8 else {}
-                got = pd.paged_decode_attention(q, kc, vc, tables, sl, d**-0.5, **kw)
-                want = pd.paged_decode_attention_ref(q, kc, vc, tables, sl, d**-0.5, **kw)
+                kv_scale = one if fp8 else None
+                got = pd.paged_decode_attention(q, kc, vc, tables, sl, d**-0.5,
+                                                k_scale=kv_scale, v_scale=kv_scale)
+                want = pd.paged_decode_attention_ref(q, kc, vc, tables, sl, d**-0.5,
+                                                     k_scale=kv_scale, v_scale=kv_scale)
                 return got, want
 
             tag = f"Hq{hq}/Hkv{hkv} bs{bs}{' fp8' if fp8 else ''}"

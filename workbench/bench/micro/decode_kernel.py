@@ -20,10 +20,14 @@ import random
 import statistics
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
 from workbench.harness.validity import DEFAULT_MAX_OTHER_CPU_SHARE, default_cpu_watch
+
+if TYPE_CHECKING:
+    from workbench.attention.metadata import AttentionMetadata
 
 
 @dataclass(frozen=True)
@@ -45,8 +49,8 @@ CASES = (
 LAYERS = 8
 
 
-def _inputs(case: Case, seed: int = 0) -> tuple[list[torch.Tensor], object, torch.Tensor,
-                                                  torch.Tensor, torch.Tensor, int]:
+def _inputs(case: Case, seed: int = 0) -> tuple[list[torch.Tensor], AttentionMetadata,
+                                                  torch.Tensor, torch.Tensor, torch.Tensor, int]:
     from workbench.attention.metadata import AttentionMetadata
 
     rng = random.Random(seed)

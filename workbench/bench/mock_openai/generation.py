@@ -128,7 +128,8 @@ class Generation:
                                          "token ids (one prompt per request on the mock)")
         eos = config.eos_after
         n = limit if eos is None or body.get("ignore_eos") else min(limit, eos)
-        opts = body.get("stream_options") if isinstance(body.get("stream_options"), dict) else {}
+        stream_options = body.get("stream_options")
+        opts = stream_options if isinstance(stream_options, dict) else {}
         return cls(stream=bool(body.get("stream")), prompt_tokens=prompt, num_tokens=n,
                    finish_reason="length" if n == limit else "stop",
                    include_usage=bool(opts.get("include_usage")),

@@ -75,7 +75,8 @@ def workload_preset(model: str) -> Any:
     return bench if max_positions(model) >= longest else BENCH_MODELS["small"]
 
 
-ENGINE = {"dtype": "float32", "max_num_seqs": 64}  # the offline bench's engine defaults
+# the offline bench's engine defaults
+ENGINE: dict[str, Any] = {"dtype": "float32", "max_num_seqs": 64}
 COMPILED: dict[str, Any] = {"mode": 3}  # the compiled side (--compiled-config)
 
 

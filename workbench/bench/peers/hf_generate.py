@@ -35,7 +35,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -59,7 +59,8 @@ def load_hf_model(
     model = AutoModelForCausalLM.from_pretrained(
         str(ckpt_dir), dtype=dtype, attn_implementation=attn_implementation
     )
-    model.to(device)
+    # transformers types `to` as @wraps(nn.Module.to) on the class, an unbound _Wrapped to mypy
+    cast(torch.nn.Module, model).to(device)
     model.eval()
     disable_eos(model)
     return model

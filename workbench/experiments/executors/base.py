@@ -67,6 +67,11 @@ class Executor(ABC):
     def close(self) -> None:  # noqa: B027 - optional: only a cluster holds something
         """Release what the executor holds (a cluster connection)."""
 
+    def node_preflights(self) -> list[dict[str, Any]]:
+        """Each node's preflight (`node.probe_node()`), before any run; none here: only a
+        cluster has nodes to probe (the Ray executor)."""
+        return []
+
 
 class LocalExecutor(Executor):
     """Today's behaviour: in this process, one job after the other, in order."""

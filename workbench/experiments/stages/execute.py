@@ -15,7 +15,7 @@ A rate sweep: one sweep child per (value, repeat) with a point per rate
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,7 +61,7 @@ def _sweeps(ctx: RunContext, plan: Plan, bar: RunProgress, points: int,
             run_point: Callable[..., RunRecord]) -> Executed:
     sweep = rate_sweep_run.run_sweeps(ctx, plan.values, bar, run_point=run_point)
 
-    def sweep_round(repeat: int, sub: list[tuple[str, Any]]) -> list[RunRecord]:
+    def sweep_round(repeat: int, sub: Sequence[tuple[str, Any]]) -> list[RunRecord]:
         bar.add(len(sub) * points)
         done = len(sweep.runs)
         rate_sweep_run.run_sweeps(ctx, sub, bar, run_point=run_point, rounds=[repeat],
@@ -87,7 +87,7 @@ def _plain(ctx: RunContext, ex: Executor, plan: Plan, parent: Parent, bar: RunPr
     runs = invalid_runs.retry_disturbed(runs, retry_invalid, again, ctx.store, ctx.parent,
                                         bar, bar.line if ctx.progress else print)
 
-    def one_round(repeat: int, sub: list[tuple[str, Any]]) -> list[RunRecord]:
+    def one_round(repeat: int, sub: Sequence[tuple[str, Any]]) -> list[RunRecord]:
         bar.add(sum((label, repeat) not in parent.kept for label, _ in sub))
         return measure(sub, parent.kept, rounds=[repeat])
 

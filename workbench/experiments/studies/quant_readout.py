@@ -116,7 +116,7 @@ def readout(measured: list[Measured], variants: Mapping[str, Mapping[str, Any]],
     perf: list[dict[str, Any]] = []
     memory: dict[str, dict[str, Any]] = {}
     errors: dict[str, str] = {}
-    shown_reference: set[str] = set()
+    shown_reference: set[tuple[str, int]] = set()  # (reference label, concurrency)
     first_c = min(m.concurrency for m in measured)
     for m in measured:
         for r in m.result.runs:

@@ -120,7 +120,7 @@ class _SamplingFields(BaseModel):
 
     @property
     def stop_strings(self) -> list[str]:
-        return list(self.stop or [])  # type: ignore[arg-type]
+        return list(self.stop or [])
 
     @property
     def include_usage(self) -> bool:

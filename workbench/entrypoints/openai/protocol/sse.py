@@ -35,7 +35,7 @@ def parse_json(data: str | bytes) -> Any:
     """`json.loads` of one payload (SSE is UTF-8), without its per-call overhead in the usual
     case (nothing around the value); anything else goes through `json.loads` itself, so the
     result and the errors (ValueError) are the same."""
-    text = data.decode() if type(data) is bytes else data
+    text = data.decode() if isinstance(data, bytes) else data
     try:
         value, end = _raw_decode(text)
         if end == len(text):
