@@ -27,10 +27,12 @@ demo-engine: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/python scripts/run_tests.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 # notebooks/NN_*.py (jupytext py:percent) are the sources: regenerate each paired .ipynb
 # (no outputs; tests/test_notebooks.py fails when a pair is out of sync).

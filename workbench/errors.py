@@ -9,7 +9,19 @@ Place in the flow: a leaf module every layer may import. Code that refuses bad i
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Iterable
+from typing import TypeGuard
+
+
+def is_int(value: object) -> TypeGuard[int]:
+    """An int that is not a bool (JSON/YAML true would otherwise pass as 1)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_real(value: object) -> TypeGuard[int | float]:
+    """An int (not a bool) or a float that is not NaN (infinities pass)."""
+    return (is_int(value) or isinstance(value, float)) and not math.isnan(value)
 
 
 class UserError(ValueError):

@@ -79,7 +79,8 @@ class LogprobsTensors:
             torch.cat([r.logprob_token_ids for r in runs]),
             torch.cat([r.logprobs for r in runs]),
             torch.cat([r.selected_token_ranks for r in runs]),
-            None if any(f is None for f in full) else torch.cat(full),  # type: ignore[misc]
+            torch.cat(present) if len(present := [f for f in full if f is not None]) == len(full)
+            else None,
         )
 
 

@@ -51,8 +51,8 @@ class LLM:
         if isinstance(prompts, str | dict) or (
             isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
         ):
-            prompts = [prompts]  # type: ignore[list-item]
-        prompts = list(prompts)  # type: ignore[arg-type]
+            prompts = [prompts]
+        prompts = list(prompts)
         n = len(prompts)
         params = sampling_params if sampling_params is not None else SamplingParams()
         if isinstance(params, SamplingParams):
@@ -123,8 +123,8 @@ class LLM:
         for s in seqs:
             outs.append(CompletionOutput(
                 index=s.index,
-                text=tok.decode(s.output_token_ids,
-                                skip_special_tokens=s.sampling_params.skip_special_tokens),
+                text=str(tok.decode(s.output_token_ids,  # one id list decodes to one str
+                                    skip_special_tokens=s.sampling_params.skip_special_tokens)),
                 token_ids=list(s.output_token_ids),
                 finish_reason=s.status.finish_reason,
                 stop_reason=s.stop_reason,

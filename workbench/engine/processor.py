@@ -32,7 +32,8 @@ class Processor:
         self.tokenizer = load_tokenizer(mc.model)
         self.vocab_size = int(mc.hf_config["vocab_size"])
         eos = self.tokenizer.eos_token_id
-        self.eos_token_id: int | None = eos if eos is not None else (mc.eos_token_ids or [None])[0]
+        self.eos_token_id: int | None = (
+            eos if eos is not None else (mc.eos_token_ids[0] if mc.eos_token_ids else None))
         self._ids = itertools.count()
 
     def tokenize(self, prompt: PromptType) -> tuple[str | None, list[int]]:

@@ -27,6 +27,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from workbench.errors import is_int
 from workbench.harness.arrivals import ArrivalSpec
 from workbench.harness.goodput import GoodputSLO
 
@@ -34,10 +35,6 @@ RATE_SWEEP_KEYS = ("rates", "slo", "attainment", "num_workers")
 SLO_FIELDS = ("ttft_ms", "tpot_ms")
 ARRIVAL_KEYS = ("mode", "seed", "max_concurrency")  # what a sweep's `arrivals` may give
 OBJECTIVES = ("goodput", "goodput_per_worker")
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _positive(v: Any) -> bool:
@@ -59,7 +56,7 @@ class RateSweep:
         problems = _rates_problems(list(self.rates))
         if problems:
             raise ValueError(problems[0])
-        if not _is_int(self.num_workers) or self.num_workers < 1:
+        if not is_int(self.num_workers) or self.num_workers < 1:
             raise ValueError(f"rate_sweep.num_workers ({self.num_workers!r}) must be an "
                              "integer >= 1")
 
@@ -118,7 +115,7 @@ def _block_problems(block: Any) -> list[str]:
     if isinstance(a, bool) or not isinstance(a, int | float) or not 0 < a <= 1:
         out.append(f"rate_sweep.attainment ({a!r}) must be a share in (0, 1], e.g. 0.9")
     w = block.get("num_workers", 1)
-    if not _is_int(w) or w < 1:
+    if not is_int(w) or w < 1:
         out.append(f"rate_sweep.num_workers ({w!r}) must be an integer >= 1")
     return out
 
@@ -137,10 +134,10 @@ def _conflicts(data: dict[str, Any]) -> list[str]:
         out.append(f"arrivals.mode ({arrivals['mode']!r}) conflicts with rate_sweep: a sweep "
                    "runs Poisson arrivals; drop arrivals.mode or set it to poisson")
     seed = arrivals.get("seed", 0)
-    if not _is_int(seed):
+    if not is_int(seed):
         out.append(f"arrivals.seed ({seed!r}) must be an integer")
     mc = arrivals.get("max_concurrency")
-    if mc is not None and (not _is_int(mc) or mc < 1):
+    if mc is not None and (not is_int(mc) or mc < 1):
         out.append(f"arrivals.max_concurrency ({mc!r}) must be an integer >= 1 or absent")
     objective = data.get("objective") or {}
     if isinstance(objective, dict):

@@ -29,7 +29,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from workbench.errors import TemplateError, did_you_mean
+from workbench.errors import TemplateError, did_you_mean, is_int
 from workbench.experiments.validate_engine import check_engine, check_target
 
 WORKLOAD_KEYS = ("fixture", "jsonl", "seed", "params", "name")
@@ -95,18 +95,15 @@ def template_problems(data: Any) -> Checked:
 
 
 # --------------------------------------------------------------------------- plain fields
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
 
 def _check_scalars(data: dict[str, Any], out: list[str]) -> None:
     from workbench.experiments.template_keys import CACHE_STATES, DIRECTIONS
 
     repeats = data.get("repeats", 3)
-    if not _is_int(repeats) or repeats < 1:
+    if not is_int(repeats) or repeats < 1:
         out.append(f"repeats ({repeats!r}) must be an integer >= 1")
     warmup = data.get("warmup_requests", 2)
-    if not _is_int(warmup) or warmup < 0:
+    if not is_int(warmup) or warmup < 0:
         out.append(f"warmup_requests ({warmup!r}) must be an integer >= 0")
     cache = data.get("cache_state", "warm-model")
     if cache not in CACHE_STATES:
@@ -119,7 +116,7 @@ def _check_scalars(data: dict[str, Any], out: list[str]) -> None:
 
     for key, default in (("smallest_effect", 0.02), ("alpha", 0.05), ("max_repeats", None)):
         problem = verdict_key_problem(key, data.get(key, default),
-                                      repeats if _is_int(repeats) else 1)
+                                      repeats if is_int(repeats) else 1)
         if problem:
             out.append(problem)
     share = data.get("max_other_cpu_share", 0.0)
@@ -194,7 +191,7 @@ def _check_mappings(data: dict[str, Any], out: list[str]) -> None:
                        f"allowed: {', '.join(GATE_KEYS)}")
         elif key in THRESHOLDS and v is not None and not _number(v):
             out.append(f"quality_gate.{key} ({v!r}) must be a number")
-        elif key in OPTIONS and v is not None and (not _is_int(v) or v < 1):
+        elif key in OPTIONS and v is not None and (not is_int(v) or v < 1):
             out.append(f"quality_gate.{key} ({v!r}) must be an integer >= 1")
 
 
@@ -276,7 +273,7 @@ def _check_workload(spec: Any, tokenizer: str | None, out: list[str]) -> Any:
             out.append(f"unknown workload.params key {key!r} for fixture {fixture!r}"
                        f"{did_you_mean(key, allowed)}; allowed: {', '.join(allowed)}")
     seed = spec.get("seed", 0)
-    if not _is_int(seed):
+    if not is_int(seed):
         out.append(f"workload.seed ({seed!r}) must be an integer")
     if len(out) > n or tokenizer is None:
         return None

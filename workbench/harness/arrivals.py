@@ -43,18 +43,12 @@ import random
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from workbench.errors import is_int, is_real
+
 MODES = ("closed", "poisson", "gamma", "constant", "trace")
 OPEN_LOOP_MODES = ("poisson", "gamma", "constant", "trace")
 _RATED = ("poisson", "gamma", "constant")
 _INF_STRINGS = ("inf", "+inf", "infinity", "+infinity")
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
-def _is_real(x: Any) -> bool:
-    return (_is_int(x) or isinstance(x, float)) and not math.isnan(x)
 
 
 @dataclass(frozen=True)
@@ -73,9 +67,9 @@ class ArrivalSpec:
         m = self.mode
         if m not in MODES:
             raise ValueError(f"ArrivalSpec mode ({m!r}) must be one of {list(MODES)}")
-        if not _is_int(self.seed):
+        if not is_int(self.seed):
             raise ValueError(f"ArrivalSpec seed ({self.seed!r}) must be an integer")
-        if not _is_real(self.burstiness) or self.burstiness <= 0:
+        if not is_real(self.burstiness) or self.burstiness <= 0:
             raise ValueError(
                 f"ArrivalSpec burstiness ({self.burstiness!r}) must be > 0 "
                 "(1.0 = Poisson, < 1 burstier, inf = constant gaps)"
@@ -85,7 +79,7 @@ class ArrivalSpec:
                 f"ArrivalSpec burstiness ({self.burstiness}) only applies to mode 'gamma', "
                 f"not {m!r}; use mode='gamma' or leave burstiness at 1.0"
             )
-        if not _is_real(self.ramp_up_s) or not 0 <= self.ramp_up_s < math.inf:
+        if not is_real(self.ramp_up_s) or not 0 <= self.ramp_up_s < math.inf:
             raise ValueError(f"ArrivalSpec ramp_up_s ({self.ramp_up_s!r}) must be finite, >= 0")
         if m == "closed":
             self._check_closed()
@@ -94,7 +88,7 @@ class ArrivalSpec:
 
     def _check_closed(self) -> None:
         c = self.concurrency
-        if not _is_int(c) or c < 1:
+        if not is_int(c) or c < 1:
             raise ValueError(
                 f"ArrivalSpec concurrency ({c!r}) must be an integer >= 1 for mode 'closed'"
             )
@@ -118,7 +112,7 @@ class ArrivalSpec:
                 f"open loop ({m!r}) takes max_concurrency as its cap"
             )
         mc = self.max_concurrency
-        if mc is not None and (not _is_int(mc) or mc < 1):
+        if mc is not None and (not is_int(mc) or mc < 1):
             raise ValueError(f"ArrivalSpec max_concurrency ({mc!r}) must be None or >= 1")
         if m == "trace":
             if r is not None or self.ramp_up_s != 0:
@@ -127,7 +121,7 @@ class ArrivalSpec:
                     f"and ramp_up_s ({self.ramp_up_s}) must be left unset"
                 )
             return
-        if not _is_real(r) or r <= 0:
+        if not is_real(r) or r <= 0:
             raise ValueError(
                 f"ArrivalSpec rate ({r!r}) must be > 0 requests/s for mode {m!r} "
                 "(float('inf') sends everything at t = 0)"
@@ -188,7 +182,7 @@ def _trace_offsets(num_requests: int, trace: list[float | None] | None) -> list[
             raise ValueError(
                 f"trace[{i}] is None: mode 'trace' needs every request to have arrival_s"
             )
-        if not _is_real(t) or not 0 <= t < math.inf:
+        if not is_real(t) or not 0 <= t < math.inf:
             raise ValueError(f"trace[{i}] arrival_s ({t!r}) must be a finite number >= 0")
         if out and t < out[-1]:
             raise ValueError(
@@ -204,7 +198,7 @@ def arrival_offsets(
 ) -> list[float] | None:
     """Seconds from the run start at which each request is sent, in request order
     (non-decreasing, the first at 0 except for a trace); None for a closed loop."""
-    if not _is_int(num_requests) or num_requests < 0:
+    if not is_int(num_requests) or num_requests < 0:
         raise ValueError(f"num_requests ({num_requests!r}) must be an integer >= 0")
     if spec.mode == "closed":
         return None

@@ -90,12 +90,12 @@ class FollowUpDispatch:
         self.in_flight -= 1
         now = self.now_s()
         for child in self.children[req.request_id]:
+            due_s = now + child.think_s
             row = {"request_id": child.request_id, "follows": req.request_id,
-                   "follows_success": rec.success, "due_s": now + child.think_s,
-                   "sent_s": None}
+                   "follows_success": rec.success, "due_s": due_s, "sent_s": None}
             self._rows[child.request_id] = row
             self.follow_ups.append(row)
-            self._push(row["due_s"], child, None)
+            self._push(due_s, child, None)
         self.changed.set()
 
     def _free(self) -> bool:
@@ -120,8 +120,9 @@ class FollowUpDispatch:
                                    "the requests they follow were never sent")
             self.changed.clear()
             next_due = self.due[0][0] if self.due and self._free() else None
-            if await self._wait(None if next_due is None else next_due - now):
-                reached = max(reached, next_due)  # type: ignore[type-var]
+            if await self._wait(None if next_due is None else next_due - now) \
+                    and next_due is not None:
+                reached = max(reached, next_due)
         await asyncio.gather(*self.tasks)
 
     async def _wait(self, timeout_s: float | None) -> bool:

@@ -49,14 +49,14 @@ def join_client_server(
     for r in records:
         s = server.get(r.request_id)
         got = s or {}
-        row = {
+        times = {"client_ttft_ms": _ms(r.ttft_s), "client_e2e_ms": _ms(r.e2e_s),
+                 **{k.removesuffix("_s") + "_ms": _ms(got.get(k)) for k in _SERVER_KEYS}}
+        row: dict[str, object] = {
             "request_id": r.request_id, "success": r.success, "prompt_tokens": r.prompt_tokens,
-            "output_tokens": r.output_tokens, "matched": s is not None,
-            "client_ttft_ms": _ms(r.ttft_s), "client_e2e_ms": _ms(r.e2e_s),
-            **{k.removesuffix("_s") + "_ms": _ms(got.get(k)) for k in _SERVER_KEYS},
+            "output_tokens": r.output_tokens, "matched": s is not None, **times,
+            "ttft_overhead_ms": times["client_ttft_ms"] - times["server_ttft_ms"],
+            "e2e_overhead_ms": times["client_e2e_ms"] - times["server_e2e_ms"],
         }
-        row["ttft_overhead_ms"] = row["client_ttft_ms"] - row["server_ttft_ms"]
-        row["e2e_overhead_ms"] = row["client_e2e_ms"] - row["server_e2e_ms"]
         rows.append(row)
     frame = pd.DataFrame(rows)
     frame.attrs["unmatched_server_rows"] = sum(1 for k in server if k not in ids)

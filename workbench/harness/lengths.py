@@ -22,6 +22,8 @@ from dataclasses import asdict, dataclass
 from statistics import NormalDist
 from typing import Any
 
+from workbench.errors import is_int
+
 KINDS = ("fixed", "uniform", "lognormal")
 Z95 = NormalDist().inv_cdf(0.95)  # 1.6448536269514722
 _PARAMS = {"fixed": ("value",), "uniform": ("low", "high"), "lognormal": ("p50", "p95")}
@@ -29,12 +31,8 @@ _ALL_PARAMS = ("value", "low", "high", "p50", "p95")
 _KEYS = ("kind", *_ALL_PARAMS, "min", "max")
 
 
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
 def _is_num(x: Any) -> bool:
-    return (_is_int(x) or isinstance(x, float)) and math.isfinite(x)
+    return (is_int(x) or isinstance(x, float)) and math.isfinite(x)
 
 
 @dataclass(frozen=True)
@@ -65,9 +63,9 @@ class LengthDist:
                     f"LengthDist(kind={self.kind!r}) takes {' and '.join(need)}, not {name} "
                     f"({got!r})"
                 )
-        if not _is_int(self.min) or self.min < 1:
+        if not is_int(self.min) or self.min < 1:
             raise ValueError(f"LengthDist min ({self.min!r}) must be an integer >= 1")
-        if self.max is not None and (not _is_int(self.max) or self.max < self.min):
+        if self.max is not None and (not is_int(self.max) or self.max < self.min):
             raise ValueError(
                 f"LengthDist max ({self.max!r}) must be None or an integer >= min ({self.min})"
             )
@@ -103,7 +101,7 @@ class LengthDist:
                 )
 
     def _check_int(self, name: str, v: Any) -> None:
-        if not _is_int(v) or v < 1:
+        if not is_int(v) or v < 1:
             raise ValueError(f"LengthDist {name} ({v!r}) must be an integer >= 1")
 
     @property
@@ -119,7 +117,7 @@ class LengthDist:
 
     def sample(self, rng: random.Random, n: int) -> list[int]:
         """`n` lengths drawn from `rng` (one `rng` call per length for uniform/lognormal)."""
-        if not _is_int(n) or n < 0:
+        if not is_int(n) or n < 0:
             raise ValueError(f"sample n ({n!r}) must be an integer >= 0")
         if self.kind == "fixed":
             return [self.clamp(self.value)] * n  # type: ignore[arg-type]
@@ -161,8 +159,8 @@ class LengthDist:
         """A dict of the fields (`kind` required), or an int meaning `fixed` at that value."""
         if isinstance(d, LengthDist):
             return d
-        if _is_int(d):
-            return cls(kind="fixed", value=d)  # type: ignore[arg-type]
+        if is_int(d):
+            return cls(kind="fixed", value=d)
         if not isinstance(d, dict):
             raise ValueError(
                 f"length distribution ({d!r}) must be an int or a dict with 'kind' "

@@ -332,7 +332,7 @@ class CpuWatch:
         finally:
             if start is not None:
                 try:
-                    end = self.read(roots)
+                    end: CpuSample | None = self.read(roots)
                 except (OSError, ImportError):
                     end = None
                 if end is not None:

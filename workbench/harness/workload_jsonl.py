@@ -16,6 +16,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from workbench.errors import is_int
 from workbench.harness.workload_base import BenchRequest, Workload
 
 JSONL_FIELDS = ("request_id", "prompt", "prompt_token_ids", "max_tokens", "arrival_s", "group",
@@ -26,10 +27,6 @@ def _bad(lineno: int, field: str, why: str) -> ValueError:
     return ValueError(f"JSONL line {lineno}: {field} {why}")
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 def _prompt_ids(obj: dict[str, Any], lineno: int, tokenizer: Any | None) -> list[int]:
     prompt, ids = obj.get("prompt"), obj.get("prompt_token_ids")
     if prompt is not None and (not isinstance(prompt, str) or not prompt):
@@ -37,7 +34,7 @@ def _prompt_ids(obj: dict[str, Any], lineno: int, tokenizer: Any | None) -> list
     if ids is not None:
         vocab = len(tokenizer) if tokenizer is not None else None
         if (not isinstance(ids, list) or not ids
-                or not all(_is_int(t) and t >= 0 and (vocab is None or t < vocab) for t in ids)):
+                or not all(is_int(t) and t >= 0 and (vocab is None or t < vocab) for t in ids)):
             raise _bad(lineno, "prompt_token_ids", "must be a non-empty list of token ids "
                        f"(ints >= 0{f' and < {vocab}' if vocab else ''})")
         return ids
@@ -69,7 +66,7 @@ def _dependency(obj: dict[str, Any], lineno: int) -> dict[str, Any]:
         raise _bad(lineno, "arrival_s", f"({obj['arrival_s']!r}) and follows ({follows!r}) "
                    "exclude each other: a follow-up is sent think_s after the request it "
                    "follows finished")
-    if turn is not None and (not _is_int(turn) or turn < 0):
+    if turn is not None and (not is_int(turn) or turn < 0):
         raise _bad(lineno, "turn", f"({turn!r}) must be an integer >= 0")
     return {"follows": follows, "think_s": 0.0 if think is None else float(think),
             "turn": turn}
@@ -84,7 +81,7 @@ def _parse_line(obj: Any, lineno: int, tokenizer: Any | None) -> dict[str, Any]:
         raise _bad(lineno, str(unknown), f"unknown; allowed fields: {list(JSONL_FIELDS)}")
     ids = _prompt_ids(obj, lineno, tokenizer)
     mt = obj.get("max_tokens")
-    if not _is_int(mt) or mt < 1:
+    if not is_int(mt) or mt < 1:
         raise _bad(lineno, "max_tokens", f"({mt!r}) must be an integer >= 1")
     arr = obj.get("arrival_s")
     if arr is not None and (isinstance(arr, bool) or not isinstance(arr, int | float)

@@ -91,7 +91,7 @@ def _io_dists(p: dict[str, Any], key: str, cap: int, cap_name: str, fixed_input:
               ) -> tuple[LengthDist, LengthDist]:
     """Cap `p[key]` (input or suffix lengths) and `p["output_len"]`; record them in `p`."""
     d_in = _capped(key, p[key], cap, cap_name)
-    room = p["max_model_len"] - fixed_input - _upper(d_in)  # type: ignore[operator]
+    room = p["max_model_len"] - fixed_input - _upper(d_in)
     d_out = _capped("output_len", p["output_len"], room, "max_model_len - longest input")
     p[key], p["output_len"] = d_in.to_dict(), d_out.to_dict()
     return d_in, d_out
@@ -146,7 +146,7 @@ def _repetitive(seed: int, tokenizer: Any, **params: Any) -> Workload:
     ins = d_in.sample(rng, n)
     d_out = None
     if p["output_len"] is not None:
-        room = p["max_model_len"] - _upper(d_in)  # type: ignore[operator]
+        room = p["max_model_len"] - _upper(d_in)
         d_out = _capped("output_len", p["output_len"], room, "max_model_len - longest input")
         p["output_len"] = d_out.to_dict()
     outs = d_out.sample(rng, n) if d_out else [0] * n

@@ -28,6 +28,7 @@ from workbench.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from workbench.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from workbench.layers.norm import RMSNorm
 from workbench.layers.rotary import RotaryEmbedding, get_rope_config
+from workbench.models.interfaces import TextGenerationModel
 
 # The architectures this class serves (workbench/models/registry.py points them here) and the
 # per-family differences `LlamaArch` resolves.
@@ -203,7 +204,7 @@ class LlamaModel(nn.Module):
         return hidden
 
 
-class LlamaForCausalLM(nn.Module):
+class LlamaForCausalLM(TextGenerationModel):
     """model(input_ids [T], positions [T], attn_metadata) -> hidden [T, hidden_size];
     compute_logits(hidden [n, hidden_size]) -> float32 logits [n, vocab_size]."""
 

@@ -25,6 +25,7 @@ from torch import nn
 
 from workbench.config import ModelConfig
 from workbench.layers.quantization import quantize_model
+from workbench.models.interfaces import TextGenerationModel
 from workbench.models.registry import model_location
 
 Packed = dict[str, tuple[str, str | int]]
@@ -141,10 +142,14 @@ def load_weights(model: nn.Module, folder: str | Path) -> None:
         )
 
 
-def get_model_class(architecture: str) -> type[nn.Module]:
+def get_model_class(architecture: str) -> type[TextGenerationModel]:
     """The class the registry names for `architecture` (its module imported on demand)."""
     module, name = model_location(architecture)
-    return getattr(importlib.import_module(f"workbench.models.{module}"), name)
+    cls = getattr(importlib.import_module(f"workbench.models.{module}"), name)
+    if not (isinstance(cls, type) and issubclass(cls, TextGenerationModel)):
+        raise TypeError(f"workbench.models.{module}.{name} ({cls!r}) is not a "
+                        "TextGenerationModel (workbench/models/interfaces.py)")
+    return cls
 
 
 def load_model(
@@ -152,7 +157,7 @@ def load_model(
     dtype: torch.dtype,
     device: torch.device,
     attention_backend: str = "torch",
-) -> nn.Module:
+) -> TextGenerationModel:
     """Build the model on `device` in `dtype`, load its weights and quantize its linear layers
     if `model_config.quantization` says so; returns it in eval mode."""
     model_cls = get_model_class(model_config.architecture)

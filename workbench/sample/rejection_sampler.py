@@ -79,9 +79,10 @@ def rejection_sample(
     k = len(draft_token_ids)
     vocab = _check_probs((), k, target_probs, draft_probs, generator)
     ids: list[int] = []
-    for i, tok in enumerate(draft_token_ids):
+    for i, given in enumerate(draft_token_ids):
+        tok: int | None
         try:
-            tok = operator.index(tok)
+            tok = operator.index(given)
         except TypeError:
             tok = None
         if tok is None or not 0 <= tok < vocab:

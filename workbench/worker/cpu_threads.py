@@ -74,7 +74,7 @@ def bind_this_thread(num_threads: int, tp_size: int = 1) -> None:
     if tp_size > 1:
         _status = f"nobind (tensor_parallel_size {tp_size}: ranks would share the CPUs)"
         return
-    cpus = _ALLOWED if chosen == "auto" else chosen
+    cpus = _ALLOWED if isinstance(chosen, str) else chosen  # "auto" (policy() names only it)
     from kernels.cpu import omp_bind
 
     try:

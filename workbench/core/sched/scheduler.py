@@ -160,7 +160,7 @@ class Scheduler:
         out = SchedulerOutput()
         if self.finished_req_ids:
             out.finished_req_ids, self.finished_req_ids = self.finished_req_ids, set()
-        budget: int = cfg.max_num_batched_tokens  # type: ignore[assignment]
+        budget: int = cfg.max_num_batched_tokens
         threshold = cfg.long_prefill_token_threshold
         scheduled: list[Request] = []
         num_sched = out.num_scheduled_tokens

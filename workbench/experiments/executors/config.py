@@ -22,7 +22,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from workbench.errors import UserError, did_you_mean
+from workbench.errors import UserError, did_you_mean, is_int
 
 EXECUTORS = ("local", "ray")
 NODE_RESOURCE = "workbench_node"  # `ray start --resources '{"workbench_node": 1}'` per node
@@ -56,20 +56,16 @@ class ExecutorConfig:
                     math.isfinite(v) and v >= 0):
                 raise UserError(f"{name} ({v!r}) must be a number >= 0 (the Ray resources "
                                 "one run asks for)")
-        if not _is_int(self.runs_per_node) or self.runs_per_node < 1:
+        if not is_int(self.runs_per_node) or self.runs_per_node < 1:
             raise UserError(f"runs_per_node ({self.runs_per_node!r}) must be an integer >= 1 "
                             "(1: each run holds a whole node)")
-        if not _is_int(self.max_attempts) or self.max_attempts < 1:
+        if not is_int(self.max_attempts) or self.max_attempts < 1:
             raise UserError(f"max_attempts ({self.max_attempts!r}) must be an integer >= 1")
 
     @property
     def node_share(self) -> float:
         """The amount of `node_resource` one run asks for."""
         return 1.0 / self.runs_per_node
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def cluster_problems(spec: Any) -> list[str]:
