@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo demo-engine test lint notebooks notebooks-docs bench bench-avx2 bench-decode \
+.PHONY: venv demo demo-engine test test-cluster lint notebooks notebooks-docs bench bench-avx2 bench-decode \
 	bench-sched bench-spec peer-vllm screenshots clean
 
 $(STAMP): pyproject.toml
@@ -29,6 +29,10 @@ test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/python scripts/run_tests.py
+
+# The Ray cluster tests too (tests/cluster/, 5-10 minutes on 2 cores; docs/cluster.md).
+test-cluster: $(STAMP)
+	WORKBENCH_CLUSTER_TESTS=1 $(BIN)/python scripts/run_tests.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
