@@ -46,6 +46,7 @@ def test_08_quantization_side_by_side(tmp_path: Path) -> None:
         assert variant in text
     assert "Skipped" not in text  # the engine accepted every variant
     assert "kv_token_capacity" in text and "ppl_increase_pct" in text and "us at 1 tokens" in text
+    assert "other_cpu_share" in text  # the layer timing is watched as a run is
     assert "tok_s_c4" in text and "speed_vs_full_c1" in text
     source = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
     assert "Read the speed numbers as a CPU's, not a GPU's" in source

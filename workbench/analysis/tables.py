@@ -105,7 +105,8 @@ def layout_metrics(layouts: pd.DataFrame, latency: pd.DataFrame, comm: pd.DataFr
     """09's headline numbers: one worker's throughput, and per named layout (`names`: layout
     -> metric prefix, e.g. {"1 replica, TP=2": "tp2"}) the median throughput, p95 TTFT / TPOT
     and scaling efficiency, the concurrency-1 median TPOT when `latency` has rows, and the
-    1-token all-reduce median when `comm` has rows."""
+    1-token all-reduce median (and whether its CPU watch found it undisturbed) when `comm`
+    has rows."""
     metrics = {"throughput_1": float(throughput_1)}
     named = layouts[layouts["layout"].isin(list(names))]
     metrics.update(group_medians(named, "layout", ("output_throughput", "p95_ttft_ms",
@@ -116,6 +117,8 @@ def layout_metrics(layouts: pd.DataFrame, latency: pd.DataFrame, comm: pd.DataFr
                         for lay, t in zip(c1["layout"], c1["median_tpot_ms"], strict=True)})
     if len(comm):
         metrics["allreduce_median_us_1_token"] = float(comm["median_us"].iloc[0])
+        if "valid" in comm:  # judged as a run is (harness.watched): 1.0 valid, 0.0 disturbed
+            metrics["allreduce_valid"] = float(bool(comm["valid"].all()))
     return metrics
 
 

@@ -34,6 +34,8 @@ from workbench.harness.collectives import allreduce_latency, collectives_per_ste
 from workbench.harness.metrics import records_frame
 from workbench.harness.replay import RunResult, run, run_sync
 from workbench.harness.targets import InProcessTarget
+from workbench.harness.validity import CpuWatch
+from workbench.harness.watched import watched
 from workbench.harness.workloads import Workload, make_workload
 
 
@@ -135,13 +137,18 @@ def engine_capacity(model: str | Path, block_sizes: Iterable[int], max_model_len
 
 
 def allreduce_table(hidden_size: int, tokens: Sequence[int], num_hidden_layers: int,
-                    iters: int = 200, world_size: int = 2) -> pd.DataFrame:
+                    iters: int = 200, world_size: int = 2, watch: CpuWatch | None = None
+                    ) -> pd.DataFrame:
     """gloo all-reduce latency of `tokens[i] x hidden_size` fp32 values (median / p90 us),
-    the collectives a TP forward pass makes (2L + 2) and the floor they add per step (ms)."""
-    comm = pd.DataFrame(allreduce_latency(world_size, tuple(hidden_size * t for t in tokens),
-                                          iters=iters))
+    the collectives a TP forward pass makes (2L + 2) and the floor they add per step (ms);
+    watched and judged as a run is (`harness.watched`: `other_cpu_share`, `valid`)."""
+    numels = tuple(hidden_size * t for t in tokens)
+    rows, validity = watched(lambda: allreduce_latency(world_size, numels, iters=iters),
+                             f"all-reduce timing (world_size {world_size})", watch)
+    comm = pd.DataFrame(rows)
     comm.insert(0, "tokens", list(tokens))
     per_step = collectives_per_step(num_hidden_layers)
     comm["collectives_per_step"] = per_step
     comm["floor_ms_per_step"] = comm["median_us"] * per_step / 1000
+    comm["other_cpu_share"], comm["valid"] = validity.other_cpu_share, validity.valid
     return comm

@@ -101,6 +101,10 @@ class QuantComparison:
             out[f"us at {t} tokens"] = us[t]
         for t in us.columns:
             out[f"x {order[0]} at {t} tokens"] = us[t] / us.loc[order[0], t]
+        if "valid" in self.layer:  # one CPU watch per variant: its timings share it
+            judged = self.layer.groupby("variant", sort=False)
+            out["other_cpu_share"] = judged["other_cpu_share"].first()
+            out["valid"] = judged["valid"].all()
         return out
 
 
@@ -143,9 +147,8 @@ def readout(measured: list[Measured], variants: Mapping[str, Mapping[str, Any]],
     perf.sort(key=lambda row: (order[row["variant"]], row["concurrency"], row["repeat"]))
     quality = _quality(measured, labels, first_c, uri)
     folder = str(resolve_model(model))
-    layer = [{"variant": label, "tokens": t, "us_per_forward": us}
-             for label in labels if label in ran
-             for t, us in _layer(folder, {**base, **variants[label]}, layer_tokens).items()]
+    layer = [row for label in labels if label in ran
+             for row in _layer(label, folder, {**base, **variants[label]}, layer_tokens)]
     return QuantComparison(
         pd.DataFrame(perf), pd.DataFrame([memory[k] for k in labels if k in memory]),
         quality[quality["variant"].isin(list(ran))].reset_index(drop=True)
@@ -228,7 +231,15 @@ def _reference_row(rep: Any, reference: str) -> dict[str, Any]:
             "gate": "reference", "gate_reasons": ""}
 
 
-def _layer(folder: str, config: dict[str, Any], tokens: tuple[int, ...]) -> dict[int, float]:
+def _layer(label: str, folder: str, config: dict[str, Any], tokens: tuple[int, ...]
+           ) -> list[dict[str, Any]]:
+    """One row per token count: the variant's layer timing, watched and judged as a run is
+    (`harness.watched`): a disturbed timing is kept and marked valid=False."""
     from workbench.harness.layer_timing import engine_layer_timing
+    from workbench.harness.watched import watched
 
-    return engine_layer_timing(folder, config, tokens)
+    us, validity = watched(lambda: engine_layer_timing(folder, config, tokens),
+                           f"layer timing of {label}")
+    return [{"variant": label, "tokens": t, "us_per_forward": v,
+             "other_cpu_share": validity.other_cpu_share, "valid": validity.valid}
+            for t, v in us.items()]
