@@ -3,7 +3,7 @@
 The layers, top to bottom (docs/architecture.md draws them). A module may import its own layer
 or any layer below it, never one above:
 
-    entrypoints -> experiments -> benchmarks -> harness -> engine -> executor -> worker -> model
+    entrypoints -> experiments -> benchmarks -> simulator -> harness -> engine -> executor -> worker -> model
                                                                                           |
                                         core (Request, Scheduler, SchedulerOutput, KV cache)
                                                                                           |
@@ -64,6 +64,13 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # micro-benchmarks (scheduler step, KV-cache bookkeeping, TP collectives, the GPU check).
     ("benchmarks", (
         "workbench.bench",
+    )),
+    # The simulator (issue 33): the core's scheduler and KV cache manager on a virtual clock,
+    # step times from a cost model (analytic GPU profiles or one calibrated on this machine's
+    # engine), records in the harness's format. Torch-free except the calibration profiler,
+    # which drives the engine.
+    ("simulator", (
+        "workbench.sim",
     )),
     # The measuring library: workloads, arrivals, targets, runner, metrics, Prometheus, SSE,
     # validity, join, server processes.
