@@ -133,14 +133,21 @@ class SamplingParams:
         return self.temperature == 0.0
 
 
+def _as_int(value: object) -> int | None:
+    """`value` as a Python int when it is an integer (numpy's too) but not a bool, else None."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        return None
+    return int(value)
+
+
 def is_int(value: object) -> bool:
     """An int that is not a bool (JSON true would otherwise pass as 1)."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _check_int(name: str, value: object, low: int, high: int | None = None) -> None:
-    bad = not is_int(value) or value < low  # type: ignore[operator]
-    if bad or (high is not None and value > high):  # type: ignore[operator]
+    n = _as_int(value)
+    if n is None or n < low or (high is not None and n > high):
         allowed = f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]"
         raise ValueError(f"{name} ({value!r}) must be {allowed}")
 

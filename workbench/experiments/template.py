@@ -207,7 +207,7 @@ class KnobValue(dict[str, Any]):
     """A dict-valued knob value (e.g. a `speculative_config`) that can key the per-value
     tables of an experiment: hashed by its canonical JSON, equal to the plain dict."""
 
-    def __hash__(self) -> int:  # type: ignore[override]
+    def __hash__(self) -> int:  # type: ignore[override]  # dict sets __hash__ = None
         return hash(json.dumps(self, sort_keys=True, default=str))
 
 

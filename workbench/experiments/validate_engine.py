@@ -105,10 +105,11 @@ def check_target(target: dict[str, Any], out: list[str]
             server, args = _workbench_server(target["command"])
             if server != "foreign":
                 flag = _command_model(args, server)
-                bad = (f"target.command starts `workbench {server}` without --model"
-                       if flag is None else
-                       _folder_problem("target.command --model", flag, weights=True))
-                model = None if bad else resolve_model(flag)  # type: ignore[arg-type]
+                if flag is None:
+                    bad = f"target.command starts `workbench {server}` without --model"
+                else:
+                    bad = _folder_problem("target.command --model", flag, weights=True)
+                    model = None if bad else resolve_model(flag)
     if bad:
         out.append(bad)
     tok_bad = _folder_problem(f"target.{tok_key}", tok_value, weights=False)

@@ -204,7 +204,9 @@ def arrival_offsets(
         return None
     if spec.mode == "trace":
         return _trace_offsets(num_requests, trace)
-    rate = float(spec.rate)  # type: ignore[arg-type]
+    if spec.rate is None:  # ArrivalSpec refuses an open loop without one
+        raise ValueError(f"ArrivalSpec mode {spec.mode!r} needs a rate")
+    rate = float(spec.rate)
     if math.isinf(rate):
         return [0.0] * num_requests
     b = float(spec.burstiness)

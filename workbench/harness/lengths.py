@@ -71,20 +71,22 @@ class LengthDist:
             )
         top = math.inf if self.max is None else self.max
         if self.kind == "fixed":
-            self._check_int("value", self.value)
-            if not self.min <= self.value <= top:  # type: ignore[operator]
+            value = self._fixed()
+            self._check_int("value", value)
+            if not self.min <= value <= top:
                 raise ValueError(
                     f"LengthDist value ({self.value}) lies outside [min, max] = "
                     f"[{self.min}, {self.max}]"
                 )
         elif self.kind == "uniform":
-            self._check_int("low", self.low)
-            self._check_int("high", self.high)
-            if self.high < self.low:  # type: ignore[operator]
+            low, high = self._bounds()
+            self._check_int("low", low)
+            self._check_int("high", high)
+            if high < low:
                 raise ValueError(
                     f"LengthDist high ({self.high}) must be >= low ({self.low}) (inclusive range)"
                 )
-            if self.low > top or self.high < self.min:  # type: ignore[operator]
+            if low > top or high < self.min:
                 raise ValueError(
                     f"LengthDist [low, high] = [{self.low}, {self.high}] does not meet "
                     f"[min, max] = [{self.min}, {self.max}]"
@@ -94,7 +96,8 @@ class LengthDist:
                 v = getattr(self, name)
                 if not _is_num(v) or v < 1:
                     raise ValueError(f"LengthDist {name} ({v!r}) must be a finite number >= 1")
-            if self.p95 <= self.p50:  # type: ignore[operator]
+            p50, p95 = self._quantiles()
+            if p95 <= p50:
                 raise ValueError(
                     f"LengthDist p95 ({self.p95}) must be > p50 ({self.p50}); "
                     "use kind='fixed' for a constant length"
@@ -104,12 +107,34 @@ class LengthDist:
         if not is_int(v) or v < 1:
             raise ValueError(f"LengthDist {name} ({v!r}) must be an integer >= 1")
 
+    # The parameters a kind needs, narrowed: __post_init__ refuses a missing one, so these
+    # raise only if one was cleared afterwards (object.__setattr__ on the frozen fields).
+    def _fixed(self) -> int:
+        if self.value is None:
+            raise self._missing()
+        return self.value
+
+    def _bounds(self) -> tuple[int, int]:
+        if self.low is None or self.high is None:
+            raise self._missing()
+        return self.low, self.high
+
+    def _quantiles(self) -> tuple[float, float]:
+        if self.p50 is None or self.p95 is None:
+            raise self._missing()
+        return self.p50, self.p95
+
+    def _missing(self) -> ValueError:
+        need = " and ".join(_PARAMS[self.kind])
+        return ValueError(f"LengthDist(kind={self.kind!r}) needs {need}; got {self!r}")
+
     @property
     def sigma(self) -> float:
         """The lognormal's log-space standard deviation (0 for other kinds)."""
         if self.kind != "lognormal":
             return 0.0
-        return (math.log(self.p95) - math.log(self.p50)) / Z95  # type: ignore[arg-type]
+        p50, p95 = self._quantiles()
+        return (math.log(p95) - math.log(p50)) / Z95
 
     def clamp(self, n: int) -> int:
         n = max(self.min, n)
@@ -120,10 +145,11 @@ class LengthDist:
         if not is_int(n) or n < 0:
             raise ValueError(f"sample n ({n!r}) must be an integer >= 0")
         if self.kind == "fixed":
-            return [self.clamp(self.value)] * n  # type: ignore[arg-type]
+            return [self.clamp(self._fixed())] * n
         if self.kind == "uniform":
-            return [self.clamp(rng.randint(self.low, self.high)) for _ in range(n)]  # type: ignore[arg-type]
-        mu, sigma = math.log(self.p50), self.sigma  # type: ignore[arg-type]
+            low, high = self._bounds()
+            return [self.clamp(rng.randint(low, high)) for _ in range(n)]
+        mu, sigma = math.log(self._quantiles()[0]), self.sigma
         return [self.clamp(round(rng.lognormvariate(mu, sigma))) for _ in range(n)]
 
     def quantile(self, q: float) -> float:
@@ -131,11 +157,12 @@ class LengthDist:
         if not 0.0 < q < 1.0:
             raise ValueError(f"quantile q ({q}) must be in (0, 1)")
         if self.kind == "fixed":
-            x = float(self.value)  # type: ignore[arg-type]
+            x = float(self._fixed())
         elif self.kind == "uniform":
-            x = self.low + q * (self.high - self.low)  # type: ignore[operator]
+            low, high = self._bounds()
+            x = low + q * (high - low)
         else:
-            x = math.exp(math.log(self.p50) + self.sigma * NormalDist().inv_cdf(q))  # type: ignore[arg-type]
+            x = math.exp(math.log(self._quantiles()[0]) + self.sigma * NormalDist().inv_cdf(q))
         x = max(float(self.min), x)
         return x if self.max is None else min(float(self.max), x)
 

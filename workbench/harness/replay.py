@@ -43,7 +43,7 @@ import logging
 import random
 import time
 import warnings
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
@@ -198,14 +198,14 @@ def _server_pids(target: Target) -> list[int] | None:
     return local_server_pids(str(base_url))
 
 
-def run_sync(make: Callable[[], Awaitable[T]]) -> T:
+def run_sync(make: Callable[[], Coroutine[Any, Any, T]]) -> T:
     """Await `make()` from synchronous code (in Jupyter, on a worker thread's own loop)."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return asyncio.run(make())  # type: ignore[arg-type]
+        return asyncio.run(make())
     with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="bench-run") as pool:
-        return pool.submit(lambda: asyncio.run(make())).result()  # type: ignore[arg-type]
+        return pool.submit(lambda: asyncio.run(make())).result()
 
 
 def run(target: Target, workload: Workload, arrival: ArrivalSpec, **kw: Any) -> RunResult:
@@ -288,7 +288,7 @@ class _Driver:
                 await sem.acquire()  # late sends show up as lateness in the validity check
             task = self._spawn(self._one(req, off))
             if sem is not None:
-                task.add_done_callback(lambda _t, s=sem: s.release())  # type: ignore[misc]
+                task.add_done_callback(lambda _t: sem.release())
         await asyncio.gather(*list(self.tasks))
 
     def _spawn(self, coro: Any) -> asyncio.Task[Any]:

@@ -94,8 +94,8 @@ class Validity:
             raise ValueError(f"max_other_cpu_share ({threshold}) must be in [0, 1]")
         self.other_cpu_share = None if math.isnan(share) else share
         self.max_other_cpu_share = threshold
-        if self.disturbed:
-            self.invalidate(cpu_reason(share, threshold))  # type: ignore[arg-type]
+        if threshold is not None and self.disturbed:
+            self.invalidate(cpu_reason(share, threshold))
 
     @property
     def disturbed(self) -> bool:
@@ -183,9 +183,9 @@ def lateness_table(v: Validity, threshold_s: float = MAX_MEDIAN_LATENESS_S) -> s
             rows.append(f"| Send rate achieved / scheduled (req/s) | {v.achieved_rate:.2f} / "
                         f"{v.target_rate:.2f} |")
         rows.append(f"| Invalid above a median lateness of (ms) | {threshold_s * 1e3:.1f} |")
-    lags = (v.read_lag_p50_s, v.read_lag_p95_s, v.read_lag_max_s)
-    if all(x is not None for x in lags):
-        cells = " / ".join(f"{x * 1e3:.2f}" for x in lags)  # type: ignore[operator]
+    p50, p95, top = v.read_lag_p50_s, v.read_lag_p95_s, v.read_lag_max_s
+    if p50 is not None and p95 is not None and top is not None:
+        cells = " / ".join(f"{x * 1e3:.2f}" for x in (p50, p95, top))
         rows.append(f"| Read-loop lag p50 / p95 / max (ms) | {cells} |")
         if v.client_cpu_share is not None:
             rows.append(f"| Client process CPU (share of one core) | {v.client_cpu_share:.0%} |")

@@ -142,9 +142,9 @@ class ReplicaPool:
     def start(self) -> None:
         """Launch every replica at once and wait for all; on any failure stop them all and
         raise RuntimeError naming the replica (with its log tail)."""
-        procs = [r for r in self.replicas if r.process is not None]
+        procs = [(r, r.process) for r in self.replicas if r.process is not None]
         with concurrent.futures.ThreadPoolExecutor(max(1, len(procs))) as ex:
-            futures = {ex.submit(r.process.start): r for r in procs}  # type: ignore[union-attr]
+            futures = {ex.submit(p.start): r for r, p in procs}
             errors = []
             for fut, r in futures.items():
                 try:
@@ -154,9 +154,9 @@ class ReplicaPool:
         if errors:
             self.stop()
             raise RuntimeError("; ".join(errors))
-        for r in procs:
+        for r, p in procs:
             logger.info("replica %d ready at %s (pid %s, %.1f s)", r.index, r.base_url, r.pid,
-                        r.process.ready_s or 0.0)  # type: ignore[union-attr]
+                        p.ready_s or 0.0)
 
     def stop(self) -> None:
         """Stop every replica's process group (idempotent; dead ones too)."""

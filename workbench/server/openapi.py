@@ -184,5 +184,5 @@ def install(app: FastAPI, api_key: bool) -> None:
             app.openapi_schema = doc
         return app.openapi_schema
 
-    app.openapi = openapi  # type: ignore[method-assign]
+    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented override
 

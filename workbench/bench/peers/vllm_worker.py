@@ -29,6 +29,7 @@ import json
 import os
 import sys
 import time
+from typing import Any
 
 
 def _busy_s() -> float:
@@ -59,11 +60,12 @@ def _tree_cpu_s(root: int) -> float:
     return total
 
 
-def _compilation(llm: object) -> str:
+def _compilation(llm: Any) -> str:
     """vLLM's compilation mode as it ran, after its platform adjusted it (on CPU, vLLM
-    0.32 turns the default VLLM_COMPILE into DYNAMO_TRACE_ONCE with inductor)."""
+    0.32 turns the default VLLM_COMPILE into DYNAMO_TRACE_ONCE with inductor). `llm` is a
+    vllm.LLM: Any here, as vLLM is installed only in `.venv-vllm`."""
     try:
-        cc = llm.llm_engine.vllm_config.compilation_config  # type: ignore[attr-defined]
+        cc = llm.llm_engine.vllm_config.compilation_config
         mode = getattr(cc.mode, "name", str(cc.mode))
         return f"{mode} ({cc.backend or 'default backend'})"
     except Exception as e:  # noqa: BLE001 - another vLLM version: say so, never fail the run

@@ -39,8 +39,10 @@ class FreeKVCacheBlockQueue:
         if block is self.fake_free_list_tail or block is None:
             raise ValueError("no free blocks available")
         nxt = block.next_free_block
+        if nxt is None:
+            raise RuntimeError(f"free block {block.block_id} has no next link: queue corrupted")
         head.next_free_block = nxt
-        nxt.prev_free_block = head  # type: ignore[union-attr]
+        nxt.prev_free_block = head
         block.prev_free_block = block.next_free_block = None
         self.num_free_blocks -= 1
         return block
@@ -60,8 +62,9 @@ class FreeKVCacheBlockQueue:
             block.prev_free_block = block.next_free_block = None
             out.append(block)
             block = nxt
+        assert block is not None  # n <= num_free_blocks: at worst the fake tail
         head.next_free_block = block
-        block.prev_free_block = head  # type: ignore[union-attr]
+        block.prev_free_block = head
         self.num_free_blocks -= n
         return out
 

@@ -67,7 +67,8 @@ def sha256_hash_fn(
     packed = packer.pack(n, *token_ids)
     if extra_keys is None and type(parent_hash) is bytes and len(parent_hash) == 32:
         # The common case, byte-identical to the general encoding below.
-        return _sha256(_PARENT32_TAG + parent_hash + packed + b"N").digest()  # type: ignore[return-value]
+        digest = _sha256(_PARENT32_TAG + parent_hash + packed + b"N").digest()
+        return digest  # type: ignore[return-value]  # a BlockHash; no NewType call on the hot path
     parts: list[bytes] = []
     _encode(parent_hash, parts)
     parts.append(packed)
