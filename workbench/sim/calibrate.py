@@ -184,52 +184,55 @@ def build_profile(*, fingerprint: str, cpu: str, model_name: str, model_key: str
             "created": datetime.now(UTC).isoformat(timespec="seconds")}
 
 
-def calibrate(model: str = "bundled", out: str | Path | None = None, repeats: int = 3,
-              quick: bool = False, engine_kwargs: Mapping[str, Any] | None = None,
-              heldout_fraction: float = 0.25, seed: int = 0
-              ) -> tuple[CalibratedCostModel, Path]:
-    """Run the design on the engine, fit, write the profile (default path: keyed by this
-    machine and the model's shape); returns the model and where it was written."""
+def calibrate_engine(engine: Any, model_name: str, knobs: Mapping[str, Any],
+                     repeats: int = 3, quick: bool = False, heldout_fraction: float = 0.25,
+                     seed: int = 0) -> CalibratedCostModel:
+    """Run the design on `engine` (an LLMEngine built with `knobs`) and fit; the profile is
+    keyed by this machine and the engine's model shape (not yet written)."""
     from workbench.config.compile_choice import model_key as shape_key
-    from workbench.engine.llm import LLM
     from workbench.platforms.cpu_info import cpu_model_name, machine_fingerprint
     from workbench.sim.model_shapes import model_shape
 
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats ({repeats!r}) must be an integer >= 1")
+    design = QUICK_DESIGN if quick else DESIGN
+    load_before = os.getloadavg()[0]
+    log = collect_steps(engine, design, repeats=repeats, seed=seed)
+    load_after = os.getloadavg()[0]
+    distinct = fastest_per_batch(log.samples)
+    fit = fit_step_times(distinct, heldout_fraction=heldout_fraction, seed=seed)
+    config = engine.config
+    hf_config: dict[str, Any] = config.model_config.hf_config
+    dtype = str(config.torch_dtype_name)
+    engine_info = {**knobs, "dtype": dtype, "compilation": config.compilation.describe(),
+                   "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens}
+    return CalibratedCostModel(build_profile(
+        fingerprint=machine_fingerprint(), cpu=cpu_model_name(), model_name=model_name,
+        model_key=shape_key(hf_config, dtype),
+        shape={**model_shape(hf_config).as_dict(), "name": model_name}, engine=engine_info,
+        fit=fit,
+        design={"quick": quick, "repeats": repeats, "seed": seed,
+                "phases": [p.name for p in design], "num_steps": len(log.samples),
+                "num_distinct_batches": len(distinct),
+                "load_average_1m": [load_before, load_after],
+                "skipped_preempted": log.skipped_preempted,
+                "skipped_mismatch": log.skipped_mismatch}))
+
+
+def calibrate(model: str = "bundled", out: str | Path | None = None, repeats: int = 3,
+              quick: bool = False, engine_kwargs: Mapping[str, Any] | None = None,
+              heldout_fraction: float = 0.25, seed: int = 0
+              ) -> tuple[CalibratedCostModel, Path]:
+    """Build the engine (ENGINE_DEFAULTS under `engine_kwargs`), `calibrate_engine`, write the
+    profile (default: `default_profile_path` of its key); returns the model and the path."""
+    from workbench.engine.llm import LLM
+
     knobs = {**ENGINE_DEFAULTS, **(engine_kwargs or {})}
-    llm = LLM(model, **knobs)
-    try:
-        engine = llm.engine
-        design = QUICK_DESIGN if quick else DESIGN
-        load_before = os.getloadavg()[0]
-        log = collect_steps(engine, design, repeats=repeats, seed=seed)
-        load_after = os.getloadavg()[0]
-        distinct = fastest_per_batch(log.samples)
-        fit = fit_step_times(distinct, heldout_fraction=heldout_fraction, seed=seed)
-        config = engine.config
-        hf_config: dict[str, Any] = config.model_config.hf_config
-        dtype = str(config.torch_dtype_name)
-        mkey = shape_key(hf_config, dtype)
-        shape = model_shape(hf_config)
-        engine_info = {**knobs, "dtype": dtype,
-                       "compilation": config.compilation.describe(),
-                       "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens}
-        fingerprint = machine_fingerprint()
-        profile = build_profile(
-            fingerprint=fingerprint, cpu=cpu_model_name(), model_name=model, model_key=mkey,
-            shape={**shape.as_dict(), "name": model}, engine=engine_info, fit=fit,
-            design={"quick": quick, "repeats": repeats, "seed": seed,
-                    "phases": [p.name for p in design], "num_steps": len(log.samples),
-                    "num_distinct_batches": len(distinct),
-                    "load_average_1m": [load_before, load_after],
-                    "skipped_preempted": log.skipped_preempted,
-                    "skipped_mismatch": log.skipped_mismatch})
-    finally:
-        llm.close()
-    cost_model = CalibratedCostModel(profile)
+    with LLM(model, **knobs) as llm:
+        cost_model = calibrate_engine(llm.engine, model, knobs, repeats=repeats, quick=quick,
+                                      heldout_fraction=heldout_fraction, seed=seed)
     path = cost_model.save(out if out is not None else default_profile_path(
-        profile_key(fingerprint, mkey), model))
+        str(cost_model.profile["key"]), model))
     cost_model.path = str(path)
     return cost_model, path
 
