@@ -14,6 +14,7 @@ from workbench.experiments.template import Template
 from workbench.experiments.validate import check_template
 from workbench.harness.arrivals import ArrivalSpec
 from workbench.harness.metrics import SLO
+from workbench.harness.traces import load_trace_spec
 from workbench.harness.workloads import load_jsonl, make_workload
 from workbench.models.tokenizer import load_tokenizer
 
@@ -38,6 +39,8 @@ def build_workload(template: Template, model: str) -> Any:
     w = template.workload
     if "jsonl" in w:
         return load_jsonl(w["jsonl"], tokenizer=tok, name=w.get("name"))
+    if "trace" in w:
+        return load_trace_spec(w, tok)
     return make_workload(w["fixture"], int(w.get("seed", 0)), tok, **(w.get("params") or {}))
 
 

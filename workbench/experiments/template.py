@@ -135,8 +135,9 @@ class Template:
             raise ValueError(
                 f"slo keys {', '.join(unknown)} are not known; allowed: {', '.join(SLO_KEYS)}"
             )
-        if "fixture" not in self.workload and "jsonl" not in self.workload:
-            raise ValueError("workload must name a 'fixture' or a 'jsonl' file")
+        if not {"fixture", "jsonl", "trace"} & set(self.workload):
+            raise ValueError("workload must name a 'fixture' or a 'jsonl' file (or a 'trace' "
+                             "file)")
         if not self.variable_values:
             raise ValueError(f"variable {self.variable_name!r} has no values")
         if self.quality_gate is not None:

@@ -8,7 +8,8 @@ problems raises one `TemplateError` listing them all, and nothing is run or logg
                 the objective is goodput and `arrivals` gives only mode/seed/max_concurrency
     target      kind and keys; the model folder (`target.model`: config.json + *.safetensors)
                 and the tokenizer the workload is built with (`target.tokenizer`, else model)
-    workload    fixture name and params (then the workload is built: lengths, max_model_len)
+    workload    fixture name and params, a jsonl file, or a trace (file, format, params:
+                `harness.traces`); then the workload is built (lengths, max_model_len)
     arrivals    keys, mode and values (`ArrivalSpec`)
     engine      every baseline key and `variable.name` is a knob; the baseline's and each
                 variant's EngineConfig is built (config.json is read, no weights are loaded),
@@ -32,7 +33,7 @@ from typing import Any
 from workbench.errors import TemplateError, did_you_mean, is_int
 from workbench.experiments.validate_engine import check_engine, check_target
 
-WORKLOAD_KEYS = ("fixture", "jsonl", "seed", "params", "name")
+WORKLOAD_KEYS = ("fixture", "jsonl", "trace", "format", "seed", "params", "name")
 
 
 @dataclass
@@ -89,6 +90,7 @@ def template_problems(data: Any) -> Checked:
     workload = _check_workload(data.get("workload"), tokenizer, out)
     if not sweep:  # a sweep's arrivals are checked with its block
         _check_arrivals(data.get("arrivals") or {"mode": "closed", "concurrency": 4}, out)
+    _check_trace_times(data.get("arrivals"), workload, out)
     if server != "foreign":
         check_engine(baseline, name, values, model, target, server, workload, out)
     return Checked(out, workload)
@@ -249,19 +251,29 @@ def _check_workload(spec: Any, tokenizer: str | None, out: list[str]) -> Any:
     if spec is None:
         return None
     if not isinstance(spec, dict):
-        out.append(f"workload must be a mapping with 'fixture' (or 'jsonl'), not {spec!r}")
+        out.append(f"workload must be a mapping with 'fixture' (or 'jsonl' or 'trace'), "
+                   f"not {spec!r}")
         return None
     n = len(out)
     for key in sorted(set(spec) - set(WORKLOAD_KEYS), key=str):
         out.append(f"unknown workload key {key!r}{did_you_mean(key, WORKLOAD_KEYS)}")
     fixture, params = spec.get("fixture"), spec.get("params") or {}
-    if "jsonl" in spec:
+    if "format" in spec and "trace" not in spec:
+        out.append("workload.format names a trace file's format; give it with 'trace'")
+    if "trace" in spec:
+        if fixture is not None or "jsonl" in spec:
+            out.append("workload names 'trace' beside 'fixture' or 'jsonl'; give one")
+        else:
+            from workbench.harness.traces import trace_spec_problems
+
+            out.extend(trace_spec_problems(spec))
+    elif "jsonl" in spec:
         if fixture is not None:
             out.append("workload names both 'fixture' and 'jsonl'; give one")
         elif not Path(str(spec["jsonl"])).is_file():
             out.append(f"workload.jsonl ({str(spec['jsonl'])!r}) is not a file")
     elif fixture is None:
-        out.append("workload must name a 'fixture' or a 'jsonl' file")
+        out.append("workload must name a 'fixture' or a 'jsonl' file (or a 'trace' file)")
     elif fixture not in FIXTURES:
         out.append(f"workload.fixture ({fixture!r}) is not a fixture"
                    f"{did_you_mean(fixture, FIXTURES)}; fixtures: {', '.join(sorted(FIXTURES))}")
@@ -283,6 +295,10 @@ def _check_workload(spec: Any, tokenizer: str | None, out: list[str]) -> Any:
         tok = load_tokenizer(tokenizer)
         if "jsonl" in spec:
             return load_jsonl(spec["jsonl"], tokenizer=tok, name=spec.get("name"))
+        if "trace" in spec:
+            from workbench.harness.traces import load_trace_spec
+
+            return load_trace_spec(spec, tok)
         assert isinstance(fixture, str)  # a key of FIXTURES: checked above (else out grew)
         return make_workload(fixture, seed, tok, **params)
     except (ValueError, TypeError) as e:
@@ -291,6 +307,17 @@ def _check_workload(spec: Any, tokenizer: str | None, out: list[str]) -> Any:
         out.append(f"workload: cannot build it with the tokenizer in {tokenizer}: "
                    f"{type(e).__name__}: {e}")
     return None
+
+
+def _check_trace_times(arrivals: Any, workload: Any, out: list[str]) -> None:
+    """`arrivals: {mode: trace}` needs every request that follows none to have arrival_s."""
+    if not isinstance(arrivals, dict) or arrivals.get("mode") != "trace" or workload is None:
+        return
+    timeless = sum(1 for r in workload.requests if r.arrival_s is None and r.follows is None)
+    if timeless:
+        out.append(f"arrivals.mode 'trace' replays the workload's arrival_s, but {timeless} of "
+                   f"its {len(workload.requests)} requests have none (a ShareGPT trace records "
+                   "no times); choose mode poisson, gamma, constant or closed")
 
 
 def _check_arrivals(spec: Any, out: list[str]) -> None:

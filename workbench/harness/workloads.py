@@ -2,7 +2,8 @@
 
 A `Workload` is what a serving benchmark replays: requests as exact token ids (plus the text),
 the parameters that made them and a sha256 `checksum`, so two runs can prove they sent the
-same traffic. It comes from a named fixture (`make_workload`) or a user JSONL (`load_jsonl`).
+same traffic. It comes from a named fixture (`make_workload`), a user JSONL (`load_jsonl`) or
+a trace from the field (`load_trace`: ShareGPT, BurstGPT, Azure, Mooncake; `traces/`).
 When requests are *sent* is `workbench.harness.arrivals`' job, not this module's.
 
 Fixture text is synthetic English-ish prose drawn from a fixed word list with
@@ -51,6 +52,7 @@ from typing import Any
 
 from workbench.harness import sessions
 from workbench.harness.lengths import LengthDist
+from workbench.harness.traces import load_trace as load_trace
 from workbench.harness.workload_base import WORDS as WORDS
 from workbench.harness.workload_base import BenchRequest as BenchRequest
 from workbench.harness.workload_base import Workload as Workload

@@ -6,7 +6,7 @@ from __future__ import annotations
 import csv
 import math
 from collections.abc import Iterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from workbench.errors import UserError
@@ -59,7 +59,7 @@ def seconds(path: Path, where: str, column: str, cell: str,
     except ValueError:
         try:
             dt = datetime.fromisoformat(cell)
-            dt = dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)
+            dt = dt if dt.tzinfo else dt.replace(tzinfo=UTC)
             if not origin:
                 origin.append(dt)
             v = (dt - origin[0]).total_seconds()

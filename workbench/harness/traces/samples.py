@@ -45,16 +45,17 @@ def _times(rng: random.Random, n: int, mean_gap: float) -> list[float]:
 
 def sharegpt(path: Path) -> None:
     rng = random.Random(1)
-    convs = []
+    chats: list[list[dict[str, str]]] = []
     for i in range(16):
         turns = [{"from": "human", "value": _prose(rng, 8, 120)},
                  {"from": "gpt", "value": _prose(rng, 10, 150)}]
         if i % 3 == 0:
             turns += [{"from": "human", "value": _prose(rng, 5, 30)},
                       {"from": "gpt", "value": _prose(rng, 5, 60)}]
-        convs.append({"id": f"sample{i:02d}", "conversations": turns})
-    convs[5]["conversations"] = convs[5]["conversations"][:1]  # one turn: dropped
-    convs[9]["conversations"][1]["value"] = "Ok."  # too short a reply: dropped
+        chats.append(turns)
+    chats[5] = chats[5][:1]  # one turn: dropped
+    chats[9][1]["value"] = "Ok."  # too short a reply: dropped
+    convs = [{"id": f"sample{i:02d}", "conversations": t} for i, t in enumerate(chats)]
     path.write_text(json.dumps(convs, indent=1) + "\n", encoding="utf-8")
 
 
