@@ -105,6 +105,9 @@ def test_an_identical_prompt_hits_the_prefix_cache_but_not_with_caching_off() ->
     # vLLM's rule: a full hit still recomputes the last token, so 2 of 3 blocks are reused
     assert [r.num_cached_tokens for r in on.records] == [0, 32]
     assert [r.num_cached_tokens for r in off.records] == [0, 0]
+    assert on.counters["vllm:prefix_cache_queries"] == 96.0
+    assert on.counters["vllm:prefix_cache_hits"] == 32.0
+    assert on.counters["vllm:generation_tokens"] == 4.0
     assert on.records[1].ttft_s < off.records[1].ttft_s
 
 

@@ -93,7 +93,7 @@ def run_one(ctx: RunContext, label: str, value: Any, repeat: int, arrival: Any, 
     try:
         if ctx.workload.checksum != ctx.checksum:
             raise RuntimeError("the workload changed between runs (checksum mismatch)")
-        result, target = _replay(ctx, config, arrival, run_id, f"{label}_r{repeat}")
+        result, target = _replay(ctx, config, arrival, run_id, f"{label}_r{repeat}", repeat)
         if result.error:
             raise RuntimeError(result.error)
         _record_result(ctx, record, result, slo, extra_metrics)
@@ -118,11 +118,16 @@ def run_one(ctx: RunContext, label: str, value: Any, repeat: int, arrival: Any, 
 
 
 def _replay(ctx: RunContext, config: dict[str, Any], arrival: Any, run_id: str,
-            stem: str) -> tuple[Any, Any]:
+            stem: str, repeat: int = 0) -> tuple[Any, Any]:
     """(RunResult, target): the workload replayed on a fresh target. In-process: a fresh
     engine; http: the server command (engine knobs as flags) started before the run and
     stopped after it. `ctx.profile == "torch"`: the run's trace kept (`_keep_trace`)."""
     t = ctx.template
+    if t.target.get("kind") == "simulated":  # the real scheduler on a virtual clock
+        from workbench.sim.target import run_simulated
+
+        return run_simulated(t.target, config, ctx.workload, arrival, t.cache_state,
+                             repeat), None
     target, lifecycle = make_target(t.target, config)
     with lifecycle, tempfile.TemporaryDirectory() as tmp:
         trace = Path(tmp) / TRACE_NAME

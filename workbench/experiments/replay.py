@@ -30,7 +30,12 @@ class Replay(NamedTuple):
 
 
 def resolve_model(target: dict[str, Any]) -> str:
-    """The local folder whose tokenizer builds the workload (http targets: `tokenizer`)."""
+    """The local folder whose tokenizer builds the workload (http targets: `tokenizer`; a
+    simulated target of a named shape: the bundled tokenizer, `sim.target.tokenizer_name`)."""
+    if target.get("kind") == "simulated":
+        from workbench.sim.target import tokenizer_name
+
+        return folder_of(tokenizer_name(target))
     return folder_of(str(target.get("tokenizer", target.get("model", "bundled"))))
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.errors import TemplateError, did_you_mean, is_int
-from workbench.experiments.validate_engine import check_engine, check_target
+from workbench.experiments.validate_engine import check_engine, check_simulated, check_target
 
 WORKLOAD_KEYS = ("fixture", "jsonl", "trace", "format", "seed", "params", "name")
 
@@ -91,7 +91,9 @@ def template_problems(data: Any) -> Checked:
     if not sweep:  # a sweep's arrivals are checked with its block
         _check_arrivals(data.get("arrivals") or {"mode": "closed", "concurrency": 4}, out)
     _check_trace_times(data.get("arrivals"), workload, out)
-    if server != "foreign":
+    if server == "simulated":
+        check_simulated(baseline, name, values, target, out)
+    elif server != "foreign":
         check_engine(baseline, name, values, model, target, server, workload, out)
     return Checked(out, workload)
 

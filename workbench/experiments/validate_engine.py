@@ -19,7 +19,7 @@ from workbench.errors import did_you_mean
 TARGET_KEYS = ("kind", "model", "tokenizer", "base_url", "command", "ready_timeout_s", "env",
                "log_path", "api_key", "endpoint", "prompt_mode", "temperature", "ignore_eos",
                "poll_interval_s", "timeout_s")
-TARGET_KINDS = ("in-process", "inprocess", "http", "openai")
+TARGET_KINDS = ("in-process", "inprocess", "http", "openai", "simulated")
 # The router's own flags a template's config may carry (workbench/router/cli.py ROUTER_KNOBS;
 # a test keeps the two equal: this layer does not import the router).
 ROUTER_KNOBS = ("num_replicas", "num_workers", "policy", "routing_policy", "prefix_blocks",
@@ -83,11 +83,13 @@ def check_target(target: dict[str, Any], out: list[str]
     'serve' / 'router' for the workbench's own server, 'foreign' otherwise."""
     from workbench.config.named_models import resolve_model
 
+    kind = str(target.get("kind", "in-process"))
+    if kind == "simulated":
+        return _check_simulated_target(target, out)
     for key in sorted(set(target) - set(TARGET_KEYS), key=str):
         out.append(f"unknown target key {key!r}{did_you_mean(key, TARGET_KEYS)}")
-    kind = str(target.get("kind", "in-process"))
     if kind not in TARGET_KINDS:
-        out.append(f"target.kind ({kind!r}) must be 'in-process' or 'http'"
+        out.append(f"target.kind ({kind!r}) must be 'in-process', 'http' or 'simulated'"
                    f"{did_you_mean(kind, TARGET_KINDS)}")
         return None, None, "foreign"
     tok_key = "tokenizer" if "tokenizer" in target else "model"
@@ -119,6 +121,38 @@ def check_target(target: dict[str, Any], out: list[str]
         out.append(tok_bad + hint)
     tokenizer = None if tok_bad else resolve_model(str(tok_value))
     return model, tokenizer, server
+
+
+def _check_simulated_target(target: dict[str, Any], out: list[str]
+                            ) -> tuple[None, str | None, str]:
+    """A simulated target's keys (workbench/sim/target.py); its tokenizer folder."""
+    from workbench.config.named_models import resolve_model
+    from workbench.sim.target import TARGET_KEYS as SIM_KEYS
+    from workbench.sim.target import target_problems, tokenizer_name
+
+    for key in sorted(set(target) - set(SIM_KEYS), key=str):
+        out.append(f"unknown simulated target key {key!r}{did_you_mean(key, SIM_KEYS)}")
+    out += target_problems({k: v for k, v in target.items() if k in SIM_KEYS})
+    tok = tokenizer_name(target)
+    bad = _folder_problem("target.tokenizer", tok, weights=False)
+    if bad:
+        out.append(bad)
+    return None, None if bad else resolve_model(tok), "simulated"
+
+
+def check_simulated(baseline: dict[str, Any], name: str | None, values: list[Any],
+                    target: dict[str, Any], out: list[str]) -> None:
+    """Each variant's knobs against what the simulator models, each problem once."""
+    from workbench.sim.target import config_problems
+
+    plan = [("baseline", baseline)] + ([] if name is None else [
+        (_label(name, v), {**baseline, name: v}) for v in values])
+    seen: set[str] = set()
+    for label, cfg in plan:
+        for p in config_problems(target, cfg):
+            if p not in seen:
+                seen.add(p)
+                out.append(f"{label}: {p}")
 
 
 def _workbench_server(command: Any) -> tuple[str, list[str]]:

@@ -60,12 +60,24 @@ class StepResult:
 
 
 class SimInstance:
+    """`step_noise`: the relative spread of a step's time around the cost model's prediction
+    (each step's time is multiplied by a lognormal draw with mean 1 and this sigma, seeded by
+    `noise_seed`): repeats of a measured run differ, so simulated repeats differ too and the
+    verdict's interval means what it means on measured runs. 0: deterministic times."""
+
     def __init__(self, name: str, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
                  num_blocks: int, cost_model: CostModel,
-                 spec_decode: SpecDecodeModel | None = None) -> None:
+                 spec_decode: SpecDecodeModel | None = None, step_noise: float = 0.0,
+                 noise_seed: int = 0) -> None:
         if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 2:
             raise ValueError(f"SimInstance {name}: num_blocks ({num_blocks!r}) must be an "
                              "integer >= 2")
+        if isinstance(step_noise, bool) or not isinstance(step_noise, int | float) or \
+                not 0 <= step_noise < 1:
+            raise ValueError(f"SimInstance {name}: step_noise ({step_noise!r}) must be in "
+                             "[0, 1) (a relative spread)")
+        self.step_noise = float(step_noise)
+        self._noise = random.Random(noise_seed)
         self.name = name
         self.scheduler = Scheduler(scheduler_config, cache_config, num_blocks)
         self.cost_model = cost_model
@@ -74,6 +86,16 @@ class SimInstance:
         self._pending: tuple[SchedulerOutput, BatchComposition, float, float] | None = None
         self.steps = 0
         self.busy_s = 0.0
+        # vLLM's counters over the run (the harness reads a server's delta of these)
+        self.counters = {"vllm:prefix_cache_queries": 0.0, "vllm:prefix_cache_hits": 0.0,
+                         "vllm:num_preemptions": 0.0, "vllm:generation_tokens": 0.0,
+                         "vllm:prompt_tokens": 0.0}
+
+    def reset_stats(self) -> None:
+        """Zero the step count, busy time and counters (after an unmeasured warm-up pass);
+        the KV cache, prefix cache included, stays."""
+        self.steps, self.busy_s = 0, 0.0
+        self.counters = dict.fromkeys(self.counters, 0.0)
 
     @property
     def busy(self) -> bool:
@@ -96,12 +118,19 @@ class SimInstance:
         if self._pending is not None:
             raise RuntimeError(f"SimInstance {self.name}: a step is already running")
         out = self.scheduler.schedule()
+        cache = self.scheduler.kv_cache_manager.make_prefix_cache_stats()
+        self.counters["vllm:prefix_cache_queries"] += cache.queries
+        self.counters["vllm:prefix_cache_hits"] += cache.hits
+        self.counters["vllm:num_preemptions"] += len(out.preempted_request_ids)
         if out.total_num_scheduled_tokens == 0:
             return None
         batch = compose(self.scheduler.requests, out)
         dt = self.cost_model.step_time_s(batch)
         if not dt > 0:
             raise ValueError(f"the cost model predicted {dt!r} s for {batch}; a step takes > 0 s")
+        if self.step_noise:
+            s = self.step_noise
+            dt *= self._noise.lognormvariate(-s * s / 2, s)
         self._pending = (out, batch, now, now + dt)
         return now + dt
 
@@ -129,6 +158,8 @@ class SimInstance:
                 if r.status == RequestStatus.RUNNING})
         tokens = {r.request_id: len(r.output_token_ids) - before[r.request_id]
                   for r in progressed}  # a stop cuts a verification's tokens short
+        self.counters["vllm:generation_tokens"] += sched.num_generated_last_step
+        self.counters["vllm:prompt_tokens"] += sched.num_prompt_tokens_last_step
         self.steps += 1
         self.busy_s += end - start
         row = {"instance": self.name, "start_s": start, "time_s": end, "step_s": end - start,

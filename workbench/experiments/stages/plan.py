@@ -58,8 +58,11 @@ def plan_experiment(template: Template, ex: Executor, replay: Replay, *,
     refused = None if ex.config.allow_mixed_hardware else mixed_nodes(probes)
     if refused:
         raise UserError(refused)
-    load = invalid_runs.check_load(  # one line when the machine is already too busy
-        load_watch if load_watch is not None else default_cpu_watch(), max_other_cpu_share)
+    if template.target.get("kind") == "simulated":  # a virtual clock: no CPU to disturb
+        load = float("nan")
+    else:  # one line when the machine is already too busy
+        load = invalid_runs.check_load(
+            load_watch if load_watch is not None else default_cpu_watch(), max_other_cpu_share)
     preflight = collect_preflight()
     return Plan(replay, run_values(template), preflight,
                 common_fingerprint(probes) if probes else preflight["fingerprint"], probes,
