@@ -99,3 +99,20 @@ def test_refusals_name_the_field() -> None:
             "method": "ngram", "num_speculative_tokens": 3}}))
     with pytest.raises(ValueError, match=r"router_policy \('x'\) must be one of"):
         make_instances({**TARGET, "router_policy": "x"}, {})
+
+
+def test_a_cpu_profile_gets_the_pool_the_cpu_engine_would_give() -> None:
+    from workbench.sim.calibrated import PROFILE_FORMAT, CalibratedCostModel
+    from workbench.sim.linear_fit import TERMS
+
+    shape = model_shape("bundled")
+    cost = CalibratedCostModel({"format": PROFILE_FORMAT,
+                                "coefficients_s": dict.fromkeys(TERMS, 1e-3),
+                                "model": {"shape": shape.as_dict()},
+                                "engine": {"dtype": "float32"}})
+    config = {"max_num_seqs": 4, "max_model_len": 256}
+    # room for 4 requests of 256 tokens (16 blocks each) and the null block, under 4 GiB
+    assert num_gpu_blocks(TARGET, config, cost, 16) == 4 * 16 + 1
+    per_block = 2 * shape.num_layers * shape.kv_size * 4 * 16  # K and V in fp32
+    big = {"max_num_seqs": 10**6, "max_model_len": 256}
+    assert num_gpu_blocks(TARGET, big, cost, 16) == (4 << 30) // per_block

@@ -154,12 +154,11 @@ def num_gpu_blocks(target: Mapping[str, Any], config: Mapping[str, Any], cost: C
         if value is not None:
             return int(value)
     profile = getattr(cost, "profile", None)
-    if isinstance(profile, Mapping) and profile.get("num_gpu_blocks"):
-        return int(profile["num_gpu_blocks"])
+    if isinstance(profile, Mapping):
+        return _cpu_engine_blocks(profile, config, block_size, _max_model_len(target, config))
     shape, hw = getattr(cost, "shape", None), getattr(cost, "hardware", None)
     if shape is None or hw is None:
-        raise ValueError("the calibrated profile names no num_gpu_blocks: set "
-                         "target.num_gpu_blocks")
+        raise ValueError("the cost model says nothing of memory: set target.num_gpu_blocks")
     tp = getattr(cost, "tp", 1) * getattr(cost, "pp", 1)
     params = shape.num_layers * shape.layer_matmul_params() + 2 * shape.vocab_size * \
         shape.hidden_size
@@ -183,6 +182,25 @@ def step_noise(target: Mapping[str, Any], cost: CostModel) -> float:
     if isinstance(fit, Mapping) and fit.get("heldout_median_rel_error") is not None:
         return min(0.5, float(fit["heldout_median_rel_error"]) / 0.6745)
     return ANALYTIC_STEP_NOISE
+
+
+def _cpu_engine_blocks(profile: Mapping[str, Any], config: Mapping[str, Any],
+                       block_size: int, max_model_len: int) -> int:
+    """A profile calibrated on this machine's CPU engine: the pool that engine gives the
+    same knobs (`core.kv_cache.sizing.default_num_blocks`, the model's KV bytes in the dtype
+    the profile's engine ran)."""
+    from workbench.core.kv_cache.sizing import default_num_blocks
+    from workbench.sim.cost_model import dtype_bytes
+    from workbench.sim.model_shapes import ModelShape
+
+    model = profile.get("model")
+    if not isinstance(model, Mapping) or not isinstance(model.get("shape"), Mapping):
+        raise ValueError("the calibrated profile has no model shape: set target.num_gpu_blocks")
+    shape = ModelShape(**model["shape"])
+    dtype = str((profile.get("engine") or {}).get("dtype") or config.get("dtype") or "float32")
+    per_block = shape.kv_bytes_per_token(dtype_bytes(dtype)) * block_size
+    return default_num_blocks(int(config.get("max_num_seqs", 256)), max_model_len,
+                              block_size, per_block)
 
 
 def make_instances(target: Mapping[str, Any], config: Mapping[str, Any], repeat: int = 0

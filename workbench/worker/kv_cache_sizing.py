@@ -27,13 +27,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from workbench.core.kv_cache.sizing import DEFAULT_CPU_KV_BYTES, default_num_blocks
 from workbench.core.kv_cache.utils import cdiv
 
 if TYPE_CHECKING:
     from workbench.config import EngineConfig
     from workbench.worker.model_runner import ModelRunner
 
-DEFAULT_CPU_KV_BYTES = 4 << 30  # like vLLM-CPU's VLLM_CPU_KVCACHE_SPACE default (4 GiB)
 
 
 @dataclass(frozen=True)
@@ -83,12 +83,12 @@ def determine_available_memory(runner: ModelRunner, config: EngineConfig) -> Ava
         return _from_budget(runner, config)
     max_model_len = config.model_config.max_model_len
     assert max_model_len is not None
-    want = (sc.max_num_seqs * cdiv(max_model_len, cc.block_size) + 1) * \
-        pool_bytes_per_block(runner)
+    bpb = pool_bytes_per_block(runner)
     cap = DEFAULT_CPU_KV_BYTES
     if runner.device.type == "cuda":
         cap = min(cap, int(torch.cuda.mem_get_info()[0] * 0.9))
-    return AvailableKVMemory("the default budget", min(want, cap))
+    blocks = default_num_blocks(sc.max_num_seqs, max_model_len, cc.block_size, bpb, cap)
+    return AvailableKVMemory("the default budget", blocks * bpb)
 
 
 def _from_budget(runner: ModelRunner, config: EngineConfig) -> AvailableKVMemory:

@@ -12,6 +12,16 @@ from __future__ import annotations
 
 from workbench.core.kv_cache.utils import cdiv
 
+DEFAULT_CPU_KV_BYTES = 4 << 30  # like vLLM-CPU's VLLM_CPU_KVCACHE_SPACE default (4 GiB)
+
+
+def default_num_blocks(max_num_seqs: int, max_model_len: int, block_size: int,
+                       bytes_per_block: int, cap_bytes: int = DEFAULT_CPU_KV_BYTES) -> int:
+    """The engine's pool when no knob sizes it (the worker's "default budget"): room for
+    max_num_seqs requests of max_model_len plus the null block, at most `cap_bytes`."""
+    want = (max_num_seqs * cdiv(max_model_len, block_size) + 1) * bytes_per_block
+    return min(want, cap_bytes) // bytes_per_block
+
 
 def check_enough_kv_cache_memory(
     num_blocks: int, bytes_per_block: int, block_size: int, max_model_len: int, source: str,
