@@ -260,6 +260,8 @@ COMMANDS: dict[str, tuple[str, Callable[[list[str]], None]]] = {
                _lazy("workbench.router.disagg_cli")),
     "calc": ("KV / memory / speculative / TP arithmetic (kv, budget, blocks, prefix, ...)",
              _lazy("workbench.planning.cli")),
+    "calibrate": ("fit the simulator's step-time cost model to this machine's engine",
+                  _lazy("workbench.sim.calibrate")),
     "preflight": ("check this machine and environment before measuring",
                   _lazy("workbench.platforms.preflight")),
     "demo-engine": ("generate from the bundled checkpoint, print a report",
