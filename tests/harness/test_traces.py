@@ -310,3 +310,30 @@ def test_template_trace_workload() -> None:
                         "you mean 'vocab_size'?); allowed: rate_scale, max_requests, start_s, "
                         "duration_s, max_model_len, vocab_size"]
 
+
+
+def test_the_engine_prefix_cache_sees_the_shared_hash_id_blocks(tmp_path: Path) -> None:
+    """Trace blocks of 32 tokens on the engine's 16-token blocks, one request at a time: a
+    request finds cached exactly the full engine blocks inside the trace blocks it shares with
+    an earlier one."""
+    from workbench.harness.arrivals import ArrivalSpec
+    from workbench.harness.replay import run, run_sync
+    from workbench.harness.targets import InProcessTarget
+    from workbench.testing import tiny_checkpoint
+
+    p = _mooncake(tmp_path, [
+        {"timestamp": 0, "input_length": 70, "output_length": 2, "hash_ids": [0, 1, 2]},
+        {"timestamp": 10, "input_length": 80, "output_length": 2, "hash_ids": [0, 1, 5]},
+        {"timestamp": 20, "input_length": 40, "output_length": 2, "hash_ids": [0, 7]},
+        {"timestamp": 30, "input_length": 40, "output_length": 2, "hash_ids": []},
+    ])
+    wl = load_trace("mooncake", p, block_size=32, vocab_size=200)
+    ckpt = tiny_checkpoint(tmp_path / "llama", arch="llama")
+    target = InProcessTarget(str(ckpt), {"dtype": "float32", "max_model_len": 128,
+                                         "block_size": 16, "enable_prefix_caching": True})
+    try:
+        res = run(target, wl, ArrivalSpec(mode="closed", concurrency=1), warmup_requests=0,
+                  cache_state="cold", max_other_cpu_share=None)
+    finally:
+        run_sync(target.stop)
+    assert [r.num_cached_tokens for r in res.records] == [0, 64, 32, 0]
