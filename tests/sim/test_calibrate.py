@@ -174,5 +174,10 @@ def test_real_engine_compositions_and_quick_calibration(tmp_path: Path) -> None:
     assert design["skipped_preempted"] == 0 and design["skipped_mismatch"] == 0
     assert design["num_steps"] == design["num_distinct_batches"] > 30
     assert data["fit"]["num_heldout"] == design["num_distinct_batches"] // 4
+    assert set(data["validity"]) == {"valid", "reasons", "other_cpu_share",
+                                     "max_other_cpu_share"}
+    assert data["step_columns"][-1] == "seconds"
+    assert len(data["steps"]) == design["num_distinct_batches"]
+    assert data["steps"][0][:7] == [256, 256 * 257 // 2, 0, 0, 1, 0, 0]  # the first chunk
     assert model.describe()["source"] == "calibrated"
     assert CalibratedCostModel.load(path).coefficients == model.coefficients

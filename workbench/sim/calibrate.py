@@ -22,8 +22,10 @@ step trace row's `duration_s` (the whole step: schedule, forward, sampling, upda
 with a preemption, or whose tokens disagree with the trace row, are left out (counted). A
 warm-up phase runs first and is not recorded. The design is repeated `repeats` times and
 each distinct batch keeps its fastest time (`linear_fit.fastest_per_batch`: noise on a shared
-CPU only ever slows a step); the 1-minute load average before and after is recorded in the
-profile's design section, so a calibration on a busy machine shows as one.
+CPU only ever slows a step). The run is watched like a harness run (`harness.watched`: the
+CPU share other processes took, judged by the runner's threshold); the profile's `validity`
+says whether it was disturbed, and its design section the 1-minute load average before and
+after, so a calibration on a busy machine shows as one.
 """
 
 from __future__ import annotations
@@ -82,6 +84,9 @@ def _design(quick: bool) -> tuple[Phase, ...]:
 DESIGN = _design(quick=False)
 QUICK_DESIGN = _design(quick=True)
 WARMUP = Phase("warmup", (40, 40), 4)
+# A stored step's row in the profile: the BatchComposition's fields, then its seconds.
+STEP_COLUMNS = ("prefill_tokens", "prefill_attn_pairs", "decode_tokens",
+                "decode_context_tokens", "num_seqs", "sampled_rows", "draft_tokens", "seconds")
 
 
 def step_composition(before: Mapping[str, int], after: Mapping[str, int],
@@ -172,15 +177,18 @@ def collect_steps(engine: Any, design: Sequence[Phase] = DESIGN, repeats: int = 
 
 def build_profile(*, fingerprint: str, cpu: str, model_name: str, model_key: str,
                   shape: Mapping[str, Any], engine: Mapping[str, Any], fit: FitResult,
-                  design: Mapping[str, Any]) -> dict[str, Any]:
-    """The profile JSON's dict (calibrated.py's format)."""
+                  design: Mapping[str, Any],
+                  steps: Sequence[tuple[BatchComposition, float]] = ()) -> dict[str, Any]:
+    """The profile JSON's dict (calibrated.py's format); `steps`: the (batch, seconds) the fit
+    saw, kept as rows of STEP_COLUMNS (to refit or to plot the residuals later)."""
     return {"format": PROFILE_FORMAT, "source": "calibrated",
             "key": profile_key(fingerprint, model_key),
             "hardware": {"fingerprint": fingerprint, "cpu": cpu, "device": "cpu"},
             "model": {"name": model_name, "key": model_key, "shape": dict(shape)},
             "engine": dict(engine), "target": "duration_s", "terms": list(TERMS),
             "coefficients_s": dict(fit.coefficients), "fit": fit.as_dict(),
-            "design": dict(design),
+            "design": dict(design), "step_columns": list(STEP_COLUMNS),
+            "steps": [[*(getattr(b, f) for f in STEP_COLUMNS[:-1]), s] for b, s in steps],
             "created": datetime.now(UTC).isoformat(timespec="seconds")}
 
 
@@ -196,8 +204,11 @@ def calibrate_engine(engine: Any, model_name: str, knobs: Mapping[str, Any],
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats ({repeats!r}) must be an integer >= 1")
     design = QUICK_DESIGN if quick else DESIGN
+    from workbench.harness.watched import watched
+
     load_before = os.getloadavg()[0]
-    log = collect_steps(engine, design, repeats=repeats, seed=seed)
+    log, validity = watched(lambda: collect_steps(engine, design, repeats=repeats, seed=seed),
+                            "workbench calibrate")
     load_after = os.getloadavg()[0]
     distinct = fastest_per_batch(log.samples)
     fit = fit_step_times(distinct, heldout_fraction=heldout_fraction, seed=seed)
@@ -206,7 +217,7 @@ def calibrate_engine(engine: Any, model_name: str, knobs: Mapping[str, Any],
     dtype = str(config.torch_dtype_name)
     engine_info = {**knobs, "dtype": dtype, "compilation": config.compilation.describe(),
                    "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens}
-    return CalibratedCostModel(build_profile(
+    profile = build_profile(
         fingerprint=machine_fingerprint(), cpu=cpu_model_name(), model_name=model_name,
         model_key=shape_key(hf_config, dtype),
         shape={**model_shape(hf_config).as_dict(), "name": model_name}, engine=engine_info,
@@ -216,7 +227,12 @@ def calibrate_engine(engine: Any, model_name: str, knobs: Mapping[str, Any],
                 "num_distinct_batches": len(distinct),
                 "load_average_1m": [load_before, load_after],
                 "skipped_preempted": log.skipped_preempted,
-                "skipped_mismatch": log.skipped_mismatch}))
+                "skipped_mismatch": log.skipped_mismatch},
+        steps=distinct)
+    profile["validity"] = {"valid": validity.valid, "reasons": list(validity.reasons),
+                           "other_cpu_share": validity.other_cpu_share,
+                           "max_other_cpu_share": validity.max_other_cpu_share}
+    return CalibratedCostModel(profile)
 
 
 def calibrate(model: str = "bundled", out: str | Path | None = None, repeats: int = 3,
@@ -278,6 +294,9 @@ def main(argv: list[str] | None = None) -> None:
     med, p95 = fit["heldout_median_rel_error"], fit["heldout_p95_rel_error"]
     if med is not None:
         print(f"held-out relative error: median {med:.1%}, p95 {p95:.1%}")
+    validity = model.profile["validity"]
+    if not validity["valid"]:
+        print(f"DISTURBED: {'; '.join(validity['reasons'])}")
     print(f"profile: {path}")
 
 

@@ -10,7 +10,10 @@ shape; by default it lives in $WORKBENCH_CACHE_DIR/sim_profiles/ (`default_profi
      "engine": {the engine knobs it ran with},
      "target": "duration_s",
      "terms": [...TERMS], "coefficients_s": {term: seconds per unit},
-     "fit": {FitResult.as_dict()}, "design": {...}, "created": ISO time}
+     "fit": {FitResult.as_dict()}, "design": {...},
+     "validity": {"valid": .., "reasons": [..], "other_cpu_share": .., ...},
+     "step_columns": [BatchComposition fields..., "seconds"], "steps": [[...], ...],
+     "created": ISO time}
 
 `CalibratedCostModel.load(path)` reads one and predicts with it.
 """
@@ -106,4 +109,5 @@ class CalibratedCostModel:
                 "key": p.get("key"), "hardware": p.get("hardware"),
                 "model": model.get("name") if isinstance(model, Mapping) else model,
                 "coefficients_s": dict(self.coefficients), "fit": p.get("fit"),
+                "validity": p.get("validity"),
                 "created": p.get("created")}
