@@ -175,7 +175,7 @@ def collect_steps(engine: Any, design: Sequence[Phase] = DESIGN, repeats: int = 
     return log
 
 
-def build_profile(*, fingerprint: str, cpu: str, model_name: str, model_key: str,
+def build_profile(*, fingerprint: str, cpu: str, device: str, model_name: str, model_key: str,
                   shape: Mapping[str, Any], engine: Mapping[str, Any], fit: FitResult,
                   design: Mapping[str, Any],
                   steps: Sequence[tuple[BatchComposition, float]] = ()) -> dict[str, Any]:
@@ -183,7 +183,7 @@ def build_profile(*, fingerprint: str, cpu: str, model_name: str, model_key: str
     saw, kept as rows of STEP_COLUMNS (to refit or to plot the residuals later)."""
     return {"format": PROFILE_FORMAT, "source": "calibrated",
             "key": profile_key(fingerprint, model_key),
-            "hardware": {"fingerprint": fingerprint, "cpu": cpu, "device": "cpu"},
+            "hardware": {"fingerprint": fingerprint, "cpu": cpu, "device": device},
             "model": {"name": model_name, "key": model_key, "shape": dict(shape)},
             "engine": dict(engine), "target": "duration_s", "terms": list(TERMS),
             "coefficients_s": dict(fit.coefficients), "fit": fit.as_dict(),
@@ -218,7 +218,8 @@ def calibrate_engine(engine: Any, model_name: str, knobs: Mapping[str, Any],
     engine_info = {**knobs, "dtype": dtype, "compilation": config.compilation.describe(),
                    "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens}
     profile = build_profile(
-        fingerprint=machine_fingerprint(), cpu=cpu_model_name(), model_name=model_name,
+        fingerprint=machine_fingerprint(), cpu=cpu_model_name(), device=str(config.device),
+        model_name=model_name,
         model_key=shape_key(hf_config, dtype),
         shape={**model_shape(hf_config).as_dict(), "name": model_name}, engine=engine_info,
         fit=fit,
