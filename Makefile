@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: venv demo demo-engine test test-cluster lint notebooks notebooks-docs bench bench-avx2 bench-decode \
+.PHONY: venv demo demo-engine test test-cluster test-full lint notebooks notebooks-docs bench bench-avx2 bench-decode \
 	bench-sched bench-spec peer-vllm screenshots clean
 
 $(STAMP): pyproject.toml
@@ -33,6 +33,11 @@ test: $(STAMP)
 # The Ray cluster tests too (tests/cluster/, 5-10 minutes on 2 cores; docs/cluster.md).
 test-cluster: $(STAMP)
 	WORKBENCH_CLUSTER_TESTS=1 $(BIN)/python scripts/run_tests.py
+
+# Everything: the slow profile (notebooks 07-10, 12 end to end, the GPU check's CPU pass)
+# and tests/cluster/ as well (~45 minutes on 2 cores).
+test-full: $(STAMP)
+	WORKBENCH_SLOW_TESTS=1 WORKBENCH_CLUSTER_TESTS=1 $(BIN)/python scripts/run_tests.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

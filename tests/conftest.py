@@ -9,6 +9,11 @@
   `FixedCpuWatch` or a `CpuWatch` with scripted readings explicitly.
 - Results folders (`workbench.experiments.results`): WORKBENCH_RESULTS_DIR points at a
   temporary folder, so CLI runs in tests never write into the checkout's results/.
+- The slow profile: tests marked `slow` outside tests/cluster/ (the end-to-end runs of
+  notebooks 07-10 and 12 under papermill, the GPU check's CPU pass: 2-5 minutes each on 2
+  cores, mostly starting routers, replicas and kernels) run only with
+  WORKBENCH_SLOW_TESTS=1 (`make test-full`), so `make test` stays under 20 minutes on 2
+  cores; tests/cluster/ has its own switch (scripts/run_tests.py).
 - Caches (`WORKBENCH_CACHE_DIR`: the linear-backend autotune's timings, compiled graphs):
   a temporary folder per session, so the suite never reads or writes ~/.cache/workbench.
 """
@@ -26,8 +31,22 @@ from workbench.harness.validity import MAX_READ_LAG_ENV, STATED_SHARE_ENV
 HYPOTHESIS_PROFILE = load_hypothesis_profile()
 
 
+SLOW_ENV = "WORKBENCH_SLOW_TESTS"
+
+
 def pytest_report_header(config: pytest.Config) -> str:
-    return f"hypothesis profile: {HYPOTHESIS_PROFILE} ($HYPOTHESIS_PROFILE=ci|long)"
+    slow = "on" if os.environ.get(SLOW_ENV) == "1" else f"off (${SLOW_ENV}=1 runs them)"
+    return (f"hypothesis profile: {HYPOTHESIS_PROFILE} ($HYPOTHESIS_PROFILE=ci|long); "
+            f"slow tests: {slow}")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get(SLOW_ENV) == "1":
+        return
+    skip = pytest.mark.skip(reason=f"slow profile: set {SLOW_ENV}=1 (make test-full)")
+    for item in items:
+        if "slow" in item.keywords and "tests/cluster/" not in item.nodeid:
+            item.add_marker(skip)
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -13,6 +13,7 @@ import pytest
 from tests.test_notebooks import NOTEBOOKS, _parameters_cell, execute, pngs, text_of
 
 
+@pytest.mark.slow  # WORKBENCH_SLOW_TESTS=1 (tests/conftest.py)
 def test_09_tp_vs_replicas(tmp_path: Path) -> None:
     """2 workers as 2 replicas and as one TP=2 replica (the router's /metrics sees 2 and 1
     replicas), one-worker reference, the all-reduce timing; the concurrency-1 pair is skipped
@@ -41,6 +42,7 @@ def test_09_tp_vs_replicas(tmp_path: Path) -> None:
     assert run["metrics.allreduce_valid"] == 1.0  # the suite states a quiet machine
 
 
+@pytest.mark.slow  # WORKBENCH_SLOW_TESTS=1 (tests/conftest.py)
 def test_10_routing_round_robin_vs_prefix_aware(tmp_path: Path) -> None:
     """One router of 2 bundled replicas per policy (the 1-vs-2 scaling runs are skipped to
     save two more router starts): round-robin splits every prefix group (no hit),
@@ -60,6 +62,7 @@ def test_10_routing_round_robin_vs_prefix_aware(tmp_path: Path) -> None:
     assert run["metrics.prefix_aware_prefix_hit_rate"] > 0.2
 
 
+@pytest.mark.slow  # WORKBENCH_SLOW_TESTS=1 (tests/conftest.py)
 def test_12_pd_disaggregation_quick(tmp_path: Path) -> None:
     """`quick`: one shape at one rate, one repeat: a colocated and a 1P:1D router of the
     bundled model (2 router starts); the decode replica reads every prompt's KV, the

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.test_notebooks import NOTEBOOKS, execute, num_images, pngs, text_of
 
 
+@pytest.mark.slow  # WORKBENCH_SLOW_TESTS=1 (tests/conftest.py)
 def test_07_speculative_sweep_over_k_draws_the_curve_from_every_point(tmp_path: Path) -> None:
     """`workbench sweep -p num_speculative_tokens 0 2` on the bundled model with itself as the
     draft (every draft accepted): the last point reads both points back from MLflow."""
@@ -35,6 +38,7 @@ def test_07_speculative_sweep_over_k_draws_the_curve_from_every_point(tmp_path: 
     assert pngs(tmp_path / "figs") == {"speedup_vs_k.png", "acceptance_by_position.png"}
 
 
+@pytest.mark.slow  # WORKBENCH_SLOW_TESTS=1 (tests/conftest.py)
 def test_08_quantization_side_by_side(tmp_path: Path) -> None:
     """Every variant (FP8 KV included) runs on the demo model; memory, quality and speed land
     side by side and the CPU caveat is stated."""

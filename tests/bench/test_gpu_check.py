@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from workbench.bench.gpu.check import hbm_bandwidth, main
 
 
@@ -16,6 +18,7 @@ def test_hbm_bandwidth_by_device_name() -> None:
     assert hbm_bandwidth("Some Future GPU") is None
 
 
+@pytest.mark.slow  # WORKBENCH_SLOW_TESTS=1 (tests/conftest.py)
 def test_quick_check_runs_every_section(tmp_path: Path) -> None:
     out = tmp_path / "report"
     assert main([str(out), "--quick", "--device", "cpu",
