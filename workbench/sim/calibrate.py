@@ -49,6 +49,7 @@ from workbench.sim.calibrated import (
     default_profile_path,
     profile_key,
 )
+from workbench.sim.composition import Chunk, from_chunks
 from workbench.sim.linear_fit import TERMS, FitResult, fastest_per_batch, fit_step_times
 
 # The engine knobs calibration runs with unless told otherwise (prefix caching off: a
@@ -94,23 +95,10 @@ def step_composition(before: Mapping[str, int], after: Mapping[str, int],
     """One step's BatchComposition from each request's computed tokens before and after it
     (no speculation: a decoding request computes one token and samples one row). A request
     absent from `after` or that did not advance took no part."""
-    prefill = pairs = decode = context = seqs = rows = 0
-    for rid, done in before.items():
-        n = after.get(rid, done) - done
-        if n <= 0:
-            continue
-        seqs += 1
-        if done < prompt_lens[rid]:
-            prefill += n
-            pairs += n * done + n * (n + 1) // 2
-            rows += 1 if done + n >= prompt_lens[rid] else 0
-        else:
-            decode += n
-            context += done + n
-            rows += n
-    return BatchComposition(prefill_tokens=prefill, prefill_attn_pairs=pairs,
-                            decode_tokens=decode, decode_context_tokens=context,
-                            num_seqs=seqs, sampled_rows=rows)
+    return from_chunks(
+        Chunk(done, n, decoding=done >= prompt_lens[rid],
+              samples=done + n >= prompt_lens[rid])
+        for rid, done in before.items() if (n := after.get(rid, done) - done) > 0)
 
 
 @dataclass
