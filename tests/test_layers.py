@@ -3,13 +3,14 @@
 The layers, top to bottom (docs/architecture.md draws them). A module may import its own layer
 or any layer below it, never one above:
 
-    entrypoints -> experiments -> benchmarks -> simulator -> harness -> engine -> executor -> worker -> model
-                                                                                          |
-                                        core (Request, Scheduler, SchedulerOutput, KV cache)
-                                                                                          |
-                                                                                metrics, config
-                                                                                          |
-                                                                                       kernels
+    entrypoints -> experiments -> benchmarks -> simulator -> harness
+        -> engine -> executor -> worker -> model
+                                    |
+        core (Request, Scheduler, SchedulerOutput, KV cache)
+                                    |
+                             metrics, config
+                                    |
+                                 kernels
 
 Shared leaves (LEAVES below) carry what every layer needs and no layer owns (errors, NVTX
 ranges, calc helpers, the model registry's table): any layer may import them, and they import
