@@ -226,6 +226,13 @@ class Scheduler:
         prefill/decode split of the step's tokens."""
         num_sched = out.num_scheduled_tokens
         cached = out.scheduled_cached_reqs
+        # bound appends, not CachedRequestData.append: this loop runs for every request
+        # every step (bench sched's figure is mostly this loop and update_from_output's)
+        add_id = cached.req_ids.append
+        add_resumed = cached.resumed_from_preemption.append
+        add_blocks = cached.new_block_ids.append
+        add_computed = cached.num_computed_tokens.append
+        block_ids_view = self.kv_cache_manager.block_ids_view
         sent = self._num_sent_blocks
         resumed_ids = self._resumed
         rewrite = bool(out.blocks_to_copy)  # copy-on-write replaced held blocks
@@ -233,23 +240,33 @@ class Scheduler:
         prefill_tokens = decode_tokens = 0
         for req in scheduled:
             rid = req.request_id
-            n = num_sched[rid]
             nc = req.num_computed_tokens
             if nc >= len(req.prompt_token_ids):
-                decode_tokens += n  # one token, plus any drafts being verified
+                decode_tokens += num_sched[rid]  # one token, plus any drafts being verified
             else:
-                prefill_tokens += n
-            ids = self.kv_cache_manager.block_ids_view(rid)
+                prefill_tokens += num_sched[rid]
+            ids = block_ids_view(rid)
             have = sent.get(rid)
             if have is None:
                 out.scheduled_new_reqs.append(NewRequestData.from_request(req, list(ids)))
                 if req.times.first_scheduled is None:
                     req.times.first_scheduled = now
-            elif rid in resumed_ids or rewrite:
-                cached.append(rid, True, list(ids), nc)
+            elif rewrite or rid in resumed_ids:
+                add_id(rid)
+                add_resumed(True)
+                add_blocks(list(ids))
+                add_computed(nc)
                 resumed_ids.discard(rid)
             else:
-                cached.append(rid, False, ids[have:] if len(ids) > have else None, nc)
+                add_id(rid)
+                add_resumed(False)
+                if len(ids) > have:
+                    add_blocks(ids[have:])
+                else:
+                    add_blocks(None)
+                    add_computed(nc)
+                    continue  # no new block: the count sent stands
+                add_computed(nc)
             sent[rid] = len(ids)
         out.total_num_scheduled_tokens = prefill_tokens + decode_tokens
         out.num_prefill_tokens = prefill_tokens
