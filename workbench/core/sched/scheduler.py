@@ -251,23 +251,23 @@ class Scheduler:
                 out.scheduled_new_reqs.append(NewRequestData.from_request(req, list(ids)))
                 if req.times.first_scheduled is None:
                     req.times.first_scheduled = now
+                sent[rid] = len(ids)
             elif rewrite or rid in resumed_ids:
                 add_id(rid)
                 add_resumed(True)
                 add_blocks(list(ids))
                 add_computed(nc)
                 resumed_ids.discard(rid)
+                sent[rid] = len(ids)
             else:
                 add_id(rid)
                 add_resumed(False)
+                add_computed(nc)
                 if len(ids) > have:
                     add_blocks(ids[have:])
+                    sent[rid] = len(ids)
                 else:
-                    add_blocks(None)
-                    add_computed(nc)
-                    continue  # no new block: the count sent stands
-                add_computed(nc)
-            sent[rid] = len(ids)
+                    add_blocks(None)  # no new block: the count sent stands
         out.total_num_scheduled_tokens = prefill_tokens + decode_tokens
         out.num_prefill_tokens = prefill_tokens
         out.num_decode_tokens = decode_tokens
