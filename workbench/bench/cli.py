@@ -1,9 +1,10 @@
 """`workbench bench`: replay one workload against one target, print vLLM's result table.
 
     workbench bench --target http://HOST:PORT/v1 | inprocess --model NAME_OR_DIR
-                    --workload FIXTURE | FILE.jsonl [--num-requests N] [--seed S]
-                    [--param KEY=VALUE ...] [--arrivals closed:4 | poisson:8 | gamma:8:0.5 |
-                    constant:8 | trace] [--max-concurrency N] [--cache-state warm-model]
+                    --workload FIXTURE | FILE.jsonl | trace:FORMAT:PATH [--num-requests N]
+                    [--seed S] [--param KEY=VALUE ...] [--arrivals closed:4 | poisson:8 |
+                    gamma:8:0.5 | constant:8 | trace] [--max-concurrency N]
+                    [--cache-state warm-model]
                     [--engine KEY=VALUE ...] [--server-cmd "workbench serve ..."]
                     [--endpoint completions|chat] [--prompt-mode auto|token_ids|text]
                     [--tokenizer DIR] [--tracking-uri URI | --no-mlflow] [--json PATH]
@@ -19,7 +20,9 @@ local store unless --tracking-uri; --no-mlflow skips it).
 A run during which other processes used more than --max-other-cpu-share of the machine's CPUs
 is marked INVALID (console, JSON, MLflow tag run_valid=false and metric other_cpu_share).
 The workload's prompts are built with the tokenizer of --tokenizer (default: --model when it
-is a local folder or "bundled"), so it must match the served model.
+is a local folder or "bundled"), so it must match the served model. A trace file
+(`trace:FORMAT:PATH`: options as --param, replayed at its recorded times by default):
+`bench/trace_workload.py`.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from typing import Any
 
 import yaml
 
+from workbench.bench import trace_workload as traces
 from workbench.harness.arrivals import ArrivalSpec
 from workbench.harness.validity import DEFAULT_MAX_OTHER_CPU_SHARE, lateness_table
 
@@ -73,12 +77,16 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--target", required=True, help="http://HOST:PORT/v1 or 'inprocess'")
     ap.add_argument("--model", required=True,
                     help="served model name (http) or a local folder / 'bundled'")
-    ap.add_argument("--workload", required=True, help="fixture name or a JSONL file")
+    ap.add_argument("--workload", required=True, help="fixture name, a JSONL file, or "
+                    "trace:FORMAT:PATH (sharegpt, burstgpt, azure, mooncake)")
     ap.add_argument("--tokenizer", default=None, help="local tokenizer folder for the prompts")
     ap.add_argument("--num-requests", type=int, default=None)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--param", action="append", default=[], help="fixture KEY=VALUE (YAML)")
-    ap.add_argument("--arrivals", default="closed:4")
+    ap.add_argument("--param", action="append", default=[],
+                    help="fixture or trace option KEY=VALUE (YAML)")
+    ap.add_argument("--arrivals", default=None, help="closed:C, poisson:RATE, gamma:RATE:SHAPE, "
+                    "constant:RATE or trace (default: trace for a trace with times, else "
+                    "closed:4)")
     ap.add_argument("--max-concurrency", type=int, default=None)
     ap.add_argument("--cache-state", default="warm-model",
                     choices=["cold", "warm-model", "warm-prefix"])
@@ -120,12 +128,17 @@ def _workload(args: argparse.Namespace) -> Any:
     from workbench.models.tokenizer import load_tokenizer
 
     tok_dir = args.tokenizer or _model_dir(args.model)
-    if Path(args.workload).is_file():
+    if traces.is_trace(args.workload):
+        traces.parse_trace_ref(args.workload)  # the spelling and the format, before the tokenizer
+    elif Path(args.workload).is_file():
         return load_jsonl(args.workload, tokenizer=load_tokenizer(tok_dir) if tok_dir else None)
     if tok_dir is None:
         raise SystemExit(f"--model {args.model!r} is not a local folder: pass --tokenizer DIR "
                          "(the served model's tokenizer) to build the workload's prompts")
     params = _kv(args.param, "--param")
+    if traces.is_trace(args.workload):
+        return traces.trace_workload(args.workload, load_tokenizer(tok_dir), args.seed, params,
+                                     args.num_requests)
     if args.num_requests is not None:
         params["num_requests"] = args.num_requests
     return make_workload(args.workload, args.seed, load_tokenizer(tok_dir), **params)
@@ -196,6 +209,10 @@ def main(argv: list[str] | None = None, cpu_watch: Any = None) -> None:
         ap.error(f"--max-other-cpu-share ({args.max_other_cpu_share}) must be in [0, 1]")
     engine = _kv(args.engine, "--engine")
     workload = _workload(args)
+    if args.arrivals is None:
+        args.arrivals = (traces.default_arrivals(workload) if traces.is_trace(args.workload)
+                         else traces.DEFAULT_ARRIVALS)
+    traces.check_trace_arrivals(args.arrivals, workload)
     arrival = parse_arrivals(args.arrivals, args.seed, args.max_concurrency)
     result, target = run_variant(_target_spec(args), engine, workload, arrival,
                                  cache_state=args.cache_state,
@@ -266,7 +283,7 @@ def _log_mlflow(args: argparse.Namespace, result: Any, metrics: dict[str, float]
     from workbench.harness.join import log_server_side
     from workbench.harness.metrics import records_frame, summary_table
     from workbench.tracking.mlflow_store import Store
-    from workbench.tracking.param_keys import arrival_params
+    from workbench.tracking.param_keys import arrival_params, trace_keys
 
     store = Store(args.experiment, args.tracking_uri)
     kind = result.target.get("kind", "?")
@@ -275,6 +292,7 @@ def _log_mlflow(args: argparse.Namespace, result: Any, metrics: dict[str, float]
         "open_loop": str(result.open_loop)})
     store.log_params(run_id, {"target": result.target, "workload": workload.summary(),
                               **arrival_params(result.arrival or {}),  # request_rate, ...
+                              **trace_keys(workload),  # workload.trace.* (a trace only)
                               "cache_state": result.cache_state})
     store.log_metrics(run_id, metrics)
     v = result.validity

@@ -5,6 +5,8 @@
     sched/              Scheduler, SchedulerOutput (the step message), the waiting queues,
                         check_stop, the scheduler-side KV connector Protocol
     kv_cache/           KVCacheManager, BlockPool, the free queue, prefix-cache hashing, sizing
+    routing.py          the routing policies (which replica gets a request): the router's and
+                        the simulator's
 
 Importing any of it imports no torch (tensor types only under TYPE_CHECKING), so the scheduler
 and the KV cache manager run in a simulator or a test without a device. It sits below the

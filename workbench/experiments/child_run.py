@@ -85,7 +85,8 @@ def run_one(ctx: RunContext, label: str, value: Any, repeat: int, arrival: Any, 
         tags=all_tags)
     store.log_params(run_id, run_params(  # knob keys as on every path (param_keys)
         config, t.workload, t.arrivals if arrivals is None else arrivals,
-        cache_state=t.cache_state, target=t.target, model=ctx.model, repeat=repeat))
+        cache_state=t.cache_state, target=t.target, model=ctx.model, repeat=repeat,
+        built=ctx.workload))
     record = RunRecord(label, value, repeat, run_id, node=all_tags["node"],
                        fingerprint=str(ctx.preflight["fingerprint"]))
     result = target = None

@@ -145,7 +145,7 @@ def _sweep_one(ctx: RunContext, label: str, value: Any, repeat: int, bar: Any,
     store.log_params(child, {**run_params(config, template.workload, arrivals,
                                           cache_state=template.cache_state,
                                           target=template.target, model=ctx.model,
-                                          repeat=repeat),
+                                          repeat=repeat, built=ctx.workload),
                              "rate_sweep": sweep.to_dict()})
     under_child = replace(ctx, parent=child)  # each point is a grandchild of the experiment
     points = []

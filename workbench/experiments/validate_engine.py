@@ -142,14 +142,16 @@ def _check_simulated_target(target: dict[str, Any], out: list[str]
 
 def check_simulated(baseline: dict[str, Any], name: str | None, values: list[Any],
                     target: dict[str, Any], out: list[str]) -> None:
-    """Each variant's knobs against what the simulator models, each problem once."""
+    """Each variant's knobs against what the simulator models, and its profile (a file, or
+    `auto`'s match for its dtype), each problem once."""
+    from workbench.sim.profile_lookup import profile_problems
     from workbench.sim.target import config_problems
 
     plan = [("baseline", baseline)] + ([] if name is None else [
         (_label(name, v), {**baseline, name: v}) for v in values])
     seen: set[str] = set()
     for label, cfg in plan:
-        for p in config_problems(target, cfg):
+        for p in config_problems(target, cfg) + profile_problems(target, cfg):
             if p not in seen:
                 seen.add(p)
                 out.append(f"{label}: {p}")

@@ -9,6 +9,13 @@ Torch-free: nothing here imports torch or loads weights; a model is its config.
                     computed-token counts, in calibration)
     instance.py     SimInstance: one engine's Scheduler stepping on a virtual clock
     simulator.py    simulate(): arrivals, the router, the event loop -> RequestRecords
+    router.py       SimRouter: the real routing policies (core/routing.py) over instances
+    cluster.py      ClusterSpec: replicas, router policy, the P:D split, the host tier
+    deploy.py       a ClusterSpec built into instances with their KV connectors
+    connectors.py   the scheduler-side KV connector the simulator drives; Load
+    pd.py           prefill/decode: the producer's held blocks, the consumer's KV read
+    tiers.py        a host-memory KV tier (the OffloadingConnector's scheduler side)
+    transfer.py     KVLink / LinkQueue: KV priced by bytes over a link (calc's presets)
     target.py       a template's `target: {kind: simulated}` -> a harness RunResult
     model_shapes.py ModelShape: a model as its config (named shapes, HF config.json)
     hardware.py     named GPU profiles: datasheet peaks x stated efficiencies (analytic)

@@ -249,7 +249,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--model", default="bundled", help="model folder or shipped name "
                     "(default: bundled)")
     ap.add_argument("--out", default=None, help="profile JSON to write (default: "
-                    "$WORKBENCH_CACHE_DIR/sim_profiles/<model>-<key hash>.json)")
+                    "<model>-<key hash>.json in $WORKBENCH_SIM_PROFILE_DIR, else "
+                    "$WORKBENCH_CACHE_DIR/sim_profiles: where a simulated target's "
+                    "`profile: auto` looks)")
     ap.add_argument("--repeats", type=int, default=3, help="times the design runs; each "
                     "distinct batch keeps its fastest time (default 3)")
     ap.add_argument("--quick", action="store_true", help="the small design (a smoke run)")

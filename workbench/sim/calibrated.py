@@ -2,7 +2,9 @@
 
 A profile (written by `workbench calibrate`, `calibrate.py`) is keyed by the machine it was
 measured on (`cpu_info.machine_fingerprint`: CPU model, ISA, torch, threads) and the model
-shape; by default it lives in $WORKBENCH_CACHE_DIR/sim_profiles/ (`default_profile_path`):
+shape; by default it lives in the profile folder (`profile_dir`: $WORKBENCH_SIM_PROFILE_DIR,
+else $WORKBENCH_CACHE_DIR/sim_profiles/, i.e. ~/.cache/workbench/sim_profiles/), where a
+simulated target's `profile: auto` looks for it (`profile_lookup.py`):
 
     {"format": PROFILE_FORMAT, "source": "calibrated", "key": "<fingerprint> | <model>",
      "hardware": {"fingerprint": ..., "cpu": ..., "device": "cpu"},
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -33,6 +36,7 @@ from workbench.sim.linear_fit import TERMS, predict
 
 PROFILE_FORMAT = "workbench-sim-profile/1"
 PROFILE_DIR = "sim_profiles"
+PROFILE_DIR_ENV = "WORKBENCH_SIM_PROFILE_DIR"
 
 
 def profile_key(fingerprint: str, model: str) -> str:
@@ -40,11 +44,18 @@ def profile_key(fingerprint: str, model: str) -> str:
     return f"{fingerprint} | {model}"
 
 
+def profile_dir() -> Path:
+    """Where calibrated profiles are written and looked up: $WORKBENCH_SIM_PROFILE_DIR, else
+    $WORKBENCH_CACHE_DIR/sim_profiles (default ~/.cache/workbench/sim_profiles)."""
+    override = os.environ.get(PROFILE_DIR_ENV)
+    return Path(override).expanduser() if override else cache_root() / PROFILE_DIR
+
+
 def default_profile_path(fingerprint: str, model: str) -> Path:
-    """$WORKBENCH_CACHE_DIR/sim_profiles/<model>-<12 hex of the key's sha256>.json."""
+    """<profile_dir()>/<model>-<12 hex of the key's sha256>.json."""
     digest = hashlib.sha256(profile_key(fingerprint, model).encode()).hexdigest()[:12]
     slug = re.sub(r"[^A-Za-z0-9._-]+", "_", model)[:60]
-    return cache_root() / PROFILE_DIR / f"{slug}-{digest}.json"
+    return profile_dir() / f"{slug}-{digest}.json"
 
 
 class CalibratedCostModel:

@@ -6,6 +6,13 @@ a virtual clock, each step's duration predicted by a `CostModel`.
     end = inst.start_step(now)        # schedule(); None when nothing can run now
     got = inst.finish_step()          # at `end`: update_from_output() with the sampled tokens
 
+With a KV connector (`sim.connectors`: a prefill/decode handshake or a host tier) the loads
+the scheduler starts in a step are timed on their link (`Load.start_s` / `done_s`) and
+reported done at the first step boundary at or after they end: the end of the running step
+(`finish_step`, with its output, as vLLM's worker reports them), or, idle, at `complete_loads`
+(the simulator calls it at `next_load_s()`). `post` hands the scheduler a connector output
+from elsewhere (a decode instance's read done: the producer's `finished_sending`).
+
 Every scheduled request whose computed tokens reach its end gets one token (`SIM_TOKEN`;
 requests ignore EOS, so `max_tokens` ends them, as the harness's workloads ask). With a
 `SpecDecodeModel` each decoding request carries k draft tokens into the next step and a
@@ -16,6 +23,7 @@ scheduler's own rejection bookkeeping rolls the rest back.
 
 from __future__ import annotations
 
+import heapq
 import random
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,8 +33,10 @@ from workbench.core.outputs import ModelRunnerOutput
 from workbench.core.request import Request, RequestStatus
 from workbench.core.sched.output import SchedulerOutput
 from workbench.core.sched.scheduler import Scheduler
+from workbench.distributed.kv_transfer.metadata import KVConnectorOutput
 from workbench.sim.batch import BatchComposition, CostModel
 from workbench.sim.composition import compose
+from workbench.sim.connectors import Load, SimConnector
 
 SIM_TOKEN = 7  # every simulated token: no model, and requests ignore EOS
 
@@ -57,6 +67,7 @@ class StepResult:
     tokens: dict[str, int] = field(default_factory=dict)
     finished: list[Request] = field(default_factory=list)
     row: dict[str, Any] = field(default_factory=dict)
+    loads: list[Load] = field(default_factory=list)  # KV loads reported done at its end
 
 
 class SimInstance:
@@ -68,7 +79,7 @@ class SimInstance:
     def __init__(self, name: str, scheduler_config: SchedulerConfig, cache_config: CacheConfig,
                  num_blocks: int, cost_model: CostModel,
                  spec_decode: SpecDecodeModel | None = None, step_noise: float = 0.0,
-                 noise_seed: int = 0) -> None:
+                 noise_seed: int = 0, connector: SimConnector | None = None) -> None:
         if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 2:
             raise ValueError(f"SimInstance {name}: num_blocks ({num_blocks!r}) must be an "
                              "integer >= 2")
@@ -79,7 +90,12 @@ class SimInstance:
         self.step_noise = float(step_noise)
         self._noise = random.Random(noise_seed)
         self.name = name
-        self.scheduler = Scheduler(scheduler_config, cache_config, num_blocks)
+        self.connector = connector
+        self.scheduler = Scheduler(scheduler_config, cache_config, num_blocks,
+                                   connector=connector)
+        self._loads: list[tuple[float, int, Load]] = []  # (done, order, load), a heap
+        self._num_loads = 0
+        self._inbox: list[KVConnectorOutput] = []  # posted while a step ran
         self.cost_model = cost_model
         self.spec_decode = spec_decode
         self._rng = random.Random(spec_decode.seed if spec_decode else 0)
@@ -96,6 +112,58 @@ class SimInstance:
         the KV cache, prefix cache included, stays."""
         self.steps, self.busy_s = 0, 0.0
         self.counters = dict.fromkeys(self.counters, 0.0)
+
+    def _absorb(self) -> None:
+        if self.connector is not None:
+            for key, value in self.connector.take_counters().items():
+                self.counters[key] = self.counters.get(key, 0.0) + value
+
+    def _time_loads(self, now: float) -> None:
+        """Put the loads the scheduler just started on their links."""
+        assert self.connector is not None
+        for load in self.connector.take_loads():
+            load.asked_s = now
+            if load.link is None or load.num_bytes == 0:
+                load.start_s = load.done_s = now
+            else:
+                load.start_s, load.done_s = load.link.reserve(now, load.num_bytes)
+            heapq.heappush(self._loads, (load.done_s, self._num_loads, load))
+            self._num_loads += 1
+
+    def next_load_s(self) -> float | None:
+        """When the earliest running load ends (None: none runs)."""
+        return self._loads[0][0] if self._loads else None
+
+    def _report(self, until: float) -> list[Load]:
+        """Tell the scheduler of the loads done by `until` and of what was posted."""
+        done: list[Load] = []
+        while self._loads and self._loads[0][0] <= until:
+            done.append(heapq.heappop(self._loads)[2])
+        out = KVConnectorOutput(
+            finished_recving={ld.request_id for ld in done},
+            recv_info={ld.request_id: (ld.num_bytes, ld.done_s - ld.start_s) for ld in done})
+        for posted in self._inbox:
+            out.finished_sending |= posted.finished_sending
+            out.stats.add(posted.stats)
+        self._inbox = []
+        self.scheduler.update_from_kv_xfer_finished(out)
+        self._absorb()
+        return done
+
+    def complete_loads(self, now: float) -> list[Load]:
+        """Idle at `now`: report the loads done by then (none while a step runs)."""
+        if self.connector is None or self._pending is not None or not (
+                self._loads and self._loads[0][0] <= now):
+            return []
+        return self._report(now)
+
+    def post(self, output: KVConnectorOutput) -> None:
+        """A connector output from elsewhere: applied now when idle, else at the step's end."""
+        if self.connector is None:
+            raise RuntimeError(f"SimInstance {self.name}: no KV connector to post to")
+        self._inbox.append(output)
+        if self._pending is None:
+            self._report(-1.0)
 
     @property
     def busy(self) -> bool:
@@ -118,6 +186,9 @@ class SimInstance:
         if self._pending is not None:
             raise RuntimeError(f"SimInstance {self.name}: a step is already running")
         out = self.scheduler.schedule()
+        if self.connector is not None:
+            self._time_loads(now)
+            self._absorb()
         cache = self.scheduler.kv_cache_manager.make_prefix_cache_stats()
         self.counters["vllm:prefix_cache_queries"] += cache.queries
         self.counters["vllm:prefix_cache_hits"] += cache.hits
@@ -158,6 +229,7 @@ class SimInstance:
                 if r.status == RequestStatus.RUNNING})
         tokens = {r.request_id: len(r.output_token_ids) - before[r.request_id]
                   for r in progressed}  # a stop cuts a verification's tokens short
+        loads = self._report(end) if self.connector is not None else []
         self.counters["vllm:generation_tokens"] += sched.num_generated_last_step
         self.counters["vllm:prompt_tokens"] += sched.num_prompt_tokens_last_step
         self.steps += 1
@@ -168,7 +240,7 @@ class SimInstance:
                "running": len(sched.running), "waiting": len(sched.waiting),
                "kv_cache_usage_perc": sched.kv_cache_manager.usage,
                "preemptions": len(out.preempted_request_ids)}
-        return StepResult(tokens, finished, row)
+        return StepResult(tokens, finished, row, loads)
 
     def _accepted(self, num_drafts: int) -> int:
         if num_drafts == 0 or self.spec_decode is None:

@@ -13,6 +13,8 @@ instances, one `RunResult` per run, as a measured run gives.
                                     # what the GPU's memory holds after the weights)
       max_model_len: 4096           # default: the model's max_position_embeddings
       acceptance_rate: 0.7          # speculative decoding: per-draft acceptance
+      # the cluster (sim/cluster.py): prefix_blocks, num_prefill / num_decode with
+      # kv_transfer: {link: 400gbe}, decode_policy, kv_offload: {num_cpu_blocks, link}
 
 The baseline and variant knobs map to the real `SchedulerConfig` and `CacheConfig` (the
 scheduler's own validation applies); `speculative_config` becomes the acceptance model
@@ -36,12 +38,15 @@ from workbench.harness.replay import CACHE_STATES, RunResult
 from workbench.harness.validity import Validity
 from workbench.harness.workloads import BenchRequest, Workload
 from workbench.sim.batch import CostModel
+from workbench.sim.cluster import CLUSTER_KEYS, CLUSTER_KNOBS, cluster_problems, cluster_spec
+from workbench.sim.connectors import SimConnector
+from workbench.sim.deploy import SimCluster, build_cluster, kv_bytes_per_token
 from workbench.sim.instance import SimInstance, SpecDecodeModel
-from workbench.sim.simulator import POLICIES, SimResult, simulate
+from workbench.sim.simulator import SimResult
 
-TARGET_KEYS = ("kind", "model", "tokenizer", "hardware", "profile", "num_instances",
-               "router_policy", "num_gpu_blocks", "max_model_len", "acceptance_rate",
-               "gpu_memory_utilization", "step_noise")
+TARGET_KEYS = ("kind", "model", "tokenizer", "hardware", "profile", "num_gpu_blocks",
+               "max_model_len", "acceptance_rate", "gpu_memory_utilization", "step_noise",
+               *CLUSTER_KEYS)
 ANALYTIC_STEP_NOISE = 0.02  # stated: an analytic profile has no measured spread
 SCHEDULER_KNOBS = tuple(f.name for f in dataclasses.fields(SchedulerConfig)
                         if f.name != "max_model_len")
@@ -51,7 +56,7 @@ PRICED_KNOBS = ("max_model_len", "tensor_parallel_size", "pipeline_parallel_size
 # knobs that change no scheduling decision and no modelled cost (a calibrated profile
 # measured them as they were): accepted, recorded
 NEUTRAL_KNOBS = ("seed", "enforce_eager", "attention_backend", "distributed_executor_backend")
-KNOBS = (*SCHEDULER_KNOBS, *CACHE_KNOBS, *PRICED_KNOBS, *NEUTRAL_KNOBS)
+KNOBS = (*SCHEDULER_KNOBS, *CACHE_KNOBS, *PRICED_KNOBS, *NEUTRAL_KNOBS, *CLUSTER_KNOBS)
 
 
 def problems(target: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:
@@ -66,13 +71,7 @@ def target_problems(target: Mapping[str, Any]) -> list[str]:
     if ("hardware" in target) == ("profile" in target):
         out.append("a simulated target needs exactly one of target.hardware (an analytic GPU "
                    "profile) or target.profile (a calibrated profile JSON)")
-    n = target.get("num_instances", 1)
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        out.append(f"target.num_instances ({n!r}) must be an integer >= 1")
-    policy = target.get("router_policy", "round_robin")
-    if policy not in POLICIES:
-        out.append(f"target.router_policy ({policy!r}) must be one of {list(POLICIES)}")
-    return out
+    return out + [f"target: {p}" for p in cluster_problems(target, {})]
 
 
 def config_problems(target: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:
@@ -83,6 +82,10 @@ def config_problems(target: Mapping[str, Any], config: Mapping[str, Any]) -> lis
     if spec is not None and "acceptance_rate" not in target:
         out.append("speculative_config needs target.acceptance_rate (the per-draft "
                    "acceptance probability the simulator draws with)")
+    if any(k in config for k in CLUSTER_KNOBS):
+        gpus = config.get("tensor_parallel_size", 1), config.get("pipeline_parallel_size", 1)
+        if all(isinstance(g, int) and not isinstance(g, bool) and g >= 1 for g in gpus):
+            out += cluster_problems(target, config, gpus[0] * gpus[1])
     return out
 
 
@@ -104,10 +107,11 @@ def tokenizer_name(target: Mapping[str, Any]) -> str:
 
 def build_cost_model(target: Mapping[str, Any], config: Mapping[str, Any]) -> CostModel:
     """The target's cost model: the calibrated profile, or the analytic one for its GPU."""
-    if "profile" in target:
+    if "profile" in target:  # a file, or auto: this machine's newest (profile_lookup.py)
         from workbench.sim.calibrated import CalibratedCostModel
+        from workbench.sim.profile_lookup import resolve_profile
 
-        return CalibratedCostModel.load(str(target["profile"]))
+        return CalibratedCostModel.load(resolve_profile(target, config))
     from workbench.sim.cost_model import AnalyticCostModel
     from workbench.sim.model_shapes import model_shape
 
@@ -205,7 +209,15 @@ def _cpu_engine_blocks(profile: Mapping[str, Any], config: Mapping[str, Any],
 
 def make_instances(target: Mapping[str, Any], config: Mapping[str, Any], repeat: int = 0
                    ) -> tuple[list[SimInstance], CostModel]:
-    """The target's instances for one run; `repeat` seeds their step noise and acceptance."""
+    """The target's instances for one run (colocated, or prefill then decode ones);
+    `repeat` seeds their step noise and acceptance."""
+    cluster, cost = make_cluster(target, config, repeat)
+    return cluster.all_instances, cost
+
+
+def make_cluster(target: Mapping[str, Any], config: Mapping[str, Any], repeat: int = 0
+                 ) -> tuple[SimCluster, CostModel]:
+    """The target's cluster for one run (`sim/cluster.py`, `sim/deploy.py`)."""
     bad = problems(target, config)
     if bad:
         raise ValueError("; ".join(bad))
@@ -216,16 +228,21 @@ def make_instances(target: Mapping[str, Any], config: Mapping[str, Any], repeat:
     blocks = num_gpu_blocks(target, config, cost, cc.block_size)
     spec_cfg = config.get("speculative_config")
     noise = step_noise(target, cost)
-    instances = []
-    for i in range(int(target.get("num_instances", 1))):
+    kvb = kv_bytes_per_token(cost)
+    gpus = int(config.get("tensor_parallel_size", 1)) * int(
+        config.get("pipeline_parallel_size", 1))
+    layout = cluster_spec(target, config, gpus, (kvb or 1) * cc.block_size, cc.block_size)
+
+    def make(name: str, i: int, connector: SimConnector | None) -> SimInstance:
         seed = 1000 * repeat + i
         spec = None
         if spec_cfg:
             spec = SpecDecodeModel(int(spec_cfg["num_speculative_tokens"]),
                                    float(target["acceptance_rate"]), seed=seed)
-        instances.append(SimInstance(f"instance{i}", sc, cc, blocks, cost, spec,
-                                     step_noise=noise, noise_seed=seed))
-    return instances, cost
+        return SimInstance(name, sc, cc, blocks, cost, spec, step_noise=noise,
+                           noise_seed=seed, connector=connector)
+
+    return build_cluster(layout, make, kvb, cc.block_size), cost
 
 
 def run_simulated(target: Mapping[str, Any], config: Mapping[str, Any], workload: Workload,
@@ -234,21 +251,21 @@ def run_simulated(target: Mapping[str, Any], config: Mapping[str, Any], workload
     """One simulated run, shaped as `harness.replay.run`'s result; `repeat` seeds it."""
     if cache_state not in CACHE_STATES:
         raise ValueError(f"cache_state ({cache_state!r}) must be one of {list(CACHE_STATES)}")
-    instances, cost = make_instances(target, config, repeat)
-    policy = str(target.get("router_policy", "round_robin"))
+    cluster, cost = make_cluster(target, config, repeat)
+    instances = cluster.all_instances
     if cache_state == "warm-prefix":  # every request once with max_tokens=1, unmeasured
         warm = Workload(workload.name, workload.seed, workload.params, tuple(
             BenchRequest(r.request_id, r.prompt_token_ids, 1) for r in workload.requests))
-        simulate(warm, ArrivalSpec(mode="closed", concurrency=1), instances, policy)
+        cluster.simulate(warm, ArrivalSpec(mode="closed", concurrency=1))
         for inst in instances:
             inst.reset_stats()
-    sim = simulate(workload, arrival, instances, policy)
+    sim = cluster.simulate(workload, arrival)
     return to_run_result(sim, workload, arrival, cache_state, {
         "kind": "simulated", "model": target.get("model", "bundled"),
-        "num_instances": len(instances), "router_policy": policy,
+        "num_instances": len(instances), **cluster.spec.describe(),
         "num_gpu_blocks": instances[0].scheduler.kv_cache_manager.block_pool.num_blocks,
         "step_noise": instances[0].step_noise, "repeat": repeat,
-        "cost_model": cost.describe()})
+        "routing_decisions": sim.decisions, "cost_model": cost.describe()})
 
 
 def to_run_result(sim: SimResult, workload: Workload, arrival: ArrivalSpec, cache_state: str,

@@ -13,6 +13,11 @@ runs of the same knob line up in one MLflow compare view. The keys are vLLM's kn
                           ramp_up_s, arrival_mode (mode), arrival_seed (seed)
     workload              workload (the fixture), workload_seed, workload_jsonl,
                           workload_name, and its params bare (num_requests, prefix_len, ...)
+    a trace workload      workload.trace.<key> (`trace_keys`): format, path, sha256 (the
+                          file's), every trace option with its default filled in (rate_scale,
+                          max_requests, start_s, duration_s, max_model_len, ...), num_requests
+                          (kept), records_read, dropped.<reason>; from the built workload
+                          when the caller has it, else the template's path, format and params
     everything else       as it was: cache_state, model, repeat, target.<field>
 
 Notebook parameters that name a knob differently are mapped at logging time (`NOTEBOOK`),
@@ -29,8 +34,11 @@ from typing import Any
 SPECULATIVE_FIELDS = {"num_speculative_tokens": "num_speculative_tokens",
                       "method": "speculative_method", "model": "speculative_model"}
 ARRIVALS = {"rate": "request_rate", "mode": "arrival_mode", "seed": "arrival_seed"}
+TRACE = "workload.trace."
 WORKLOAD = {"fixture": "workload", "seed": "workload_seed", "jsonl": "workload_jsonl",
-            "name": "workload_name"}
+            "name": "workload_name", "trace": TRACE + "path", "format": TRACE + "format"}
+# a built trace workload's params (harness/traces/build.py) -> their key after TRACE
+TRACE_RENAMED = {"file_sha256": "sha256"}
 # notebook parameter -> knob key (only the names that differ from the key)
 NOTEBOOK = {
     "baseline_budget": "max_num_batched_tokens",
@@ -72,20 +80,48 @@ def arrival_params(arrivals: Mapping[str, Any]) -> dict[str, Any]:
     return {ARRIVALS.get(k, k): v for k, v in arrivals.items()}
 
 
-def workload_params(workload: Mapping[str, Any]) -> dict[str, Any]:
+def trace_keys(built: Any) -> dict[str, Any]:
+    """A built trace workload's keys (`harness.traces`: `Workload.params` with source
+    "trace"): workload.trace.<format, path, sha256, each option, records_read, dropped> and
+    workload.trace.num_requests (the requests kept); {} for any other workload."""
+    params = getattr(built, "params", None)
+    if not isinstance(params, Mapping) or params.get("source") != "trace":
+        return {}
+    out: dict[str, Any] = {}
+    for k, v in params.items():
+        if k != "source":
+            out[TRACE + TRACE_RENAMED.get(str(k), str(k))] = v
+    out[TRACE + "num_requests"] = len(built.requests)
+    return out
+
+
+def workload_params(workload: Mapping[str, Any], built: Any = None) -> dict[str, Any]:
+    """A template's workload block as keys; a trace's (`trace` in it) under TRACE, from the
+    `built` workload when given (`trace_keys`: defaults, sha256, counts), else from the
+    block (path, format, params)."""
+    if "trace" in workload:
+        out = {WORKLOAD[k]: workload[k] for k in ("seed", "name") if k in workload}
+        from_built = trace_keys(built)
+        if from_built:
+            return {**out, **from_built}
+        out.update({WORKLOAD[k]: workload[k] for k in ("trace", "format") if k in workload})
+        out.update({TRACE + k: v for k, v in dict(workload.get("params") or {}).items()})
+        return out
     out = {WORKLOAD.get(k, k): v for k, v in workload.items() if k != "params"}
     out.update(dict(workload.get("params") or {}))
     return out
 
 
 def run_params(engine: Mapping[str, Any], workload: Mapping[str, Any],
-               arrivals: Mapping[str, Any], **rest: Any) -> dict[str, Any]:
-    """The params of one measured run: engine knobs, then arrivals, then workload, then
-    `rest` (cache_state, model, repeat, target ...). A later group never overwrites an
-    earlier key: a clash keeps the later one under its group (`arrivals.<k>`, `workload.<k>`)."""
+               arrivals: Mapping[str, Any], *, built: Any = None, **rest: Any
+               ) -> dict[str, Any]:
+    """The params of one measured run: engine knobs, then arrivals, then workload (`built`:
+    the workload the run replays, for a trace's resolved keys), then `rest` (cache_state,
+    model, repeat, target ...). A later group never overwrites an earlier key: a clash keeps
+    the later one under its group (`arrivals.<k>`, `workload.<k>`)."""
     out = dict(engine_params(engine))
     for group, params in (("arrivals", arrival_params(arrivals)),
-                          ("workload", workload_params(workload)), ("", rest)):
+                          ("workload", workload_params(workload, built)), ("", rest)):
         for k, v in params.items():
             out[k if k not in out else f"{group or 'run'}.{k}"] = v
     return out

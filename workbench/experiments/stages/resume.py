@@ -6,9 +6,9 @@
 is set RUNNING again and its FINISHED runs are kept (`kept_runs`); the rest is measured by
 `execute`. Otherwise a new parent run: tags (question, variable, workload checksum,
 hardware fingerprint, executor, template and git sha, the baseline's label, the driver),
-the template as params, and template.yaml, preflight.json, workload.json (nodes.json on a
-cluster) as artifacts. A parent whose previous experiment ran on other hardware is tagged
-`fingerprint_warning` (and warns).
+the template as params (and a trace workload's resolved `workload.trace.*` keys), and
+template.yaml, preflight.json, workload.json (nodes.json on a cluster) as artifacts. A parent
+whose previous experiment ran on other hardware is tagged `fingerprint_warning` (and warns).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from workbench.experiments.labels import value_label
 from workbench.experiments.run_record import RunRecord
 from workbench.experiments.stages.plan import Plan
 from workbench.experiments.template import Template
+from workbench.tracking.param_keys import trace_keys
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,8 @@ def _create(template: Template, store: Any, plan: Plan, executor_kind: str) -> s
         **resuming.driver_tags(),
     })
     store.set_description(parent, template.question)  # the UI's Description box
-    store.log_params(parent, {"template": template.raw})
+    store.log_params(parent, {"template": template.raw,  # a trace's workload.trace.* too
+                              **trace_keys(plan.replay.workload)})
     store.log_files(parent, {
         "template.yaml": yaml.safe_dump(template.raw, sort_keys=False),
         "preflight.json": json.dumps(plan.preflight, indent=2, default=str),
