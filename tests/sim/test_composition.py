@@ -9,13 +9,13 @@ from typing import Any
 import pytest
 
 from workbench.config import CacheConfig, SchedulerConfig
+from workbench.core.batch_composition import compose, compose_by_chunks
 from workbench.core.request import Request
 from workbench.core.sched.output import SchedulerOutput
 from workbench.harness.arrivals import ArrivalSpec
 from workbench.harness.workloads import BenchRequest, Workload
 from workbench.sim import instance as instance_module
 from workbench.sim.batch import BatchComposition
-from workbench.sim.composition import compose, compose_by_chunks
 from workbench.sim.instance import SimInstance, SpecDecodeModel
 from workbench.sim.simulator import simulate
 

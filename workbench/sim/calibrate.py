@@ -1,8 +1,13 @@
 """`workbench calibrate`: time this machine's engine on a designed set of batches and fit the
 calibrated cost model (`linear_fit.py`) to it; the profile goes to a JSON (`calibrated.py`).
 
-    workbench calibrate --model bundled [--out PATH] [--repeats 3] [--quick]
+    workbench calibrate --model bundled [--out PATH] [--repeats 3] [--quick] [--serving]
                         [--engine '{"max_num_batched_tokens": 256}']
+
+`--serving` times the steps where templates measure them instead (fixed workloads replayed
+through the in-process target; `calibrate_serving.py`): on a 2-core CPU the served steps are
+slower than offline ones, and that profile is the one a fidelity comparison should use.
+The offline design, below:
 
 The engine (`LLMEngine`, in-process, the model's dtype on CPU: float32) runs the phases of
 DESIGN one after the other; each phase adds its requests (random prompt token ids, greedy,
@@ -42,6 +47,7 @@ from typing import Any
 
 import numpy as np
 
+from workbench.core.batch_composition import Chunk, from_chunks
 from workbench.sim.batch import BatchComposition
 from workbench.sim.calibrated import (
     PROFILE_FORMAT,
@@ -49,7 +55,6 @@ from workbench.sim.calibrated import (
     default_profile_path,
     profile_key,
 )
-from workbench.sim.composition import Chunk, from_chunks
 from workbench.sim.linear_fit import TERMS, FitResult, fastest_per_batch, fit_step_times
 
 # The engine knobs calibration runs with unless told otherwise (prefix caching off: a
@@ -185,12 +190,7 @@ def calibrate_engine(engine: Any, model_name: str, knobs: Mapping[str, Any],
                      seed: int = 0) -> CalibratedCostModel:
     """Run the design on `engine` (an LLMEngine built with `knobs`) and fit; the profile is
     keyed by this machine and the engine's model shape (not yet written)."""
-    from workbench.config.compile_choice import model_key as shape_key
-    from workbench.platforms.cpu_info import cpu_model_name, machine_fingerprint
-    from workbench.sim.model_shapes import model_shape
-
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats ({repeats!r}) must be an integer >= 1")
+    _check_repeats(repeats)
     design = QUICK_DESIGN if quick else DESIGN
     from workbench.harness.watched import watched
 
@@ -200,24 +200,69 @@ def calibrate_engine(engine: Any, model_name: str, knobs: Mapping[str, Any],
     load_after = os.getloadavg()[0]
     distinct = fastest_per_batch(log.samples)
     fit = fit_step_times(distinct, heldout_fraction=heldout_fraction, seed=seed)
-    config = engine.config
+    return _profile_model(
+        engine.config, model_name, knobs, fit, distinct, validity, target="duration_s",
+        design={"mode": "offline", "quick": quick, "repeats": repeats, "seed": seed,
+                "phases": [p.name for p in design], "num_steps": len(log.samples),
+                "num_distinct_batches": len(distinct),
+                "load_average_1m": [load_before, load_after],
+                "skipped_preempted": log.skipped_preempted,
+                "skipped_mismatch": log.skipped_mismatch})
+
+
+def calibrate_serving(model_name: str, knobs: Mapping[str, Any], repeats: int = 1,
+                      quick: bool = False, heldout_fraction: float = 0.25, seed: int = 0
+                      ) -> CalibratedCostModel:
+    """Replay the serving design through the in-process target (`calibrate_serving.py`) and
+    fit on every kept step's interval; keyed like `calibrate_engine`'s profile."""
+    from workbench.harness.watched import watched
+    from workbench.sim.calibrate_serving import (
+        QUICK_SERVING_DESIGN,
+        SERVING_DESIGN,
+        collect_serving_steps,
+    )
+
+    _check_repeats(repeats)
+    design = QUICK_SERVING_DESIGN if quick else SERVING_DESIGN
+    load_before = os.getloadavg()[0]
+    (steps, config), validity = watched(
+        lambda: collect_serving_steps(model_name, knobs, design, repeats=repeats, seed=seed),
+        "workbench calibrate --serving")
+    load_after = os.getloadavg()[0]
+    fit = fit_step_times(steps.samples, heldout_fraction=heldout_fraction, seed=seed)
+    return _profile_model(
+        config, model_name, knobs, fit, steps.samples, validity, target="step_interval_s",
+        design={"mode": "serving", "quick": quick, "repeats": repeats, "seed": seed,
+                "runs": [r.describe() for r in design], "num_steps": len(steps.samples),
+                "idle_gap_s": steps.idle_gap_s,
+                "load_average_1m": [load_before, load_after],
+                "skipped_preempted": steps.skipped_preempted,
+                "skipped_empty": steps.skipped_empty})
+
+
+def _check_repeats(repeats: Any) -> None:
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise ValueError(f"repeats ({repeats!r}) must be an integer >= 1")
+
+
+def _profile_model(config: Any, model_name: str, knobs: Mapping[str, Any], fit: FitResult,
+                   steps: Sequence[tuple[BatchComposition, float]], validity: Any, *,
+                   target: str, design: Mapping[str, Any]) -> CalibratedCostModel:
+    """The profile of a fit on `config`'s engine, keyed by this machine and the model shape."""
+    from workbench.config.compile_choice import model_key as shape_key
+    from workbench.platforms.cpu_info import cpu_model_name, machine_fingerprint
+    from workbench.sim.model_shapes import model_shape
+
     hf_config: dict[str, Any] = config.model_config.hf_config
     dtype = str(config.torch_dtype_name)
     engine_info = {**knobs, "dtype": dtype, "compilation": config.compilation.describe(),
                    "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens}
     profile = build_profile(
         fingerprint=machine_fingerprint(), cpu=cpu_model_name(), device=str(config.device),
-        model_name=model_name,
-        model_key=shape_key(hf_config, dtype),
+        model_name=model_name, model_key=shape_key(hf_config, dtype),
         shape={**model_shape(hf_config).as_dict(), "name": model_name}, engine=engine_info,
-        fit=fit,
-        design={"quick": quick, "repeats": repeats, "seed": seed,
-                "phases": [p.name for p in design], "num_steps": len(log.samples),
-                "num_distinct_batches": len(distinct),
-                "load_average_1m": [load_before, load_after],
-                "skipped_preempted": log.skipped_preempted,
-                "skipped_mismatch": log.skipped_mismatch},
-        steps=distinct)
+        fit=fit, design=design, steps=steps)
+    profile["target"] = target
     profile["validity"] = {"valid": validity.valid, "reasons": list(validity.reasons),
                            "other_cpu_share": validity.other_cpu_share,
                            "max_other_cpu_share": validity.max_other_cpu_share}
@@ -226,18 +271,27 @@ def calibrate_engine(engine: Any, model_name: str, knobs: Mapping[str, Any],
 
 def calibrate(model: str = "bundled", out: str | Path | None = None, repeats: int = 3,
               quick: bool = False, engine_kwargs: Mapping[str, Any] | None = None,
-              heldout_fraction: float = 0.25, seed: int = 0
+              heldout_fraction: float = 0.25, seed: int = 0, serving: bool = False
               ) -> tuple[CalibratedCostModel, Path]:
-    """Build the engine (ENGINE_DEFAULTS under `engine_kwargs`), `calibrate_engine`, write the
-    profile (default: `default_profile_path` of its key); returns the model and the path."""
+    """Build the engine (ENGINE_DEFAULTS under `engine_kwargs`), calibrate it offline
+    (`calibrate_engine`) or on the serving path (`serving=True`, `calibrate_serving`), write
+    the profile (default: `default_profile_path` of its key, "-serving" before the suffix
+    for a serving profile); returns the model and the path."""
     from workbench.engine.llm import LLM
 
     knobs = {**ENGINE_DEFAULTS, **(engine_kwargs or {})}
-    with LLM(model, **knobs) as llm:
-        cost_model = calibrate_engine(llm.engine, model, knobs, repeats=repeats, quick=quick,
-                                      heldout_fraction=heldout_fraction, seed=seed)
-    path = cost_model.save(out if out is not None else default_profile_path(
-        str(cost_model.profile["key"]), model))
+    if serving:
+        cost_model = calibrate_serving(model, knobs, repeats=repeats, quick=quick,
+                                       heldout_fraction=heldout_fraction, seed=seed)
+    else:
+        with LLM(model, **knobs) as llm:
+            cost_model = calibrate_engine(llm.engine, model, knobs, repeats=repeats,
+                                          quick=quick, heldout_fraction=heldout_fraction,
+                                          seed=seed)
+    if out is None:
+        path = default_profile_path(str(cost_model.profile["key"]), model)
+        out = path.with_name(path.stem + "-serving.json") if serving else path
+    path = cost_model.save(out)
     cost_model.path = str(path)
     return cost_model, path
 
@@ -252,12 +306,16 @@ def build_parser() -> argparse.ArgumentParser:
                     "<model>-<key hash>.json in $WORKBENCH_SIM_PROFILE_DIR, else "
                     "$WORKBENCH_CACHE_DIR/sim_profiles: where a simulated target's "
                     "`profile: auto` looks)")
-    ap.add_argument("--repeats", type=int, default=3, help="times the design runs; each "
-                    "distinct batch keeps its fastest time (default 3)")
+    ap.add_argument("--repeats", type=int, default=None, help="times the design runs; "
+                    "offline, each distinct batch keeps its fastest time (default 3; "
+                    "--serving: 1)")
     ap.add_argument("--quick", action="store_true", help="the small design (a smoke run)")
     ap.add_argument("--heldout-fraction", type=float, default=0.25,
                     help="share of steps held out to measure the fit (default 0.25)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--serving", action="store_true", help="time the steps on the serving "
+                    "path (fixed workloads replayed through the in-process target, as "
+                    "templates measure) instead of offline; --repeats then defaults to 1")
     ap.add_argument("--engine", default=None, metavar="JSON",
                     help="engine knobs over the defaults, e.g. '{\"enforce_eager\": true}'")
     return ap
@@ -273,9 +331,11 @@ def main(argv: list[str] | None = None) -> None:
             raise ValueError(f"--engine must be a JSON object: {e}") from None
         if not isinstance(engine_kwargs, dict):
             raise ValueError(f"--engine must be a JSON object; got {args.engine!r}")
-    model, path = calibrate(args.model, args.out, repeats=args.repeats, quick=args.quick,
+    repeats = args.repeats if args.repeats is not None else (1 if args.serving else 3)
+    model, path = calibrate(args.model, args.out, repeats=repeats, quick=args.quick,
                             engine_kwargs=engine_kwargs,
-                            heldout_fraction=args.heldout_fraction, seed=args.seed)
+                            heldout_fraction=args.heldout_fraction, seed=args.seed,
+                            serving=args.serving)
     fit = model.profile["fit"]
     print(f"calibrated {args.model} on {model.profile['hardware']['cpu']}: "
           f"{fit['num_train']} training steps ({fit['num_outliers']} outliers dropped), "

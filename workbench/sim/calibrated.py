@@ -10,7 +10,7 @@ simulated target's `profile: auto` looks for it (`profile_lookup.py`):
      "hardware": {"fingerprint": ..., "cpu": ..., "device": "cpu"},
      "model": {"name": ..., "shape": {...ModelShape}},
      "engine": {the engine knobs it ran with},
-     "target": "duration_s",
+     "target": "duration_s" (offline design) | "step_interval_s" (--serving),
      "terms": [...TERMS], "coefficients_s": {term: seconds per unit},
      "fit": {FitResult.as_dict()}, "design": {...},
      "validity": {"valid": .., "reasons": [..], "other_cpu_share": .., ...},

@@ -29,13 +29,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workbench.config import CacheConfig, SchedulerConfig
+from workbench.core.batch_composition import compose
 from workbench.core.outputs import ModelRunnerOutput
 from workbench.core.request import Request, RequestStatus
 from workbench.core.sched.output import SchedulerOutput
 from workbench.core.sched.scheduler import Scheduler
 from workbench.distributed.kv_transfer.metadata import KVConnectorOutput
 from workbench.sim.batch import BatchComposition, CostModel
-from workbench.sim.composition import compose
 from workbench.sim.connectors import Load, SimConnector
 
 SIM_TOKEN = 7  # every simulated token: no model, and requests ignore EOS

@@ -114,10 +114,12 @@ def _read(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) and data.get("format") == PROFILE_FORMAT else None
 
 
-def _rank(profile: Mapping[str, Any], path: Path) -> tuple[bool, str, str]:
-    """Undisturbed first, then the newest, then the file name (a stable order)."""
+def _rank(profile: Mapping[str, Any], path: Path) -> tuple[bool, bool, str, str]:
+    """Undisturbed first, then one timed on the serving path (`calibrate --serving`: where
+    templates measure), then the newest, then the file name (a stable order)."""
     valid = _mapping(profile.get("validity")).get("valid") is not False
-    return valid, str(profile.get("created") or ""), path.name
+    serving = _mapping(profile.get("design")).get("mode") == "serving"
+    return valid, serving, str(profile.get("created") or ""), path.name
 
 
 def find_profile(query: ProfileQuery, directory: str | Path | None = None,
@@ -126,7 +128,7 @@ def find_profile(query: ProfileQuery, directory: str | Path | None = None,
     a UserError (module docstring) naming `target.profile` as `requested`."""
     folder = Path(directory) if directory is not None else profile_dir()
     files = sorted(folder.glob("*.json")) if folder.is_dir() else []
-    best: tuple[tuple[bool, str, str], Path] | None = None
+    best: tuple[tuple[bool, bool, str, str], Path] | None = None
     others = not_profiles = 0
     for path in files:
         profile = _read(path)

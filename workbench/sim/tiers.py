@@ -125,13 +125,10 @@ class CPUTierConnector(SimConnector):
             extend_block_hashes(sha256_hash_fn, st.hashes, req.all_token_ids, bs, full,
                                 req.cache_salt)
             for j in range(st.num_stored, full):
-                key = st.hashes[j]
-                if self.host.holds(key):
-                    self.host.touch(key)
-                    continue
-                slot = self.host.allocate(key)
-                if slot is None:
+                slot, skipped = self.host.admit(st.hashes[j])
+                if skipped:
                     self._count("workbench:kv_offload_store_skipped", 1)
+                if slot is None:
                     continue
                 self._pending.append(slot)
                 nbytes = bs * self.kv_bytes_per_token

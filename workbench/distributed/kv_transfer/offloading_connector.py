@@ -235,12 +235,10 @@ class OffloadingConnector(KVConnectorBase_V1):
             block_ids = st.block_ids
             for j in range(st.num_stored, full):
                 key = st.hashes[j]
-                if self.host.holds(key):
-                    self.host.touch(key)
-                    continue
-                slot = self.host.allocate(key)
-                if slot is None:
+                slot, skipped = self.host.admit(key)
+                if skipped:
                     self._count("workbench:kv_offload_store_skipped", 1)
+                if slot is None:
                     continue
                 step_slots.append(slot)
                 disk_key = key.hex() if self.disk is not None and not self.disk.holds(key) \

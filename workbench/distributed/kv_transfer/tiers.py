@@ -83,6 +83,16 @@ class HostTier:
         self._pending.add(slot)
         return slot
 
+    def admit(self, key: bytes) -> tuple[int | None, bool]:
+        """A store of block `key` offered to the tier: (the new pending slot to fill, or None,
+        and whether it was skipped for want of room). A key already held is touched (kept
+        recent) and needs no store."""
+        if self.holds(key):
+            self.touch(key)
+            return None, False
+        slot = self.allocate(key)
+        return slot, slot is None
+
     def complete(self, slots: list[int], ok: bool = True) -> None:
         """Stores done: the slots become loadable (or, failed, are dropped)."""
         for slot in slots:

@@ -1,18 +1,59 @@
-"""The `BatchComposition` of one scheduler step, read from the real scheduler's decision.
+"""What one engine step computes (`BatchComposition`), read from the real scheduler's decision.
 
-Called between `Scheduler.schedule()` and `update_from_output()`: the requests'
-`num_computed_tokens` are still the tokens computed before this step, which is what the
-attention terms need (see workbench/sim/batch.py for each field's definition).
+The engine records it in every step's row (so a calibration can fit a cost model to steps
+timed on the serving path itself) and the simulator prices it with a cost model
+(workbench/sim/batch.py). `compose` is called between `Scheduler.schedule()` and
+`update_from_output()`: the requests' `num_computed_tokens` are still the tokens computed
+before this step, which is what the attention terms need.
+
+Definitions (per step, over the scheduled requests; a request is "prefill" while its
+computed tokens are below its prompt length, else "decode"):
+- `prefill_tokens`: new prompt tokens computed this step (chunked prefill: the chunk sizes).
+- `prefill_attn_pairs`: query-key pairs the prefill chunks attend, causal:
+  sum over chunks of `n * computed + n * (n + 1) / 2` (n: the chunk, computed: tokens before
+  it, prefix-cache hits included).
+- `decode_tokens`: tokens decoded this step (1 per decoding request, `1 + k` when verifying
+  k draft tokens).
+- `decode_context_tokens`: KV tokens the decode queries read (each decoding request's
+  context length, computed tokens before this step plus its new tokens).
+- `num_seqs`: requests in the step; `sampled_rows`: rows the sampler draws from (one per
+  request whose prefill completes or that decodes, plus one per draft token verified);
+  `draft_tokens`: draft tokens verified this step.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from workbench.core.request import Request
 from workbench.core.sched.output import SchedulerOutput
-from workbench.sim.batch import BatchComposition
+
+
+@dataclass(frozen=True)
+class BatchComposition:
+    """One engine step's work (see the module docstring for each field)."""
+
+    prefill_tokens: int = 0
+    prefill_attn_pairs: int = 0
+    decode_tokens: int = 0
+    decode_context_tokens: int = 0
+    num_seqs: int = 0
+    sampled_rows: int = 0
+    draft_tokens: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("prefill_tokens", "prefill_attn_pairs", "decode_tokens",
+                     "decode_context_tokens", "num_seqs", "sampled_rows", "draft_tokens"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"BatchComposition {name} ({v!r}) must be an integer >= 0")
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens through the model's GEMMs this step."""
+        return self.prefill_tokens + self.decode_tokens
 
 
 class Chunk(NamedTuple):
@@ -28,7 +69,7 @@ class Chunk(NamedTuple):
 
 
 def from_chunks(chunks: Iterable[Chunk]) -> BatchComposition:
-    """The step's BatchComposition (field definitions: workbench/sim/batch.py)."""
+    """The step's BatchComposition (field definitions: the module docstring)."""
     prefill = pairs = decode = context = sampled = drafts = seqs = 0
     for c in chunks:
         seqs += 1
