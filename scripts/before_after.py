@@ -1,6 +1,7 @@
 """The engine's speed before and after a change of structure, side by side on one machine.
 
-    python scripts/before_after.py [--before REV] [--repeats 3] [--offline-runs 3]
+    python scripts/before_after.py [--before REV] [--after REV] [--repeats 3]
+                                   [--offline-runs 3]
 
 Checks `REV` out into a temporary git worktree and runs, alternating the order every
 repeat (before/after, then after/before), in fresh processes with the same interpreter:
@@ -58,18 +59,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--before", default="2080a88", help="the revision to compare against")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--offline-runs", type=int, default=3)
+    ap.add_argument("--after", default=None, help="a revision for the after side (default: "
+                    "this working tree, uncommitted changes included)")
     args = ap.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="wb_before_"))
     before = tmp / "tree"
     subprocess.run(["git", "worktree", "add", "--detach", str(before), args.before], cwd=ROOT,
                    check=True, capture_output=True)
+    after = ROOT
+    if args.after is not None:
+        after = tmp / "after"
+        subprocess.run(["git", "worktree", "add", "--detach", str(after), args.after],
+                       cwd=ROOT, check=True, capture_output=True)
     rows: dict[str, dict[str, list[float]]] = {"before": {}, "after": {}}
     disturbed = {"before": 0, "after": 0}
     try:
         for i in range(args.repeats):
             order = ("before", "after") if i % 2 == 0 else ("after", "before")
             for side in order:
-                root = before if side == "before" else ROOT
+                root = before if side == "before" else after
                 got = run_side(root, args.offline_runs, tmp / f"{side}{i}.json")
                 print(f"repeat {i + 1} {side}: {got}", flush=True)
                 for key, value in got.items():
@@ -78,9 +86,11 @@ def main(argv: list[str] | None = None) -> int:
                     else:
                         rows[side].setdefault(key, []).append(value)
     finally:
-        subprocess.run(["git", "worktree", "remove", "--force", str(before)], cwd=ROOT,
-                       check=False, capture_output=True)
-    print(f"\n| figure | before ({args.before}) | after (HEAD) | after / before |")
+        for tree in {before, after} - {ROOT}:
+            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT,
+                           check=False, capture_output=True)
+    print(f"\n| figure | before ({args.before}) | after ({args.after or 'working tree'}) | "
+          "after / before |")
     print("|---|---:|---:|---:|")
     for key in ("sched_median_ms", "offline_output_tok_s", "single_ms_per_token"):
         b, a = rows["before"].get(key, []), rows["after"].get(key, [])

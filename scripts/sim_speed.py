@@ -59,7 +59,8 @@ def workload(num_requests: int, seed: int = 0) -> Any:
     return Workload("sim-speed", seed, {"num_requests": num_requests}, reqs)
 
 
-def one(instances: int, rate: float, seconds: float) -> dict[str, Any]:
+def one(instances: int, rate: float, seconds: float, keep_trace: bool = True
+        ) -> dict[str, Any]:
     """One run in this process: its figures (printed as one JSON line by --one)."""
     from workbench.harness.arrivals import ArrivalSpec
     from workbench.harness.watched import watched
@@ -74,15 +75,16 @@ def one(instances: int, rate: float, seconds: float) -> dict[str, Any]:
 
     def run() -> Any:
         t0, c0 = time.perf_counter(), _cpu_s()
-        res = simulate(wl, arrival, sims, "least_outstanding")
+        res = simulate(wl, arrival, sims, "least_outstanding", keep_step_trace=keep_trace)
         box["wall_s"], box["cpu_s"] = time.perf_counter() - t0, _cpu_s() - c0
         return res
 
     res, validity = watched(run, "sim-speed", max_other_cpu_share=None)
     wall = box["wall_s"]
-    steps = len(res.step_trace)
+    steps = sum(inst.steps for inst in sims)
     ok = sum(r.success for r in res.records)
     return {"instances": instances, "rate": rate, "seconds": seconds, "requests": n,
+            "step_trace": keep_trace,
             "succeeded": ok, "steps": steps, "simulated_s": res.duration_s, "wall_s": wall,
             "requests_per_wall_s": n / wall, "steps_per_wall_s": steps / wall,
             "simulated_s_per_wall_s": res.duration_s / wall,
@@ -96,9 +98,11 @@ def _cpu_s() -> float:
     return use.ru_utime + use.ru_stime
 
 
-def child(instances: int, rate: float, seconds: float) -> dict[str, Any]:
+def child(instances: int, rate: float, seconds: float, keep_trace: bool = True
+          ) -> dict[str, Any]:
     proc = subprocess.run([sys.executable, __file__, "--one", str(instances), str(rate),
-                           str(seconds)], capture_output=True, text=True, check=False)
+                           str(seconds), *(() if keep_trace else ("--no-step-trace",))],
+                          capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise SystemExit(f"sim_speed: the run {instances} x {rate} req/s x {seconds} s "
                          f"failed:\n{proc.stderr[-2000:]}")
@@ -125,9 +129,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="the share of the hour the largest run simulates (1.0: all of it); "
                          "below 1 it runs at the scale and twice it and extrapolates")
     ap.add_argument("--out", help="write every figure as JSON")
+    ap.add_argument("--no-step-trace", action="store_true",
+                    help="the largest run (and --one) without the per-step trace "
+                         "(simulate(keep_step_trace=False)): its memory is then the requests'")
     args = ap.parse_args(argv)
     if args.one:
-        print(json.dumps(one(int(args.one[0]), args.one[1], args.one[2])))
+        print(json.dumps(one(int(args.one[0]), args.one[1], args.one[2],
+                             keep_trace=not args.no_step_trace)))
         return 0
     if not 0 < args.largest_scale <= 1:
         raise SystemExit(f"--largest-scale ({args.largest_scale}) must be in (0, 1]")
@@ -138,12 +146,12 @@ def main(argv: list[str] | None = None) -> int:
         print(line(r), flush=True)
     inst, rate, hour = LARGEST
     if args.largest_scale >= 1:
-        r = child(inst, rate, hour)
+        r = child(inst, rate, hour, keep_trace=not args.no_step_trace)
         figures["largest"] = {"measured": r}
         print(line(r, "largest, measured: "))
     else:
-        a = child(inst, rate, hour * args.largest_scale)
-        b = child(inst, rate, hour * args.largest_scale * 2)
+        a = child(inst, rate, hour * args.largest_scale, keep_trace=not args.no_step_trace)
+        b = child(inst, rate, hour * args.largest_scale * 2, keep_trace=not args.no_step_trace)
         for r in (a, b):
             print(line(r, "largest, scaled: "), flush=True)
         est = {}

@@ -154,6 +154,17 @@ def test_the_same_inputs_give_the_same_records() -> None:
     assert run() == run()
 
 
+def test_without_the_step_trace_the_records_are_the_same() -> None:
+    wl = _wl(*[_req(f"r{i}", 20 + i, 3 + i % 4, base=1000 * i) for i in range(12)])
+    arrival = ArrivalSpec(mode="poisson", rate=500.0, seed=3)
+    kept = simulate(wl, arrival, [_inst("i0"), _inst("i1")], "least_outstanding")
+    insts = [_inst("i0"), _inst("i1")]
+    dropped = simulate(wl, arrival, insts, "least_outstanding", keep_step_trace=False)
+    assert dropped.step_trace == [] and len(kept.step_trace) == sum(i.steps for i in insts)
+    assert [(r.start_s, r.end_s, r.chunk_times_s) for r in dropped.records] == \
+        [(r.start_s, r.end_s, r.chunk_times_s) for r in kept.records]
+
+
 def test_bad_policy_and_bad_instances_are_refused() -> None:
     with pytest.raises(ValueError, match=r"policy \('random'\) must be one of"):
         simulate(_wl(_req("a", 16, 2)), BURST, [_inst()], policy="random")

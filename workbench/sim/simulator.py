@@ -75,8 +75,10 @@ def simulate(workload: Workload, arrival: ArrivalSpec, instances: Sequence[SimIn
              policy: str = "round_robin", *, prefix_blocks: int = 4,
              decode_instances: Sequence[SimInstance] = (),
              decode_policy: str = "least_outstanding",
-             kv_link: KVLink | None = None) -> SimResult:
-    """Run `workload` under `arrival` on `instances` (see the module docstring)."""
+             kv_link: KVLink | None = None, keep_step_trace: bool = True) -> SimResult:
+    """Run `workload` under `arrival` on `instances` (see the module docstring).
+    `keep_step_trace=False`: no per-step rows in the result (a long run's memory is almost
+    all its step trace: ~0.8 KiB a step)."""
     if not instances:
         raise ValueError("simulate needs at least one SimInstance")
     if decode_instances:
@@ -92,13 +94,15 @@ def simulate(workload: Workload, arrival: ArrivalSpec, instances: Sequence[SimIn
                 raise ValueError(f"simulate: decode instance {inst.name} needs a "
                                  "ConsumerConnector")
     return _Run(workload, arrival, list(instances), policy, prefix_blocks,
-                list(decode_instances), decode_policy, kv_link).run()
+                list(decode_instances), decode_policy, kv_link, keep_step_trace).run()
 
 
 class _Run:
     def __init__(self, workload: Workload, arrival: ArrivalSpec, front: list[SimInstance],
                  policy: str, prefix_blocks: int, back: list[SimInstance],
-                 decode_policy: str, kv_link: KVLink | None) -> None:
+                 decode_policy: str, kv_link: KVLink | None,
+                 keep_step_trace: bool = True) -> None:
+        self.keep_step_trace = keep_step_trace
         self.front, self.back, self.all = front, back, front + back
         bs = front[0].scheduler.kv_cache_manager.block_size
         self.router = SimRouter(front, policy, block_size=bs, prefix_blocks=prefix_blocks)
@@ -183,7 +187,8 @@ class _Run:
 
     def _step_done(self, k: int, step: StepResult) -> None:
         now = self.now
-        self.trace.append(step.row)
+        if self.keep_step_trace:
+            self.trace.append(step.row)
         prefill_leg = bool(self.back) and k < len(self.front)
         if not prefill_leg:  # a prefill leg's token is not streamed to the client
             for rid, n in step.tokens.items():
