@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
 .PHONY: venv demo demo-engine test test-cluster test-full lint notebooks notebooks-docs bench bench-avx2 bench-decode \
-	bench-sched bench-spec peer-vllm peer-vidur screenshots clean
+	bench-sched bench-spec peer-vllm peer-vidur peer-kvpress screenshots clean needle-model
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,11 @@ demo: $(STAMP)
 # Generate from the bundled checkpoint and print an engine report.
 demo-engine: $(STAMP)
 	$(BIN)/python -m workbench.demo
+
+# Fine-tune demo-target into workbench/assets/demo-needle, the passkey model the KV quality
+# gate runs on (seeded, fp32, one thread, ~15 minutes on 2 cores; docs/kv_compression.md).
+needle-model: $(STAMP)
+	$(BIN)/python -m workbench.testing.needle_model build --seed 0
 
 test: $(STAMP)
 	$(BIN)/ruff check .
@@ -88,6 +93,11 @@ peer-vllm:
 # Its wheel has no operator profiles: VIDUR_DATA=<a git clone of microsoft/vidur>/data.
 peer-vidur:
 	VIDUR_DATA="$(VIDUR_DATA)" bash scripts/peer_vidur.sh
+
+# NVIDIA's kvpress (pip kvpress 0.5.5) in .peers/kvpress, the KV-compression peer
+# (scripts/kvpress_compare.py, docs/kv_compression_peer.md).
+peer-kvpress:
+	bash scripts/peer_kvpress.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

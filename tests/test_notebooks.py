@@ -63,7 +63,7 @@ def test_every_notebook_is_tested() -> None:
                      "05_saturation.ipynb", "06_compare_runs.ipynb",
                      "07_speculative_decoding.ipynb", "08_quantization.ipynb",
                      "09_tp_vs_replicas.ipynb", "10_routing.ipynb", "11_kv_offload.ipynb",
-                     "12_pd_disaggregation.ipynb"}
+                     "12_pd_disaggregation.ipynb", "13_kv_compression.ipynb"}
 
 
 # --------------------------------------------------------------------------- py <-> ipynb pairs
@@ -351,7 +351,7 @@ def test_papermill_stops_at_a_bad_parameter_naming_it(tmp_path: Path) -> None:
     ("List(min_len=0)", (1,), "a list"),
     ("Bool()", 1, "True or False"),
     ("Dict()", [], "a dict"),
-    ("Model()", "dem", "a local model folder or one of bundled, demo, demo-draft "
+    ("Model()", "dem", "a local model folder or one of bundled, demo, demo-draft, needle "
                        "(did you mean 'demo'?)"),
     ("Fixture()", "long_prefill", "one of balanced-chat, long-decode, long-prefill, "
                                   "long_doc_qa, multi_turn_chat, repetitive, shared-prefix "

@@ -45,6 +45,9 @@ parses its flags (`workbench <verb> --help`). `workbench --help` lists the verbs
                     pd,roofline} [...]
     workbench preflight [--json] [--out F] [--compare OLD.json]
     workbench demo-engine [...]      generate from the bundled checkpoint, print a report
+    workbench needle [--model needle] [--engine JSON] [--lengths N ...] [--depths D ...]
+                     [--export CASES.jsonl]
+                                     passkey accuracy grid (depth x length) through the engine
     workbench ui [--port 5000] [--tracking-uri URI]
                                      the MLflow UI on the store, bound to 127.0.0.1
 
@@ -268,6 +271,8 @@ COMMANDS: dict[str, tuple[str, Callable[[list[str]], None]]] = {
                   _lazy("workbench.platforms.preflight")),
     "demo-engine": ("generate from the bundled checkpoint, print a report",
                     _lazy("workbench.demo")),
+    "needle": ("passkey retrieval accuracy by depth x length (the KV quality gate's task)",
+               _lazy("workbench.experiments.needle")),
     "ui": ("the MLflow UI on ./mlruns at 127.0.0.1:5000 (Ctrl-C stops it)",
            _lazy("workbench.tracking.ui")),
 }

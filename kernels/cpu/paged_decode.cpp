@@ -23,6 +23,16 @@
 // Items are handed out longest first from an atomic counter inside one at::parallel_for,
 // so threads come from (and are counted by) torch's own OpenMP pool.
 //
+// KIVI low-bit KV (`paged_decode_kivi`, kv_cache_dtype int8 / int4 / int2; formats in
+// kernels/quant/kv_kivi.py): a block whose slot_of[block] >= 0 is still full precision and its
+// rows are read from the residual pool [slots, bs, Hkv, D] (query dtype) at that slot; any
+// other block is dequantized row by row as it is read, x = q * scale + zero in fp32, with keys'
+// scale / zero per (block, head, channel) [blocks, Hkv, D] and values' per (block, token,
+// head, group of D / NG channels) [blocks, bs, Hkv, NG]; codes [blocks, bs, Hkv, D * bits / 8]
+// uint8, 8 / bits per byte, lowest bits first. A chunk's rows are dequantized once into an
+// fp32 buffer (codes through a per-byte table; a block's key scales converted once) and then
+// scored for all G heads (attend_kivi; portable loops, no transposed SIMD scoring yet).
+//
 // Only light headers (not <torch/extension.h>, which alone takes ~30 s to parse): the caller
 // allocates every tensor, the kernel just reads and writes data pointers.
 
@@ -113,6 +123,22 @@ struct Params {
   float* part_l;
   float* part_acc;
   int64_t max_splits;
+  // KIVI (paged_decode_kivi): codes, fp16 scales / zeros, the residual pool and slot_of
+  bool kivi;
+  int64_t bits, group;  // bits per code; value channels per scale / zero
+  const uint8_t* kc;
+  const uint8_t* vc;
+  int64_t c_sb, c_st, c_sh;  // code strides (bytes): block, token, head
+  const c10::Half* ks;
+  const c10::Half* kz;
+  int64_t ks_sb, ks_sh;  // key scale / zero strides: block, head (channels contiguous)
+  const c10::Half* vs;
+  const c10::Half* vz;
+  int64_t vs_sb, vs_st, vs_sh;  // value scale / zero strides: block, token, head
+  const void* rk;
+  const void* rv;
+  int64_t r_sb, r_st, r_sh;  // residual strides: slot, token, head
+  const int64_t* slot_of;
 };
 
 struct Item {
@@ -302,6 +328,122 @@ void attend(const Params& p, const Item& it, const float* __restrict qs, float* 
   }
 }
 
+// Codes of one row (d values, 8 / BITS per byte, lowest bits first) as fp32 in dst: a byte
+// at a time through a 256-entry table of its PER values (int4 / int2), or a plain widening.
+template <int BITS>
+inline void unpack_row(const uint8_t* __restrict c, float* __restrict dst, int64_t d) {
+  constexpr int PER = 8 / BITS;
+  if constexpr (PER == 1) {
+#pragma omp simd
+    for (int64_t i = 0; i < d; ++i) dst[i] = static_cast<float>(c[i]);
+  } else {
+    static const std::vector<float> lut = [] {
+      std::vector<float> t(256 * PER);
+      for (int b = 0; b < 256; ++b)
+        for (int k = 0; k < PER; ++k)
+          t[b * PER + k] = static_cast<float>((b >> (BITS * k)) & ((1 << BITS) - 1));
+      return t;
+    }();
+    const float* tab = lut.data();
+    for (int64_t j = 0; j < d / PER; ++j) {
+      const float* e = tab + c[j] * PER;
+      for (int k = 0; k < PER; ++k) dst[j * PER + k] = e[k];
+    }
+  }
+}
+
+inline void unpack_codes(int64_t bits, const uint8_t* c, float* dst, int64_t d) {
+  if (bits == 8) return unpack_row<8>(c, dst, d);
+  if (bits == 4) return unpack_row<4>(c, dst, d);
+  unpack_row<2>(c, dst, d);
+}
+
+// K (key = true) or V rows of context positions [t0, t0 + len) of item `it` as fp32 in
+// rows[(t - t0) * d, ...]: a block holding a residual slot is copied from the residual;
+// any other block's codes are dequantized, q * scale + zero, its key scale / zero converted
+// once per block (sz: 2 * d floats of scratch), a value's once per group.
+template <typename T>
+void kivi_rows(const Params& p, const Item& it, int64_t t0, int64_t len, bool key,
+               float* __restrict rows, float* __restrict sz) {
+  const int64_t d = p.d, bs = p.bs, head = it.head;
+  const int64_t* bt = p.tables + it.seq * p.t_s0;
+  for (int64_t t = t0; t < t0 + len;) {
+    const int64_t off = t % bs, cnt = std::min(bs - off, t0 + len - t);
+    const int64_t block = bt[t / bs];
+    const int64_t slot = p.slot_of[block];
+    float* dst = rows + (t - t0) * d;
+    if (slot >= 0) {
+      const T* r = static_cast<const T*>(key ? p.rk : p.rv) + slot * p.r_sb + off * p.r_st +
+                   head * p.r_sh;
+      for (int64_t j = 0; j < cnt; ++j, r += p.r_st, dst += d)
+        for (int64_t i = 0; i < d; ++i) dst[i] = to_float(r[i]);
+      t += cnt;
+      continue;
+    }
+    const uint8_t* c = (key ? p.kc : p.vc) + block * p.c_sb + off * p.c_st + head * p.c_sh;
+    if (key) {
+      const c10::Half* ks = p.ks + block * p.ks_sb + head * p.ks_sh;
+      const c10::Half* kz = p.kz + block * p.ks_sb + head * p.ks_sh;
+      float* sf = sz;
+      float* zf = sz + d;
+      for (int64_t i = 0; i < d; ++i) {
+        sf[i] = static_cast<float>(ks[i]);
+        zf[i] = static_cast<float>(kz[i]);
+      }
+      for (int64_t j = 0; j < cnt; ++j, c += p.c_st, dst += d) {
+        unpack_codes(p.bits, c, dst, d);
+#pragma omp simd
+        for (int64_t i = 0; i < d; ++i) dst[i] = dst[i] * sf[i] + zf[i];
+      }
+    } else {
+      const int64_t gs = p.group, ng = d / gs;
+      for (int64_t j = 0; j < cnt; ++j, c += p.c_st, dst += d) {
+        unpack_codes(p.bits, c, dst, d);
+        const int64_t at = block * p.vs_sb + (off + j) * p.vs_st + head * p.vs_sh;
+        for (int64_t g = 0; g < ng; ++g) {
+          const float sv = static_cast<float>(p.vs[at + g]);
+          const float zv = static_cast<float>(p.vz[at + g]);
+          float* x = dst + g * gs;
+#pragma omp simd
+          for (int64_t i = 0; i < gs; ++i) x[i] = x[i] * sv + zv;
+        }
+      }
+    }
+    t += cnt;
+  }
+}
+
+// attend() over a KIVI cache: per chunk, dequantize its K rows once into `rows` [kChunk, d],
+// score them for all G heads, the online-softmax step, then the V rows the same way.
+template <typename T>
+void attend_kivi(const Params& p, const Item& it, const float* __restrict qs,
+                 float* __restrict acc, float* __restrict m, float* __restrict l,
+                 float* __restrict sc, float* __restrict rows, float* __restrict sz) {
+  const int64_t d = p.d, G = p.g;
+  for (int64_t g = 0; g < G; ++g) {
+    m[g] = -std::numeric_limits<float>::infinity();
+    l[g] = 0.f;
+  }
+  std::fill(acc, acc + G * d, 0.f);
+  for (int64_t c0 = it.t0; c0 < it.t1; c0 += kChunk) {
+    const int64_t len = std::min(kChunk, it.t1 - c0);
+    kivi_rows<T>(p, it, c0, len, true, rows, sz);
+    for (int64_t j = 0; j < len; ++j)
+      for (int64_t g = 0; g < G; ++g) sc[g * kChunk + j] = dot<0>(qs + g * d, rows + j * d, d);
+    softmax_update(sc, len, G, d, m, l, acc);
+    kivi_rows<T>(p, it, c0, len, false, rows, sz);
+    for (int64_t j = 0; j < len; ++j) {
+      const float* vr = rows + j * d;
+      for (int64_t g = 0; g < G; ++g) {
+        const float w = sc[g * kChunk + j];
+        float* __restrict a = acc + g * d;
+#pragma omp simd
+        for (int64_t i = 0; i < d; ++i) a[i] += w * vr[i];
+      }
+    }
+  }
+}
+
 template <int D, typename T>
 void run(const Params& p, const std::vector<Item>& items, const std::vector<int64_t>& nsplit) {
   const int64_t G = p.g, d = p.d;
@@ -317,7 +459,7 @@ void run(const Params& p, const std::vector<Item>& items, const std::vector<int6
   for (const Item& it : items) max_len = std::max(max_len, it.t1 - it.t0);
 
   auto worker = [&](int64_t, int64_t) {
-    std::vector<float> buf(G * d * 2 + G * 2 + G * kChunk);
+    std::vector<float> buf(G * d * 2 + G * 2 + G * kChunk + (p.kivi ? (kChunk + 2) * d : 0));
 #if WB_SIMD_LANES
     constexpr bool kFast = std::is_same_v<T, float> && D > 0 && D % simd::W == 0;
     std::vector<const float*> rows(kFast ? 2 * (max_len + 32) : 0);
@@ -332,12 +474,17 @@ void run(const Params& p, const std::vector<Item>& items, const std::vector<int6
       const T* q = static_cast<const T*>(p.q) + it.seq * p.q_s0 + it.head * G * p.q_s1;
       for (int64_t g = 0; g < G; ++g)
         for (int64_t i = 0; i < d; ++i) qs[g * d + i] = to_float(q[g * p.q_s1 + i]) * p.scale;
+      if (p.kivi) {
+        float* kv_rows = sc + G * kChunk;  // [kChunk, d], then 2 * d of scale / zero scratch
+        attend_kivi<T>(p, it, qs, acc, m, l, sc, kv_rows, kv_rows + kChunk * d);
+      } else {
 #if WB_SIMD_LANES
-      if constexpr (kFast)
-        attend_vec<D>(p, it, qs, acc, m, l, sc, rows.data(), rows.data() + max_len + 32);
-      else
+        if constexpr (kFast)
+          attend_vec<D>(p, it, qs, acc, m, l, sc, rows.data(), rows.data() + max_len + 32);
+        else
 #endif
-        attend<D, T>(p, it, qs, acc, m, l, sc);
+          attend<D, T>(p, it, qs, acc, m, l, sc);
+      }
       if (nsplit[it.seq] == 1) {
         T* o = static_cast<T*>(p.out) + (it.seq * p.hq + it.head * G) * d;
         for (int64_t g = 0; g < G; ++g) {
@@ -397,29 +544,24 @@ void dispatch_d(const Params& p, const std::vector<Item>& items,
 
 }  // namespace
 
-void paged_decode(const at::Tensor& out, const at::Tensor& query, const at::Tensor& k_cache,
-                  const at::Tensor& v_cache, const at::Tensor& block_tables,
-                  const at::Tensor& seq_lens, double scale, int64_t split_tokens) {
-  TORCH_CHECK(query.device().is_cpu() && k_cache.device().is_cpu() && v_cache.device().is_cpu() &&
-                  out.device().is_cpu() && block_tables.device().is_cpu() &&
+namespace {
+
+// The part both entry points share: check query / out / tables, split contexts into work
+// items, fill the common Params (the caller set the cache fields) and run.
+void launch(Params& p, const at::Tensor& out, const at::Tensor& query,
+            const at::Tensor& block_tables, const at::Tensor& seq_lens, int64_t num_blocks,
+            int64_t bs, int64_t hkv, double scale, int64_t split_tokens) {
+  TORCH_CHECK(query.device().is_cpu() && out.device().is_cpu() && block_tables.device().is_cpu() &&
                   seq_lens.device().is_cpu(),
               "paged_decode: CPU tensors only");
   TORCH_CHECK(query.dim() == 3, "query must be [n, Hq, D]");
-  TORCH_CHECK(k_cache.dim() == 4 && v_cache.dim() == 4, "k/v cache must be [blocks, bs, Hkv, D]");
-  TORCH_CHECK(k_cache.sizes() == v_cache.sizes(), "k and v caches differ in shape");
-  TORCH_CHECK(k_cache.scalar_type() == query.scalar_type() &&
-                  v_cache.scalar_type() == query.scalar_type(),
-              "query and caches must share a dtype");
   TORCH_CHECK(block_tables.scalar_type() == at::kLong && seq_lens.scalar_type() == at::kLong,
               "block_tables and seq_lens must be int64");
   TORCH_CHECK(block_tables.dim() == 2 && seq_lens.dim() == 1, "block_tables [n, W], seq_lens [n]");
   const int64_t n = query.size(0), hq = query.size(1), d = query.size(2);
-  const int64_t num_blocks = k_cache.size(0), bs = k_cache.size(1), hkv = k_cache.size(2);
-  TORCH_CHECK(k_cache.size(3) == d, "head_dim differs between query and cache");
   TORCH_CHECK(hkv > 0 && hq % hkv == 0, "Hq must be a multiple of Hkv");
   TORCH_CHECK(block_tables.size(0) == n && seq_lens.size(0) == n, "one table row per query");
-  TORCH_CHECK(query.stride(2) == 1 && k_cache.stride(3) == 1 && v_cache.stride(3) == 1,
-              "the head_dim axis must be contiguous");
+  TORCH_CHECK(query.stride(2) == 1, "the query's head_dim axis must be contiguous");
   TORCH_CHECK(block_tables.size(1) == 0 || block_tables.stride(1) == 1,
               "block_tables rows must be contiguous");
   TORCH_CHECK(out.scalar_type() == query.scalar_type() && out.sizes() == query.sizes() &&
@@ -469,7 +611,6 @@ void paged_decode(const at::Tensor& out, const at::Tensor& query, const at::Tens
                    [](const Item& a, const Item& b) { return a.t1 - a.t0 > b.t1 - b.t0; });
 
   std::vector<float> part_m, part_l, part_acc;
-  Params p{};
   if (max_splits > 1) {
     const int64_t rows = n * hkv * max_splits * (hq / hkv);
     part_m.resize(rows);
@@ -482,14 +623,6 @@ void paged_decode(const at::Tensor& out, const at::Tensor& query, const at::Tens
   p.q = query.data_ptr();
   p.q_s0 = query.stride(0);
   p.q_s1 = query.stride(1);
-  p.k = k_cache.data_ptr();
-  p.v = v_cache.data_ptr();
-  p.k_sb = k_cache.stride(0);
-  p.k_st = k_cache.stride(1);
-  p.k_sh = k_cache.stride(2);
-  p.v_sb = v_cache.stride(0);
-  p.v_st = v_cache.stride(1);
-  p.v_sh = v_cache.stride(2);
   p.tables = tables;
   p.t_s0 = t_s0;
   p.lens = lens;
@@ -519,10 +652,117 @@ void paged_decode(const at::Tensor& out, const at::Tensor& query, const at::Tens
   }
 }
 
+}  // namespace
+
+void paged_decode(const at::Tensor& out, const at::Tensor& query, const at::Tensor& k_cache,
+                  const at::Tensor& v_cache, const at::Tensor& block_tables,
+                  const at::Tensor& seq_lens, double scale, int64_t split_tokens) {
+  TORCH_CHECK(k_cache.device().is_cpu() && v_cache.device().is_cpu(),
+              "paged_decode: CPU tensors only");
+  TORCH_CHECK(k_cache.dim() == 4 && v_cache.dim() == 4, "k/v cache must be [blocks, bs, Hkv, D]");
+  TORCH_CHECK(k_cache.sizes() == v_cache.sizes(), "k and v caches differ in shape");
+  TORCH_CHECK(k_cache.scalar_type() == query.scalar_type() &&
+                  v_cache.scalar_type() == query.scalar_type(),
+              "query and caches must share a dtype");
+  TORCH_CHECK(query.dim() == 3 && k_cache.size(3) == query.size(2),
+              "head_dim differs between query and cache");
+  TORCH_CHECK(k_cache.stride(3) == 1 && v_cache.stride(3) == 1,
+              "the head_dim axis must be contiguous");
+  Params p{};
+  p.k = k_cache.data_ptr();
+  p.v = v_cache.data_ptr();
+  p.k_sb = k_cache.stride(0);
+  p.k_st = k_cache.stride(1);
+  p.k_sh = k_cache.stride(2);
+  p.v_sb = v_cache.stride(0);
+  p.v_st = v_cache.stride(1);
+  p.v_sh = v_cache.stride(2);
+  launch(p, out, query, block_tables, seq_lens, k_cache.size(0), k_cache.size(1),
+         k_cache.size(2), scale, split_tokens);
+}
+
+void paged_decode_kivi(const at::Tensor& out, const at::Tensor& query, const at::Tensor& k_codes,
+                       const at::Tensor& v_codes, const at::Tensor& k_scale,
+                       const at::Tensor& k_zero, const at::Tensor& v_scale,
+                       const at::Tensor& v_zero, const at::Tensor& res_k,
+                       const at::Tensor& res_v, const at::Tensor& slot_of,
+                       const at::Tensor& block_tables, const at::Tensor& seq_lens, int64_t bits,
+                       double scale, int64_t split_tokens) {
+  for (const at::Tensor* t : {&k_codes, &v_codes, &k_scale, &k_zero, &v_scale, &v_zero, &res_k,
+                              &res_v, &slot_of})
+    TORCH_CHECK(t->device().is_cpu(), "paged_decode_kivi: CPU tensors only");
+  TORCH_CHECK(bits == 8 || bits == 4 || bits == 2, "bits must be 8, 4 or 2");
+  TORCH_CHECK(query.dim() == 3, "query must be [n, Hq, D]");
+  const int64_t d = query.size(2);
+  TORCH_CHECK(k_codes.dim() == 4 && k_codes.sizes() == v_codes.sizes() &&
+                  k_codes.strides() == v_codes.strides() &&
+                  k_codes.scalar_type() == at::kByte && v_codes.scalar_type() == at::kByte,
+              "k/v codes must be uint8 [blocks, bs, Hkv, D * bits / 8] with equal strides");
+  const int64_t num_blocks = k_codes.size(0), bs = k_codes.size(1), hkv = k_codes.size(2);
+  TORCH_CHECK(k_codes.size(3) * (8 / bits) == d && k_codes.stride(3) == 1,
+              "codes' last dim must be head_dim * bits / 8, contiguous");
+  TORCH_CHECK(k_scale.dim() == 3 && k_scale.size(0) == num_blocks && k_scale.size(1) == hkv &&
+                  k_scale.size(2) == d && k_scale.stride(2) == 1 &&
+                  k_zero.sizes() == k_scale.sizes() && k_zero.strides() == k_scale.strides() &&
+                  k_scale.scalar_type() == at::kHalf && k_zero.scalar_type() == at::kHalf,
+              "key scale / zero must be float16 [blocks, Hkv, D] with equal strides");
+  TORCH_CHECK(v_scale.dim() == 4 && v_scale.size(0) == num_blocks && v_scale.size(1) == bs &&
+                  v_scale.size(2) == hkv && v_scale.size(3) >= 1 &&
+                  d % v_scale.size(3) == 0 && v_scale.stride(3) == 1 &&
+                  v_zero.sizes() == v_scale.sizes() && v_zero.strides() == v_scale.strides() &&
+                  v_scale.scalar_type() == at::kHalf && v_zero.scalar_type() == at::kHalf,
+              "value scale / zero must be float16 [blocks, bs, Hkv, NG] with equal strides");
+  TORCH_CHECK(res_k.dim() == 4 && res_k.sizes() == res_v.sizes() &&
+                  res_k.strides() == res_v.strides() && res_k.size(1) == bs &&
+                  res_k.size(2) == hkv && res_k.size(3) == d && res_k.stride(3) == 1 &&
+                  res_k.scalar_type() == query.scalar_type() &&
+                  res_v.scalar_type() == query.scalar_type(),
+              "residual K / V must be [slots, bs, Hkv, D] in the query's dtype, equal strides");
+  TORCH_CHECK(slot_of.dim() == 1 && slot_of.size(0) == num_blocks &&
+                  slot_of.scalar_type() == at::kLong && slot_of.is_contiguous(),
+              "slot_of must be a contiguous int64 [blocks]");
+  const int64_t num_slots = res_k.size(0);
+  const int64_t* so = slot_of.data_ptr<int64_t>();
+  for (int64_t b = 0; b < num_blocks; ++b)
+    TORCH_CHECK(so[b] < num_slots, "slot_of[", b, "] = ", so[b], " is not a residual slot");
+  Params p{};
+  p.kivi = true;
+  p.bits = bits;
+  p.group = d / v_scale.size(3);
+  p.kc = k_codes.data_ptr<uint8_t>();
+  p.vc = v_codes.data_ptr<uint8_t>();
+  p.c_sb = k_codes.stride(0);
+  p.c_st = k_codes.stride(1);
+  p.c_sh = k_codes.stride(2);
+  p.ks = k_scale.data_ptr<c10::Half>();
+  p.kz = k_zero.data_ptr<c10::Half>();
+  p.ks_sb = k_scale.stride(0);
+  p.ks_sh = k_scale.stride(1);
+  p.vs = v_scale.data_ptr<c10::Half>();
+  p.vz = v_zero.data_ptr<c10::Half>();
+  p.vs_sb = v_scale.stride(0);
+  p.vs_st = v_scale.stride(1);
+  p.vs_sh = v_scale.stride(2);
+  p.rk = res_k.data_ptr();
+  p.rv = res_v.data_ptr();
+  p.r_sb = res_k.stride(0);
+  p.r_st = res_k.stride(1);
+  p.r_sh = res_k.stride(2);
+  p.slot_of = so;
+  launch(p, out, query, block_tables, seq_lens, num_blocks, bs, hkv, scale, split_tokens);
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode", &paged_decode, "CPU paged-attention decode (in-place block reads)",
         py::arg("out"), py::arg("query"), py::arg("k_cache"), py::arg("v_cache"), py::arg("block_tables"),
         py::arg("seq_lens"), py::arg("scale"), py::arg("split_tokens") = -1,
+        py::call_guard<py::gil_scoped_release>());
+  m.def("paged_decode_kivi", &paged_decode_kivi,
+        "CPU paged-attention decode over a KIVI low-bit KV cache (in-place dequantizing reads)",
+        py::arg("out"), py::arg("query"), py::arg("k_codes"), py::arg("v_codes"),
+        py::arg("k_scale"), py::arg("k_zero"), py::arg("v_scale"), py::arg("v_zero"),
+        py::arg("res_k"), py::arg("res_v"), py::arg("slot_of"), py::arg("block_tables"),
+        py::arg("seq_lens"), py::arg("bits"), py::arg("scale"), py::arg("split_tokens") = -1,
         py::call_guard<py::gil_scoped_release>());
   m.def("simd_lanes", [] { return WB_SIMD_LANES; },
         "fp32 lanes of the vector path this build has (16 AVX-512, 8 AVX2, 0 portable only)");

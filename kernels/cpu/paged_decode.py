@@ -5,6 +5,8 @@ query token per sequence, exact online softmax in fp32; its twin is the gather +
 of `workbench.attention.torch_backend`. `load()` compiles it on first use
 (`kernels.cpu.build.CpuExtension`: g++ -O3 -march=native -fopenmp, cached) and returns the
 module, or None when it cannot (WORKBENCH_CPU_KERNELS=0, no C++ compiler, a failed build).
+`paged_decode_kivi_attention` is the same kernel over a KIVI low-bit KV cache (int8 / int4 /
+int2 codes dequantized as they are read; full-precision residual blocks read as they are).
 """
 
 from __future__ import annotations
@@ -82,5 +84,54 @@ def paged_decode_attention(
     out = torch.empty(query.shape, dtype=query.dtype)
     module.paged_decode(
         out, query, k_cache, v_cache, block_tables, seq_lens, float(scale), int(split_tokens)
+    )
+    return out
+
+
+def paged_decode_kivi_attention(
+    query: torch.Tensor,
+    k_codes: torch.Tensor,
+    v_codes: torch.Tensor,
+    k_scale: torch.Tensor,
+    k_zero: torch.Tensor,
+    v_scale: torch.Tensor,
+    v_zero: torch.Tensor,
+    res_k: torch.Tensor,
+    res_v: torch.Tensor,
+    slot_of: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    bits: int,
+    split_tokens: int = -1,
+) -> torch.Tensor | None:
+    """Decode over a KIVI low-bit KV cache (kernels.quant.kv_kivi formats), reading the codes in
+    place: query [n, Hq, D]; k/v_codes [num_blocks, bs, Hkv, D * bits / 8] uint8; k_scale /
+    k_zero [num_blocks, Hkv, D] and v_scale / v_zero [num_blocks, bs, Hkv, D / G] float16;
+    res_k / res_v [slots, bs, Hkv, D] in the query dtype, read instead of the codes for every
+    block with slot_of[block] >= 0 ([num_blocks] int64). Returns [n, Hq, D], or None when the
+    kernel is unavailable or does not take these inputs (the caller falls back to its twin,
+    `workbench.attention.kivi_attention.decode_kivi_torch`)."""
+    if (
+        query.device.type != "cpu"
+        or query.dtype not in SUPPORTED_DTYPES
+        or res_k.dtype != query.dtype
+        or query.dim() != 3
+        or query.stride(2) != 1
+    ):
+        return None
+    module = load()
+    if module is None:
+        return None
+    if block_tables.dtype != torch.long:
+        block_tables = block_tables.long()
+    if block_tables.shape[1] and block_tables.stride(1) != 1:
+        block_tables = block_tables.contiguous()
+    if seq_lens.dtype != torch.long:
+        seq_lens = seq_lens.long()
+    out = torch.empty(query.shape, dtype=query.dtype)
+    module.paged_decode_kivi(
+        out, query, k_codes, v_codes, k_scale, k_zero, v_scale, v_zero, res_k, res_v,
+        slot_of.contiguous(), block_tables, seq_lens, int(bits), float(scale), int(split_tokens),
     )
     return out

@@ -32,6 +32,13 @@ from 1-element float32 device tensors). Math is fp32 (tl.dot with ieee precision
 query; for fp16/bf16 queries the dot operands are cast to the query dtype with fp32 accumulation
 (the tensor-core path), except bf16 under the interpreter, which computes bf16 wrongly.
 
+KIVI low-bit KV (`paged_decode_attention_kivi`, int8 / int4 / int2, formats in
+kernels.quant.kv_kivi): the same split-KV kernel with tiles from `load_kivi_tile`, which reads
+each position's block slot (slot_of[block]): a full-precision residual row where the block holds
+a slot, else the packed codes (a byte gathered per channel, shifted and masked) times the fp16
+scale plus the fp16 zero, in fp32 (keys: per block, head and channel; values: per token, head
+and channel group). Its twin is `paged_decode_attention_kivi_ref`.
+
 `paged_decode_attention_ref` is the plain-PyTorch twin (gather through the block table, fp32
 softmax): it defines what the kernels compute.
 """
@@ -44,6 +51,7 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.quant.kv_kivi import dequantize_keys, dequantize_values
 from kernels.triton import INTERPRETED
 
 FP8_DTYPE = torch.float8_e4m3fn
@@ -199,6 +207,152 @@ def _paged_decode_split_kernel(
         )  # fmt: skip
         s = attention_dot(q, tl.trans(k), DOT_FP32, q_ptr.dtype.element_ty) * scale
         s = tl.where(valid[None, :], s, float("-inf"))  # [GROUP_PAD, TILE_N]
+        m, denom, acc = online_softmax_update(
+            s, v, m, denom, acc, DOT_FP32, q_ptr.dtype.element_ty
+        )
+
+    nonempty = denom > 0
+    lse = tl.where(nonempty, m + tl.log(tl.where(nonempty, denom, 1.0)), float("-inf"))
+    out = acc / tl.where(nonempty, denom, 1.0)[:, None]
+    part = (seq.to(tl.int64) * (GROUP * tl.num_programs(1)) + heads) * NUM_SPLITS + split
+    tl.store(part_lse_ptr + part, lse, mask=row_mask)
+    tl.store(
+        part_out_ptr + part[:, None] * HEAD_DIM_PAD + dims[None, :],
+        out,
+        mask=row_mask[:, None],
+    )
+
+
+@triton.jit
+def load_kivi_tile(
+    codes_ptr,  # [num_blocks, block_size, Hkv, D * BITS / 8] uint8
+    scale_ptr,  # float16: keys [num_blocks, Hkv, D], values [num_blocks, block_size, Hkv, NG]
+    zero_ptr,
+    res_ptr,  # [slots, block_size, Hkv, D] the residual pool (query dtype)
+    slot_ptr,  # [num_blocks] int64, -1 = quantized
+    table_ptr,  # this sequence's row of block_tables
+    stride_table_col,
+    pos,  # [TILE] context positions
+    valid,  # [TILE] bool
+    kv_head,
+    dims,  # [HEAD_DIM_PAD]
+    dims_mask,
+    stride_c_block, stride_c_slot, stride_c_head,
+    stride_s_block, stride_s_slot, stride_s_head,  # keys: stride_s_slot = 0
+    stride_r_slot, stride_r_tok, stride_r_head,
+    BLOCK_SIZE: tl.constexpr,
+    BITS: tl.constexpr,
+    GROUP: tl.constexpr,  # channels per scale / zero: 1 for keys, the value group size
+):  # fmt: skip
+    """[TILE, HEAD_DIM_PAD] fp32 K or V rows of a KIVI cache: the residual's row where the
+    block holds a slot, else q * scale + zero (fp32); zeros where not valid."""
+    block = tl.load(table_ptr + (pos // BLOCK_SIZE) * stride_table_col, mask=valid, other=0)
+    block = block.to(tl.int64)
+    off = pos % BLOCK_SIZE
+    slot = tl.load(slot_ptr + block, mask=valid, other=-1)
+    is_fp = slot >= 0
+    quantized = slot < 0
+    m2 = valid[:, None] & dims_mask[None, :]
+    r_offs = (
+        tl.where(is_fp, slot, 0)[:, None] * stride_r_slot
+        + off[:, None] * stride_r_tok
+        + kv_head * stride_r_head
+        + dims[None, :]
+    )
+    r = tl.load(res_ptr + r_offs, mask=m2 & is_fp[:, None], other=0.0).to(tl.float32)
+    PER = 8 // BITS
+    c_offs = (
+        block[:, None] * stride_c_block
+        + off[:, None] * stride_c_slot
+        + kv_head * stride_c_head
+        + (dims // PER)[None, :]
+    )
+    byte = tl.load(codes_ptr + c_offs, mask=m2 & quantized[:, None], other=0).to(tl.int32)
+    q = (byte >> ((dims % PER) * BITS)[None, :]) & ((1 << BITS) - 1)
+    s_offs = (
+        block[:, None] * stride_s_block
+        + off[:, None] * stride_s_slot
+        + kv_head * stride_s_head
+        + (dims // GROUP)[None, :]
+    )
+    qm = m2 & quantized[:, None]
+    sc = tl.load(scale_ptr + s_offs, mask=qm, other=0.0).to(tl.float32)
+    zp = tl.load(zero_ptr + s_offs, mask=qm, other=0.0).to(tl.float32)
+    x = q.to(tl.float32) * sc + zp
+    return tl.where(is_fp[:, None], r, x)
+
+
+@triton.jit
+def _paged_decode_kivi_split_kernel(
+    q_ptr,  # [num_seqs, Hq, D]
+    kc_ptr, vc_ptr,  # codes [num_blocks, block_size, Hkv, D * BITS / 8]
+    ks_ptr, kz_ptr,  # [num_blocks, Hkv, D] float16
+    vs_ptr, vz_ptr,  # [num_blocks, block_size, Hkv, NG] float16
+    rk_ptr, rv_ptr,  # [slots, block_size, Hkv, D]
+    slot_ptr,  # [num_blocks] int64
+    block_tables_ptr,  # [num_seqs, width]
+    seq_lens_ptr,  # [num_seqs]
+    part_out_ptr,  # [num_seqs, Hq, NUM_SPLITS, HEAD_DIM_PAD] float32
+    part_lse_ptr,  # [num_seqs, Hq, NUM_SPLITS] float32
+    scale,
+    stride_q_seq, stride_q_head, stride_q_d,
+    stride_c_block, stride_c_slot, stride_c_head,
+    stride_ks_block, stride_ks_head,
+    stride_vs_block, stride_vs_slot, stride_vs_head,
+    stride_r_slot, stride_r_tok, stride_r_head,
+    stride_bt_seq, stride_bt_col,
+    GROUP: tl.constexpr,  # query heads per KV head
+    GROUP_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    TILE_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    BITS: tl.constexpr,
+    V_GROUP: tl.constexpr,  # value channels per scale / zero
+    DOT_FP32: tl.constexpr,
+):  # fmt: skip
+    """`_paged_decode_split_kernel` over a KIVI cache (tiles from `load_kivi_tile`)."""
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + seq).to(tl.int32)
+    tokens_per_split = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), TILE_N) * TILE_N
+    start = split * tokens_per_split
+    end = tl.minimum(start + tokens_per_split, seq_len)
+
+    rows = tl.arange(0, GROUP_PAD)
+    row_mask = rows < GROUP
+    heads = kv_head * GROUP + rows
+    dims = tl.arange(0, HEAD_DIM_PAD)
+    dims_mask = dims < HEAD_DIM
+    q = tl.load(
+        q_ptr + seq * stride_q_seq + heads[:, None] * stride_q_head + dims[None, :] * stride_q_d,
+        mask=row_mask[:, None] & dims_mask[None, :],
+        other=0.0,
+    ).to(tl.float32)
+    table_ptr = block_tables_ptr + seq.to(tl.int64) * stride_bt_seq
+
+    m = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    denom = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], tl.float32)
+    for tile_start in range(start, end, TILE_N):
+        pos = tile_start + tl.arange(0, TILE_N)
+        valid = pos < end
+        k = load_kivi_tile(
+            kc_ptr, ks_ptr, kz_ptr, rk_ptr, slot_ptr, table_ptr, stride_bt_col, pos, valid,
+            kv_head, dims, dims_mask, stride_c_block, stride_c_slot, stride_c_head,
+            stride_ks_block, 0, stride_ks_head, stride_r_slot, stride_r_tok, stride_r_head,
+            BLOCK_SIZE, BITS, 1,
+        )  # fmt: skip
+        v = load_kivi_tile(
+            vc_ptr, vs_ptr, vz_ptr, rv_ptr, slot_ptr, table_ptr, stride_bt_col, pos, valid,
+            kv_head, dims, dims_mask, stride_c_block, stride_c_slot, stride_c_head,
+            stride_vs_block, stride_vs_slot, stride_vs_head, stride_r_slot, stride_r_tok,
+            stride_r_head, BLOCK_SIZE, BITS, V_GROUP,
+        )  # fmt: skip
+        s = attention_dot(q, tl.trans(k), DOT_FP32, q_ptr.dtype.element_ty) * scale
+        s = tl.where(valid[None, :], s, float("-inf"))
         m, denom, acc = online_softmax_update(
             s, v, m, denom, acc, DOT_FP32, q_ptr.dtype.element_ty
         )
@@ -426,3 +580,118 @@ def paged_decode_attention_ref(
         scores = torch.einsum("hd,shd->hs", query[i].float(), k) * scale
         out[i] = torch.einsum("hs,shd->hd", torch.softmax(scores, dim=-1), v)
     return out.to(query.dtype)
+
+
+def paged_decode_attention_kivi(
+    query: torch.Tensor,
+    k_codes: torch.Tensor,
+    v_codes: torch.Tensor,
+    k_scale: torch.Tensor,
+    k_zero: torch.Tensor,
+    v_scale: torch.Tensor,
+    v_zero: torch.Tensor,
+    res_k: torch.Tensor,
+    res_v: torch.Tensor,
+    slot_of: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    bits: int,
+    num_splits: int | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """`paged_decode_attention` over a KIVI low-bit KV cache (kernels.quant.kv_kivi formats):
+    k/v_codes [num_blocks, block_size, Hkv, D * bits / 8] uint8, k_scale / k_zero
+    [num_blocks, Hkv, D] and v_scale / v_zero [num_blocks, block_size, Hkv, D / G] float16,
+    res_k / res_v [slots, block_size, Hkv, D] read instead for blocks with slot_of >= 0."""
+    if bits not in (8, 4, 2):
+        raise ValueError(f"bits ({bits}) must be 8, 4 or 2")
+    num_seqs, num_heads, head_dim = query.shape
+    num_blocks, block_size, num_kv_heads, packed = k_codes.shape
+    if packed * (8 // bits) != head_dim or num_heads % num_kv_heads:
+        raise ValueError(
+            f"codes {tuple(k_codes.shape)} do not hold {bits}-bit head_dim {head_dim} rows for "
+            f"{num_heads} query heads"
+        )
+    if (k_codes.stride() != v_codes.stride() or res_k.stride() != res_v.stride()
+            or k_scale.stride() != k_zero.stride() or v_scale.stride() != v_zero.stride()):
+        raise ValueError("K and V codes, scales, zeros and residuals must share strides")
+    if num_splits is None:
+        num_splits = choose_num_splits(
+            num_seqs, num_kv_heads, block_tables.shape[1], block_size, query.device
+        )
+    if out is None:
+        out = torch.empty(num_seqs, num_heads, head_dim, dtype=query.dtype, device=query.device)
+    if num_seqs == 0:
+        return out
+    group = num_heads // num_kv_heads
+    head_dim_pad = max(16, triton.next_power_of_2(head_dim))
+    part_out = torch.empty(
+        num_seqs, num_heads, num_splits, head_dim_pad, dtype=torch.float32, device=query.device
+    )
+    part_lse = part_out.new_empty(num_seqs, num_heads, num_splits)
+    _paged_decode_kivi_split_kernel[(num_seqs, num_kv_heads, num_splits)](
+        query, k_codes, v_codes, k_scale, k_zero, v_scale, v_zero, res_k, res_v, slot_of,
+        block_tables, seq_lens, part_out, part_lse, scale,
+        *query.stride(), *k_codes.stride()[:3], k_scale.stride(0), k_scale.stride(1),
+        *v_scale.stride()[:3], *res_k.stride()[:3], *block_tables.stride(),
+        GROUP=group,
+        GROUP_PAD=max(16, triton.next_power_of_2(group)),
+        HEAD_DIM=head_dim,
+        HEAD_DIM_PAD=head_dim_pad,
+        BLOCK_SIZE=block_size,
+        TILE_N=TILE,
+        NUM_SPLITS=num_splits,
+        BITS=bits,
+        V_GROUP=head_dim // v_scale.shape[-1],
+        DOT_FP32=dot_in_fp32(query.dtype),
+        num_warps=NUM_WARPS,
+    )  # fmt: skip
+    _merge_splits_kernel[(num_seqs, num_heads)](
+        part_out, part_lse, out, *out.stride(),
+        NUM_SPLITS=num_splits,
+        SPLITS_PAD=triton.next_power_of_2(num_splits),
+        HEAD_DIM=head_dim,
+        HEAD_DIM_PAD=head_dim_pad,
+    )  # fmt: skip
+    return out
+
+
+def dequantize_kivi_cache_ref(
+    codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, residual: torch.Tensor,
+    slot_of: torch.Tensor, bits: int, keys: bool, dtype: torch.dtype,
+) -> torch.Tensor:
+    """A whole KIVI K or V cache as [num_blocks, block_size, Hkv, D] in `dtype`: dequantized
+    codes (fp32, then cast), the residual's rows for blocks holding a slot."""
+    if keys:
+        x = dequantize_keys(codes, scale, zero, bits)
+    else:
+        x = dequantize_values(codes, scale, zero, bits)
+    fp = slot_of >= 0
+    x[fp] = residual[slot_of[fp]].float()
+    return x.to(dtype)
+
+
+def paged_decode_attention_kivi_ref(
+    query: torch.Tensor,
+    k_codes: torch.Tensor,
+    v_codes: torch.Tensor,
+    k_scale: torch.Tensor,
+    k_zero: torch.Tensor,
+    v_scale: torch.Tensor,
+    v_zero: torch.Tensor,
+    res_k: torch.Tensor,
+    res_v: torch.Tensor,
+    slot_of: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    bits: int,
+) -> torch.Tensor:
+    """The twin of `paged_decode_attention_kivi`: dequantize the caches, then
+    `paged_decode_attention_ref`."""
+    k = dequantize_kivi_cache_ref(k_codes, k_scale, k_zero, res_k, slot_of, bits, True,
+                                  query.dtype)
+    v = dequantize_kivi_cache_ref(v_codes, v_scale, v_zero, res_v, slot_of, bits, False,
+                                  query.dtype)
+    return paged_decode_attention_ref(query, k, v, block_tables, seq_lens, scale)

@@ -106,4 +106,5 @@ def test_cli_refusal_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[s
     assert exc.value.code == 2
     err = capsys.readouterr().err
     assert err == (f"workbench bench pd-capacity: model ({str(tmp_path)!r}) must be a model "
-                   "folder with config.json (or a shipped name: bundled, demo, demo-draft)\n")
+                   "folder with config.json (or a shipped name: bundled, demo, demo-draft, "
+                   "needle)\n")

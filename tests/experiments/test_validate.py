@@ -98,7 +98,7 @@ def test_run_experiment_refuses_before_creating_any_run(tmp_path: Path) -> None:
     ({"quality_gate": {"min_token_agreemnt": 1.0, "num_prompts": 0}},
      ["unknown quality_gate key 'min_token_agreemnt' (did you mean 'min_token_agreement'?); "
       "allowed: min_token_agreement, max_ppl_increase_pct, max_mean_kl, min_top1_agreement, "
-      "num_prompts, max_tokens, ppl_tokens, ppl_context",
+      "num_prompts, max_tokens, ppl_tokens, ppl_context, needle",
       "quality_gate.num_prompts (0) must be an integer >= 1"]),
     ({"variable": {"name": "max_num_seqs", "values": 16}},
      ["variable.values (16) must be a non-empty list of values to try against the baseline"]),
@@ -114,7 +114,7 @@ def test_plain_fields(changes: dict[str, Any], expected: list[str]) -> None:
 def test_the_model_folder_is_named_as_target_model(tmp_path: Path) -> None:
     assert problems(target={"kind": "in-process", "model": "dem"}) == [
         "target.model ('dem') is neither a local folder nor a shipped model name (bundled, "
-        "demo, demo-draft) (did you mean 'demo'?)"]
+        "demo, demo-draft, needle) (did you mean 'demo'?)"]
     import shutil
 
     from workbench.config.named_models import bundled_checkpoint
@@ -133,13 +133,13 @@ def test_http_targets_name_the_tokenizer_and_the_command_model() -> None:
             "tokenizer": "bundld"}
     assert problems(target=http) == [
         "target.tokenizer ('bundld') is neither a local folder nor a shipped model name "
-        "(bundled, demo, demo-draft) (did you mean 'bundled'?) (an http target builds its "
+        "(bundled, demo, demo-draft, needle) (did you mean 'bundled'?) (an http target builds its "
         "prompts with the tokenizer of target.tokenizer, else target.model)"]
     serve = {**http, "tokenizer": "bundled",
              "command": ["workbench", "serve", "--model", "/no/such/dir", "--port", "1"]}
     assert problems(target=serve) == [
         "target.command --model ('/no/such/dir') is neither a local folder nor a shipped model "
-        "name (bundled, demo, demo-draft)"]
+        "name (bundled, demo, demo-draft, needle)"]
     assert problems(target={**http, "tokenizer": "bundled", "bse_url": 1}) == [
         "unknown target key 'bse_url' (did you mean 'base_url'?)"]
 

@@ -50,7 +50,7 @@ def test_counts_after_prefills_a_preemption_and_a_prefix_hit() -> None:
     assert s.make_stats() == SchedulerStats(
         num_running_reqs=3, num_waiting_reqs=0, kv_cache_usage=1.0,
         prefix_cache_stats=PrefixCacheStats(queries=24, hits=0), num_preemptions=0,
-        num_generation_tokens=3, num_prompt_tokens=24,
+        num_generation_tokens=3, num_prompt_tokens=24, kv_blocks_in_use=6,
     )
     # each needs a third block for its 9th token: r2 (the last running) is preempted
     s.add_request(_request("late", 4, start=90))
@@ -58,7 +58,7 @@ def test_counts_after_prefills_a_preemption_and_a_prefix_hit() -> None:
     assert out.preempted_request_ids == ["r2"]
     assert s.make_stats() == SchedulerStats(
         num_running_reqs=2, num_waiting_reqs=2, kv_cache_usage=1.0,
-        num_preemptions=1, num_generation_tokens=2, num_prompt_tokens=0,
+        num_preemptions=1, num_generation_tokens=2, num_prompt_tokens=0, kv_blocks_in_use=6,
     )
     # a report takes the step's counters: a second one without a step has none of them
     again = s.make_stats()

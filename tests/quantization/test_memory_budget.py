@@ -216,7 +216,7 @@ def test_live_tensor_peak_counts_new_storages_only() -> None:
 def test_bad_knobs(ckpt: Path) -> None:
     bad: list[tuple[dict[str, Any], str]] = [
         ({"kv_cache_dtype": "fp8_e5m2"}, r"kv_cache_dtype \('fp8_e5m2'\) must be one of"),
-        ({"kv_cache_dtype": "int8"}, "kv_cache_dtype"),
+        ({"kv_cache_dtype": "int3"}, "kv_cache_dtype"),  # int8 / int4 / int2: KIVI
         ({"calculate_kv_scales": True}, r"calculate_kv_scales \(True\) only applies"),
         ({"kv_cache_dtype": "fp8", "calculate_kv_scales": 1}, "calculate_kv_scales"),
         ({"cpu_memory_budget_bytes": 0}, r"cpu_memory_budget_bytes \(0\) must be a positive"),

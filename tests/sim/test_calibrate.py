@@ -21,6 +21,7 @@ from workbench.sim.calibrate import (
     run_phase,
     step_composition,
 )
+from workbench.sim.calibrate_serving import composition_of
 from workbench.sim.calibrated import (
     PROFILE_FORMAT,
     CalibratedCostModel,
@@ -30,7 +31,7 @@ from workbench.sim.calibrated import (
 from workbench.sim.linear_fit import TERMS, fastest_per_batch, fit_step_times, predict
 
 KNOWN = {"overhead": 2e-3, "token": 5e-5, "prefill_attn_pair": 2e-8, "decode_kv_token": 1e-7,
-         "seq": 3e-5, "sampled_row": 4e-4}
+         "seq": 3e-5, "sampled_row": 4e-4, "token_low": 3e-5, "prefill_seq": 1e-3}
 
 
 def synthetic_steps(n: int, seed: int = 0) -> list[tuple[BatchComposition, float]]:
@@ -40,10 +41,11 @@ def synthetic_steps(n: int, seed: int = 0) -> list[tuple[BatchComposition, float
     for _ in range(n):
         chunk, ctx = int(rng.integers(0, 512)), int(rng.integers(0, 2048))
         decodes = int(rng.integers(0, 64))
+        prefills = int(rng.integers(1, 4))
         batch = BatchComposition(
             prefill_tokens=chunk, prefill_attn_pairs=chunk * ctx + chunk * (chunk + 1) // 2,
             decode_tokens=decodes, decode_context_tokens=decodes * int(rng.integers(1, 3000)),
-            num_seqs=decodes + int(rng.integers(1, 4)),
+            num_seqs=decodes + prefills, prefill_seqs=prefills,
             sampled_rows=decodes + int(rng.integers(0, 2)))
         out.append((batch, predict(KNOWN, batch)))
     return out
@@ -74,8 +76,8 @@ def test_fastest_per_batch() -> None:
 
 
 def test_fit_refusals() -> None:
-    with pytest.raises(ValueError, match="needs at least 6 training steps; got 5 of 6"):
-        fit_step_times(synthetic_steps(6), heldout_fraction=0.2)
+    with pytest.raises(ValueError, match="needs at least 8 training steps; got 7 of 8"):
+        fit_step_times(synthetic_steps(8), heldout_fraction=0.2)
     steps = synthetic_steps(10)
     steps[4] = (steps[4][0], 0.0)
     with pytest.raises(ValueError, match=r"step times must be > 0; steps \[4\] are not"):
@@ -90,7 +92,7 @@ def test_step_composition() -> None:
     prompts = {"a": 10, "b": 10, "c": 12, "d": 50}
     assert step_composition(before, after, prompts) == BatchComposition(
         prefill_tokens=6, prefill_attn_pairs=4 * 3 + 10 + 2 * 8 + 3, decode_tokens=1,
-        decode_context_tokens=21, num_seqs=3, sampled_rows=2)
+        decode_context_tokens=21, num_seqs=3, sampled_rows=2, prefill_seqs=2)
 
 
 def _profile() -> dict[str, object]:
@@ -102,10 +104,10 @@ def test_profile_round_trip(tmp_path: Path) -> None:
     path = CalibratedCostModel(_profile()).save(tmp_path / "sub" / "p.json")
     model = CalibratedCostModel.load(path)
     batch = BatchComposition(prefill_tokens=10, prefill_attn_pairs=55, num_seqs=1,
-                             sampled_rows=1)
-    # 2e-3 + 10 x 5e-5 + 55 x 2e-8 + 3e-5 + 4e-4
-    assert model.step_time_s(batch) == pytest.approx(2.9311e-3)
-    assert sum(model.breakdown(batch).values()) == pytest.approx(2.9311e-3)
+                             sampled_rows=1, prefill_seqs=1)
+    # 2e-3 + 10 x 5e-5 + 55 x 2e-8 + 3e-5 + 4e-4 + 10 x 3e-5 (token_low) + 1e-3 (prefill_seq)
+    assert model.step_time_s(batch) == pytest.approx(4.2311e-3)
+    assert sum(model.breakdown(batch).values()) == pytest.approx(4.2311e-3)
     described = model.describe()
     assert (described["source"], described["profile"], described["model"]) == (
         "calibrated", str(path), "bundled")
@@ -115,7 +117,7 @@ def test_profile_refusals(tmp_path: Path) -> None:
     bad = {**_profile(), "coefficients_s": {k: v for k, v in KNOWN.items() if k != "seq"}}
     with pytest.raises(ValueError, match="coefficients_s lacks seq " + r"\(terms: overhead, "):
         CalibratedCostModel(bad)
-    with pytest.raises(ValueError, match=r"format \('x/1'\) must be 'workbench-sim-profile/1'"):
+    with pytest.raises(ValueError, match=r"format \('x/1'\) must be 'workbench-sim-profile/2'"):
         CalibratedCostModel({**_profile(), "format": "x/1"})
     negative = _profile()
     negative["coefficients_s"] = {**KNOWN, "token": -1.0}
@@ -153,13 +155,18 @@ def test_real_engine_compositions_and_quick_calibration(tmp_path: Path) -> None:
     with LLM("bundled", **ENGINE_DEFAULTS) as llm:
         log = StepLog(samples=[])
         run_phase(llm.engine, Phase("prefill", (300,), 2), np.random.default_rng(0), log, "t")
+        rows = [r.as_dict() for r in list(llm.engine.stats.step_trace)[-3:]]
         model = calibrate_engine(llm.engine, "bundled", ENGINE_DEFAULTS, repeats=1, quick=True)
-    assert [b for b, _ in log.samples] == [
-        BatchComposition(prefill_tokens=256, prefill_attn_pairs=256 * 257 // 2, num_seqs=1),
+    expected = [
+        BatchComposition(prefill_tokens=256, prefill_attn_pairs=256 * 257 // 2, num_seqs=1,
+                         prefill_seqs=1),
         BatchComposition(prefill_tokens=44, prefill_attn_pairs=44 * 256 + 44 * 45 // 2,
-                         num_seqs=1, sampled_rows=1),
+                         num_seqs=1, sampled_rows=1, prefill_seqs=1),
         BatchComposition(decode_tokens=1, decode_context_tokens=301, num_seqs=1,
                          sampled_rows=1)]
+    assert [b for b, _ in log.samples] == expected
+    # the engine's own step rows carry the same compositions (what --serving fits on)
+    assert [composition_of(r) for r in rows] == expected
     assert all(s > 0 for _, s in log.samples)
     assert (log.skipped_preempted, log.skipped_mismatch) == (0, 0)
 

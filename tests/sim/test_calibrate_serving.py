@@ -18,13 +18,14 @@ def row(end: float, dur: float, prefill: int = 0, decode: int = 1, preempt: int 
             "prefill_attn_pairs": prefill * (prefill + 1) // 2, "decode_tokens": decode,
             "decode_context_tokens": 10 * decode, "num_seqs": decode + (1 if prefill else 0),
             "sampled_rows": decode + (1 if prefill else 0), "preemptions": preempt,
+            "prefill_seqs": 1 if prefill else 0,
             "spec_draft_tokens": 0}
 
 
 def test_composition_of_a_trace_row() -> None:
     assert composition_of(row(1.0, 0.1, prefill=4, decode=2)) == BatchComposition(
         prefill_tokens=4, prefill_attn_pairs=10, decode_tokens=2, decode_context_tokens=20,
-        num_seqs=3, sampled_rows=3, draft_tokens=0)
+        num_seqs=3, sampled_rows=3, draft_tokens=0, prefill_seqs=1)
 
 
 def test_intervals_gaps_and_idle_steps() -> None:

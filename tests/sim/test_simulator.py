@@ -58,9 +58,10 @@ def test_one_request_chunked_prefill_then_decode_has_the_exact_timeline() -> Non
     assert rec.success and rec.output_tokens == 4 and rec.end_s == pytest.approx(0.0085)
     assert rec.ttft_s == pytest.approx(0.0052) and res.duration_s == pytest.approx(0.0085)
     assert cost.batches[:2] == [
-        BatchComposition(prefill_tokens=16, prefill_attn_pairs=136, num_seqs=1),
+        BatchComposition(prefill_tokens=16, prefill_attn_pairs=136, num_seqs=1,
+                         prefill_seqs=1),
         BatchComposition(prefill_tokens=16, prefill_attn_pairs=16 * 16 + 136, num_seqs=1,
-                         sampled_rows=1)]
+                         sampled_rows=1, prefill_seqs=1)]
     assert cost.batches[2] == BatchComposition(decode_tokens=1, decode_context_tokens=33,
                                                num_seqs=1, sampled_rows=1)
     assert [row["prefill_tokens"] for row in res.step_trace] == [16, 16, 0, 0, 0]

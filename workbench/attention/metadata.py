@@ -14,6 +14,12 @@ There is no prefill/decode flag: a decode is simply query_len == 1.
 KV cache layout per layer (one tensor): [2, num_blocks, block_size, num_kv_heads, head_dim]
 (index 0 = K, 1 = V). Block 0 is the null block: block tables are padded with it.
 
+KV compression (docs/kv_compression.md): `kv_scores` asks every layer of this forward to
+record attention scores (a `KVScoreRecorder`: `workbench.attention.scores.KVScoreRequest`);
+`layer_metadata` maps a layer's KV cache tensor (its data_ptr) to the metadata that layer
+attends with when layers keep different blocks (PyramidKV): the same queries and
+slot_mapping, its own block_tables and seq_lens (`for_layer`).
+
 FP8 KV cache: the tensor's dtype is float8_e4m3fn and the layer's scales ride on the tensor
 itself (`attach_kv_scales` / `get_kv_scales`, a `KVCacheScales` with k_scale and v_scale;
 missing = 1.0). Stored = e4m3(clamp(x / scale, -448, 448)), read = float(stored) * scale.
@@ -22,8 +28,17 @@ missing = 1.0). Stored = e4m3(clamp(x / scale, -448, 448)), read = float(stored)
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
+
+
+class KVScoreRecorder(Protocol):
+    """What a layer calls when a forward asks for attention scores (implemented by
+    `workbench.attention.scores.KVScoreRequest`; typed here so metadata imports nothing)."""
+
+    def record(self, query: torch.Tensor, kv_cache: torch.Tensor, md: AttentionMetadata,
+               scale: float) -> None: ...
 
 
 @dataclass
@@ -37,10 +52,20 @@ class AttentionMetadata:
     seq_lens_cpu: list[int]
     max_query_len: int
     max_seq_len: int
+    # KV compression: scores to record, and per-layer tables (see the module docstring)
+    kv_scores: KVScoreRecorder | None = None
+    layer_metadata: dict[int, AttentionMetadata] | None = None
 
     @property
     def num_seqs(self) -> int:
         return len(self.seq_lens_cpu)
+
+    def for_layer(self, kv_cache: torch.Tensor) -> AttentionMetadata:
+        """The metadata the layer owning `kv_cache` attends with (itself unless per-layer
+        tables name that layer)."""
+        if self.layer_metadata is None:
+            return self
+        return self.layer_metadata.get(kv_cache.data_ptr(), self)
 
     @property
     def num_tokens(self) -> int:

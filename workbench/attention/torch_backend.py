@@ -21,6 +21,10 @@ writes store `quantize_kv(x, scale)` = e4m3(clamp(x / scale, +-448)) through a u
 on the dequantized cache. The C++ decode kernel declines fp8 caches: decodes take the torch
 path. With `calibrate` set, a layer's first write sets its scales to amax / 448 first.
 
+KV compression: with `md.kv_scores` set, each layer records its attention scores right after
+its write (`workbench.attention.scores`, a read-only pass over K); with `md.layer_metadata`,
+a layer attends with its own metadata (`md.for_layer(kv_cache)`: per-layer block tables).
+
 The plan (index tensors, masks) depends only on the metadata and the block size, so it is
 built from the host-side `*_cpu` lists once per batch and reused by every layer. It is keyed on
 the metadata object (and its host lists): build a new AttentionMetadata for every forward
@@ -38,6 +42,7 @@ import torch.nn.functional as F
 
 from kernels.cpu.paged_decode import paged_decode_attention
 from workbench.attention.backends import AttentionBackend
+from workbench.attention.kivi_attention import cpu_kivi_decode, forward_kivi, is_kivi_kv
 from workbench.attention.metadata import (
     FP8_KV_DTYPE,
     AttentionMetadata,
@@ -253,8 +258,15 @@ class TorchAttentionBackend(AttentionBackend):
     ) -> torch.Tensor:
         num_tokens, num_heads, head_dim = query.shape
         _, num_blocks_total, block_size, num_kv_heads, _ = kv_cache.shape
+        kv_scores = attn_metadata.kv_scores  # KV compression (workbench.attention.scores)
+        attn_metadata = attn_metadata.for_layer(kv_cache)  # per-layer tables, if any
+        if is_kivi_kv(kv_cache):  # int8 / int4 / int2 KV: workbench.attention.kivi_attention
+            return forward_kivi(query, key, value, kv_cache, attn_metadata, scale,
+                                cpu_kivi_decode if USE_CPU_DECODE_KERNEL else None)
         plan = self.get_plan(attn_metadata, block_size)
         write_kv(key, value, kv_cache, plan)
+        if kv_scores is not None:
+            kv_scores.record(query, kv_cache, attn_metadata, scale)
         k_blocks = kv_cache[0].view(num_blocks_total, -1)
         v_blocks = kv_cache[1].view(num_blocks_total, -1)
 

@@ -29,6 +29,10 @@ CUDA-graph contract of the decode path (max_query_len == 1; `cudagraph_safe` = T
   ignores them, and a padding sequence (seq_len 0) gets zeros;
 - scratch buffers (partial outputs, lse) are allocated per call with sizes from shapes only.
 The prefill path may use the host's `max_query_len` (its grid) and is never captured.
+
+KIVI low-bit KV (kv_cache_dtype int8 / int4 / int2): `workbench.attention.kivi_attention`
+writes (planned on the host: not capturable, the runner keeps CUDA graphs off) and prefills
+with the torch path; decodes run `paged_decode_attention_kivi`.
 """
 
 from __future__ import annotations
@@ -38,10 +42,12 @@ from dataclasses import dataclass
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from kernels.triton.paged_decode import paged_decode_attention
+from kernels.triton.paged_decode import paged_decode_attention, paged_decode_attention_kivi
 from kernels.triton.paged_prefill import paged_prefill_attention
 from kernels.triton.reshape_and_cache import reshape_and_cache
 from workbench.attention.backends import AttentionBackend
+from workbench.attention.kivi_attention import forward_kivi, is_kivi_kv
+from workbench.attention.kivi_cache import KiviLayerCache
 from workbench.attention.metadata import (
     AttentionMetadata,
     KVCacheScales,
@@ -72,6 +78,18 @@ def calibrate_kv_scales(
     amax = [float(torch.where(valid, x.abs(), 0).amax()) for x in (key, value)]
     scales.k_scale, scales.v_scale = fp8_kv_scale(amax[0]), fp8_kv_scale(amax[1])
     scales.calibrate = False
+
+
+def triton_kivi_decode(
+    query: torch.Tensor, cache: KiviLayerCache, block_tables: torch.Tensor,
+    seq_lens: torch.Tensor, scale: float,
+) -> torch.Tensor:
+    """Decode over a KIVI cache with the Triton kernel (reads the codes in place)."""
+    return paged_decode_attention_kivi(
+        query, cache.k_codes, cache.v_codes, cache.k_scale, cache.k_zero, cache.v_scale,
+        cache.v_zero, cache.residual[0], cache.residual[1], cache.residual_map.slot_of_device,
+        block_tables, seq_lens, scale, cache.layout.bits,
+    )
 
 
 def _capturing(device: torch.device) -> bool:
@@ -121,6 +139,8 @@ class TritonAttentionBackend(AttentionBackend):
         scale: float,
     ) -> torch.Tensor:
         md = attn_metadata
+        if is_kivi_kv(kv_cache):  # int8 / int4 / int2 KV: the Triton decode kernel reads it
+            return forward_kivi(query, key, value, kv_cache, md, scale, triton_kivi_decode)
         key_cache, value_cache = kv_cache[0], kv_cache[1]
         k_scale = v_scale = None
         if is_fp8_kv(kv_cache):

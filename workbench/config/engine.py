@@ -75,6 +75,7 @@ class EngineConfig:
         self.speculative_config = None if spec is None else SpeculativeConfig.from_dict(spec)
         self.kv_transfer_config = None if kt is None else KVTransferConfig.from_dict(kt)
         self._check_kv_transfer()
+        self._check_kv_compression()
         self.parallel_config.verify_with_model_config(self.model_config)
         if self.parallel_config.tensor_parallel_size > 1 and self.speculative_config is not None:
             raise ValueError(
@@ -158,6 +159,35 @@ class EngineConfig:
             raise ValueError(f"kv_transfer_config ({name}) with a draft model "
                              "(speculative_config method 'draft_model') is not supported: the "
                              "draft model's KV is not handed over; use method 'ngram'")
+
+    def _check_kv_compression(self) -> None:
+        """What KV eviction (cache_config.kv_compression_config) cannot run with, refused
+        before any work starts (docs/kv_compression.md)."""
+        kc = self.cache_config.kv_compression_config
+        if kc is None:
+            return
+        what = f"kv_compression_config (method {kc.method!r})"
+        if self.speculative_config is not None:
+            raise ValueError(
+                f"{what} with speculative_config ({self.speculative_config.method}) is not "
+                "supported: drafts' lookahead slots and rejected tokens' rollback assume an "
+                "uncompressed table; pass speculative_config=None or no kv_compression_config")
+        if self.kv_transfer_config is not None:
+            raise ValueError(
+                f"{what} with kv_transfer_config ({self.kv_transfer_config.kv_connector}) is "
+                "not supported: a connector copies whole block tables by logical position; "
+                "pass kv_transfer_config=None or no kv_compression_config")
+        tp = self.parallel_config.tensor_parallel_size
+        if tp > 1:
+            raise ValueError(
+                f"{what} with tensor_parallel_size ({tp}) is not supported yet (attention "
+                "scores would need a reduction across ranks); use tensor_parallel_size=1")
+        dtype = self.cache_config.kv_cache_dtype
+        if dtype in ("int8", "int4", "int2"):
+            raise ValueError(
+                f"{what} with kv_cache_dtype ({dtype!r}) is not supported yet (KIVI's "
+                "full-precision residual follows the uncompressed table); use "
+                "kv_cache_dtype 'auto' or 'fp8' with it")
 
     @property
     def compilation(self) -> CompilationConfig:

@@ -5,6 +5,8 @@ these names work too.
     bundled      workbench/assets/tiny-llama    random 2-layer Llama, for tests and plumbing
     demo         workbench/assets/demo-target   trained on Python's stdlib (spec-decode pair)
     demo-draft   workbench/assets/demo-draft    its smaller draft, same tokenizer
+    needle       workbench/assets/demo-needle   demo fine-tuned to retrieve a passkey
+                                                (`make needle-model`; the KV quality gate)
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ NAMED_MODELS: dict[str, Path] = {
     "bundled": ASSETS_DIR / "tiny-llama",
     "demo": ASSETS_DIR / "demo-target",
     "demo-draft": ASSETS_DIR / "demo-draft",
+    "needle": ASSETS_DIR / "demo-needle",
 }
 
 

@@ -16,7 +16,9 @@ computed tokens are below its prompt length, else "decode"):
   k draft tokens).
 - `decode_context_tokens`: KV tokens the decode queries read (each decoding request's
   context length, computed tokens before this step plus its new tokens).
-- `num_seqs`: requests in the step; `sampled_rows`: rows the sampler draws from (one per
+- `num_seqs`: requests in the step; `prefill_seqs`: of which prefill chunks (each is its own
+  attention call over its gathered context on the CPU path); `sampled_rows`: rows the sampler
+  draws from (one per
   request whose prefill completes or that decodes, plus one per draft token verified);
   `draft_tokens`: draft tokens verified this step.
 """
@@ -42,10 +44,12 @@ class BatchComposition:
     num_seqs: int = 0
     sampled_rows: int = 0
     draft_tokens: int = 0
+    prefill_seqs: int = 0
 
     def __post_init__(self) -> None:
         for name in ("prefill_tokens", "prefill_attn_pairs", "decode_tokens",
-                     "decode_context_tokens", "num_seqs", "sampled_rows", "draft_tokens"):
+                     "decode_context_tokens", "num_seqs", "sampled_rows", "draft_tokens",
+                     "prefill_seqs"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"BatchComposition {name} ({v!r}) must be an integer >= 0")
@@ -70,7 +74,7 @@ class Chunk(NamedTuple):
 
 def from_chunks(chunks: Iterable[Chunk]) -> BatchComposition:
     """The step's BatchComposition (field definitions: the module docstring)."""
-    prefill = pairs = decode = context = sampled = drafts = seqs = 0
+    prefill = pairs = decode = context = sampled = drafts = seqs = prefill_seqs = 0
     for c in chunks:
         seqs += 1
         n, done = c.num_new, c.computed
@@ -81,12 +85,13 @@ def from_chunks(chunks: Iterable[Chunk]) -> BatchComposition:
             sampled += n
         else:
             prefill += n
+            prefill_seqs += 1
             pairs += n * done + n * (n + 1) // 2
             sampled += 1 if c.samples else 0
     return BatchComposition(
         prefill_tokens=prefill, prefill_attn_pairs=pairs, decode_tokens=decode,
         decode_context_tokens=context, num_seqs=seqs, sampled_rows=sampled,
-        draft_tokens=drafts,
+        draft_tokens=drafts, prefill_seqs=prefill_seqs,
     )
 
 
@@ -97,7 +102,7 @@ def compose(requests: Mapping[str, Request], out: SchedulerOutput) -> BatchCompo
 
     The simulator's hot path (once per step): `from_chunks`' sums in one pass, without a
     Chunk per request; the same integers (tests/sim/test_composition.py holds them equal)."""
-    prefill = pairs = decode = context = sampled = drafts = 0
+    prefill = pairs = decode = context = sampled = drafts = prefill_seqs = 0
     spec = out.scheduled_spec_decode_tokens
     for rid, n in out.num_scheduled_tokens.items():
         req = requests[rid]
@@ -111,13 +116,14 @@ def compose(requests: Mapping[str, Request], out: SchedulerOutput) -> BatchCompo
             sampled += n
         else:
             prefill += n
+            prefill_seqs += 1
             pairs += n * done + n * (n + 1) // 2
             if done + n >= total:
                 sampled += 1
     return BatchComposition(
         prefill_tokens=prefill, prefill_attn_pairs=pairs, decode_tokens=decode,
         decode_context_tokens=context, num_seqs=len(out.num_scheduled_tokens),
-        sampled_rows=sampled, draft_tokens=drafts,
+        sampled_rows=sampled, draft_tokens=drafts, prefill_seqs=prefill_seqs,
     )
 
 

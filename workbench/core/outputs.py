@@ -17,7 +17,7 @@ consecutive prompt positions per request and step (a prefill chunk's positions):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from workbench.distributed.kv_transfer.metadata import KVConnectorOutput
 
@@ -129,7 +129,12 @@ class ModelRunnerOutput:
     spec_decode_error: why this step has no drafts (the proposer raised); None otherwise.
     kv_connector_output: the KV connector's report (loads finished or failed, counters).
     phase_times: the worker's seconds per phase of this step (`WorkerPhaseTimes`); the
-    engine puts them in the step trace (`StepRecord`)."""
+    engine puts them in the step trace (`StepRecord`).
+    kv_block_scores: KV compression's score-based policies: request id -> float32 numpy
+    array [num_layers, kept blocks] (or [num_layers, kept tokens] for a token-granular
+    policy), the attention the queries named in `SchedulerOutput.kv_score_queries` gave each
+    block of the table the forward ran with, summed over heads and queries
+    (`workbench.core.kv_cache.compression.policy` defines it); empty otherwise."""
 
     sampled_token_ids: dict[str, list[int]] = field(default_factory=dict)
     prompt_logprobs: dict[str, LogprobsTensors] = field(default_factory=dict)
@@ -137,6 +142,7 @@ class ModelRunnerOutput:
     spec_decode_error: str | None = None
     kv_connector_output: KVConnectorOutput | None = None  # loads done, transfer counters
     phase_times: WorkerPhaseTimes = field(default_factory=WorkerPhaseTimes)
+    kv_block_scores: dict[str, Any] = field(default_factory=dict)  # np.ndarray values
 
     def merge(self, other: ModelRunnerOutput) -> None:
         """Add `other`'s requests (the engine's one-by-one re-run after a failed batch)."""
@@ -146,3 +152,4 @@ class ModelRunnerOutput:
         self.spec_decode_error = self.spec_decode_error or other.spec_decode_error
         self.kv_connector_output = self.kv_connector_output or other.kv_connector_output
         self.phase_times.add(other.phase_times)
+        self.kv_block_scores.update(other.kv_block_scores)

@@ -70,6 +70,10 @@ class RequestTimes:
     kv_load_done: float | None = None
     kv_transfer_bytes: int = 0
     kv_transfer_s: float = 0.0
+    # KV compression: blocks the eviction policy released over the request's life
+    # (re-evictions after a preemption included), and its kept KV tokens when it finished
+    kv_evicted_blocks: int = 0
+    kv_kept_tokens: int = 0
 
 
 class Request:

@@ -20,6 +20,7 @@ from typing import Any
 
 from workbench import profiling
 from workbench.config import EngineConfig
+from workbench.core.batch_composition import BatchComposition, compose
 from workbench.core.kv_cache.sizing import get_num_blocks
 from workbench.core.outputs import LogprobsTensors, ModelRunnerOutput
 from workbench.core.request import Request, RequestStatus
@@ -71,7 +72,8 @@ class LLMEngine:
         connector = create_scheduler_connector(config, self.bytes_per_block)
         self.processor.connector = connector
         self.scheduler = Scheduler(sc, cc, self.num_blocks, num_lookahead_tokens=lookahead,
-                                   connector=connector)
+                                   connector=connector,
+                                   num_layers=config.model_config.num_layers)
         self.stats = EngineStats()
         self.stat_logger = LoggingStatLogger(device=config.device) if log_stats else None
         # Failures kept for inspection (newest MAX_ERROR_RECORDS; `step_failures.py`).
@@ -128,6 +130,7 @@ class LLMEngine:
         with profiling.range("engine.step"):
             with profiling.range("scheduler.schedule"):
                 out = self.scheduler.schedule()
+            batch = compose(self.scheduler.requests, out)  # before the step advances them
             t_scheduled = time.perf_counter()
             failed: dict[str, str] = {}
             taint: dict[str, int] = {}  # failed in the forward: id -> tokens with valid KV
@@ -136,7 +139,7 @@ class LLMEngine:
             finished: list[Request] = []
             if output is not None:
                 progressed, finished = self._update_from_output(out, output, failed, taint)
-        self._record_step(out, output, finished, t0, t_scheduled, t_executed)
+        self._record_step(out, output, finished, batch, t0, t_scheduled, t_executed)
         return progressed
 
     def _execute_model(
@@ -196,7 +199,7 @@ class LLMEngine:
 
     def _record_step(
         self, out: SchedulerOutput, output: ModelRunnerOutput | None, finished: list[Request],
-        t0: float, t_scheduled: float, t_executed: float,
+        batch: BatchComposition, t0: float, t_scheduled: float, t_executed: float,
     ) -> None:
         """The scheduler's report and the finished requests into the stats; the step's row;
         the preemption warning; the periodic log line."""
@@ -216,6 +219,9 @@ class LLMEngine:
             spec_accepted_tokens=spec.num_accepted_tokens if spec else 0,
             waiting_for_kv=report.num_waiting_for_remote_kvs,
             **self.kv_connector.step_fields(output),
+            prefill_attn_pairs=batch.prefill_attn_pairs,
+            decode_context_tokens=batch.decode_context_tokens, num_seqs=batch.num_seqs,
+            sampled_rows=batch.sampled_rows, prefill_seqs=batch.prefill_seqs,
         ))
         if out.preempted_request_ids:
             preemption_warning(out.preempted_request_ids, stats.num_preemptions,

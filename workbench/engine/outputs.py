@@ -49,6 +49,9 @@ class RequestMetrics:
     token_times: list[float] = field(default_factory=list)
     num_cached_tokens: int = 0
     num_preemptions: int = 0
+    # KV compression (kv_compression_config): blocks evicted, KV tokens kept at the end
+    num_evicted_blocks: int = 0
+    num_kept_kv_tokens: int = 0
 
     @property
     def time_to_first_token_s(self) -> float | None:
@@ -79,6 +82,8 @@ class RequestMetrics:
             token_times=list(t.token_times),
             num_cached_tokens=max(req.num_cached_tokens, 0),
             num_preemptions=req.num_preemptions,
+            num_evicted_blocks=t.kv_evicted_blocks,
+            num_kept_kv_tokens=t.kv_kept_tokens,
         )
 
 

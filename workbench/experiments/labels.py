@@ -36,16 +36,17 @@ SHORT = {
     "max_model_len": "max_len",
     "speculative_config": "spec",
     "kv_transfer_config": "kv_tier",
+    "kv_compression_config": "kv_compression",
     "kv_connector": "connector",
     "spec_name": "spec",
     "preemption_mode": "preemption",
 }
 # dict-valued knobs: None reads "off"
-DICT_KNOBS = ("speculative_config", "kv_transfer_config")
+DICT_KNOBS = ("speculative_config", "kv_transfer_config", "kv_compression_config")
 
 # the fields that name a dict value when nothing differs (a lone value, or one against "off")
 IDENTIFYING = ("speculative_method", "num_speculative_tokens", "speculative_model",
-               "kv_connector")
+               "kv_connector", "method", "budget_tokens", "budget_ratio")
 
 
 def short_name(name: str) -> str:

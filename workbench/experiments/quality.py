@@ -39,6 +39,17 @@ Thresholds and options: `workbench.experiments.quality_report`. In an experiment
 
 There the golden prompt set is the workload's first `num_prompts` prompts; KL / top-1
 agreement and held-out perplexity are measured only when the gate has a threshold on them.
+
+A `needle` block adds passkey retrieval (`workbench.experiments.needle`): the grid's cases are
+built once with the reference, run on the reference and on each candidate through the same
+engine instance as the other figures, and the candidate's exact-match accuracy must reach
+`min_accuracy`:
+
+    quality_gate: {min_token_agreement: 0.5, num_prompts: 4,
+                   needle: {min_accuracy: 0.9, lengths: [256, 1024], depths: [0, 0.5, 1]}}
+
+Greedy agreement cannot tell a KV eviction policy that drops the one line that matters from
+one that does not; the needle grid can (docs/kv_compression.md, `## Quality gate`).
 Engine knobs that only change scheduling (budgets, caching, block size) must give agreement
 1.0; lossy ones (quantization, an fp8 KV cache) are judged against the thresholds. A variant
 that misses one is never adopted (`verdict._adopt`).
@@ -105,6 +116,8 @@ class Reference:
     text: TextScore | None = None  # held-out text score (None: perplexity not measured)
     text_ids: list[int] | None = field(default=None, repr=False)
     context: int = DEFAULT_CONTEXT
+    needle_cases: list[Any] | None = field(default=None, repr=False)  # NeedleCase, built once
+    needle_accuracy: float | None = None
     seconds: float = 0.0
 
 
@@ -136,6 +149,24 @@ def _llm(model: str, config: dict[str, Any] | LLM) -> tuple[LLM, dict[str, Any]]
     return LLM(model, **config), dict(config)
 
 
+def _needle_grid(model: str, block: dict[str, Any]) -> list[Any]:
+    """The cases of a gate's `needle` block (its grid options, the task's defaults)."""
+    from workbench.experiments.needle import needle_cases
+    from workbench.testing import needle_cases as nc
+
+    return needle_cases(
+        model, block.get("lengths", nc.DEFAULT_LENGTHS), block.get("depths", nc.DEFAULT_DEPTHS),
+        int(block.get("cases_per_cell", nc.DEFAULT_CASES_PER_CELL)),
+        int(block.get("seed", nc.DEFAULT_SEED)))
+
+
+def _run_needle(llm: LLM, cases: list[Any]) -> Any:
+    """A NeedleReport of `cases` on `llm`."""
+    from workbench.experiments.needle import NeedleReport, run_cases
+
+    return NeedleReport("", {}, [], [], 0, 0, run_cases(llm, cases))
+
+
 def reference(
     model: str | Path,
     config: dict[str, Any] | LLM | None = None,
@@ -145,11 +176,13 @@ def reference(
     ppl_tokens: int | None = DEFAULT_PPL_TOKENS,
     context: int = DEFAULT_CONTEXT,
     kl: bool = True,
+    needle: dict[str, Any] | None = None,
     log: Log = None,
 ) -> Reference:
     """Run the reference config (default: the model in float32, unquantized): its greedy
     continuations of `prompts` (default: `golden_prompts`), their teacher-forced
-    log-probabilities (when `kl`) and its held-out text score (`ppl_tokens` None: skipped).
+    log-probabilities (when `kl`), its held-out text score (`ppl_tokens` None: skipped) and,
+    with a gate's `needle` block, its needle accuracy (the cases kept for the candidates).
     `log` (e.g. print) hears each step and its time."""
     t0 = time.perf_counter()
     model = str(model)
@@ -166,6 +199,10 @@ def reference(
         ref.text_ids = held_out_ids(model, ppl_tokens)
         with _step(log, f"reference: perplexity, {_windows(len(ref.text_ids), context)}"):
             ref.text = score_text(llm, ref.text_ids, context)
+    if needle:
+        ref.needle_cases = _needle_grid(model, needle)
+        with _step(log, f"reference: needle, {len(ref.needle_cases)} case(s)"):
+            ref.needle_accuracy = _run_needle(llm, ref.needle_cases).accuracy
     ref.seconds = time.perf_counter() - t0
     return ref
 
@@ -181,6 +218,7 @@ def evaluate(
     ppl_tokens: int | None = DEFAULT_PPL_TOKENS,
     context: int = DEFAULT_CONTEXT,
     kl: bool = True,
+    needle: dict[str, Any] | None = None,
     log: Log = None,
     label: str = "candidate",
 ) -> QualityReport:
@@ -190,7 +228,7 @@ def evaluate(
     model = str(model)
     if ref is None:
         ref = reference(model, baseline, prompts, max_tokens=max_tokens, ppl_tokens=ppl_tokens,
-                        context=context, kl=kl)
+                        context=context, kl=kl, needle=needle)
     t0 = time.perf_counter()
     with _step(log, f"{label}: load the engine"):
         llm, cfg = _llm(model, candidate)
@@ -215,6 +253,12 @@ def evaluate(
         rep.perplexity = text.perplexity
         rep.text_top1_agreement = (
             float((text.argmax == ref.text.argmax).float().mean()) if text.tokens else 1.0)
+    if ref.needle_cases is not None:
+        with _step(log, f"{label}: needle, {len(ref.needle_cases)} case(s)"):
+            found = _run_needle(llm, ref.needle_cases)
+        rep.needle_accuracy, rep.needle_num_cases = found.accuracy, len(found.results)
+        rep.reference_needle_accuracy = ref.needle_accuracy
+        rep.needle_worst_cells = found.worst_cells()
     rep.seconds = time.perf_counter() - t0
     return rep
 
@@ -258,7 +302,8 @@ def gate_reports(
             model, baseline, prompts, max_tokens=max_tokens, kl=want["kl"],
             ppl_tokens=int(gate.get("ppl_tokens", DEFAULT_PPL_TOKENS))
             if want["perplexity"] else None,
-            context=int(gate.get("ppl_context", DEFAULT_CONTEXT)), log=log,
+            context=int(gate.get("ppl_context", DEFAULT_CONTEXT)),
+            needle=gate.get("needle") if want["needle"] else None, log=log,
         )
     except Exception as e:  # noqa: BLE001 - no reference: no variant can pass
         why = f"quality reference (baseline) could not run: {type(e).__name__}: {e}"
@@ -292,7 +337,8 @@ def judge_variants(
     "gate_reasons") and the reports. The quality judge `workbench.bench.quant` takes."""
     labels = list(configs)
     ref = reference(model, configs[labels[0]], golden_prompts(model, num_prompts),
-                    max_tokens=max_tokens, ppl_tokens=ppl_tokens, context=context)
+                    max_tokens=max_tokens, ppl_tokens=ppl_tokens, context=context,
+                    needle=(gate or {}).get("needle"))
     rows, reports = [], {}
     for label in labels:
         rep = evaluate(model, configs[label], ref)

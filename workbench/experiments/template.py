@@ -30,7 +30,10 @@ still sets `workbench rerun`'s drift band.
 
 `quality_gate` (workbench.experiments.quality): thresholds `min_token_agreement`,
 `max_ppl_increase_pct`, `max_mean_kl`, `min_top1_agreement` and options `num_prompts`,
-`max_tokens`, `ppl_tokens`, `ppl_context`; a variant that misses a threshold is never adopted.
+`max_tokens`, `ppl_tokens`, `ppl_context`; and `needle: {min_accuracy: 0.9, lengths: [...],
+depths: [...], cases_per_cell: 4, seed: 0}`, passkey retrieval on the template's model
+(`model: needle`; workbench.experiments.needle); a variant that misses a threshold is never
+adopted.
 
 `rate_sweep` (optional, `workbench.experiments.rate_sweep`): measure each value's goodput
 over a sweep of Poisson request rates instead of one run; the objective is then goodput.

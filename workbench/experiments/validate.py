@@ -187,12 +187,20 @@ def _check_mappings(data: dict[str, Any], out: list[str]) -> None:
     if not isinstance(gate, dict):
         out.append(f"quality_gate ({gate!r}) must be a mapping of thresholds")
         return
-    from workbench.experiments.quality_report import GATE_KEYS, OPTIONS, THRESHOLDS
+    from workbench.experiments.quality_report import (
+        GATE_KEYS,
+        NEEDLE,
+        OPTIONS,
+        THRESHOLDS,
+        needle_problems,
+    )
 
     for key, v in gate.items():
         if key not in GATE_KEYS:
             out.append(f"unknown quality_gate key {key!r}{did_you_mean(key, GATE_KEYS)}; "
                        f"allowed: {', '.join(GATE_KEYS)}")
+        elif key == NEEDLE and v is not None:
+            out.extend(needle_problems(v))
         elif key in THRESHOLDS and v is not None and not _number(v):
             out.append(f"quality_gate.{key} ({v!r}) must be a number")
         elif key in OPTIONS and v is not None and (not is_int(v) or v < 1):

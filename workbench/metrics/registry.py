@@ -279,6 +279,9 @@ METRICS: tuple[MetricSpec, ...] = (
             "connected or its inbox full; that read pulls instead)."),
     _engine("workbench:kv_transfer_pushed_loads", "requests", "none", "counter",
             "Disaggregation, push, decode side: loads served from pushed KV (no pull)."),
+    _engine("workbench:kv_evicted_blocks", "blocks", "none", "counter",
+            "KV compression: blocks released from the middle of requests' tables by the "
+            "eviction policy (kv_compression_config)."),
     # The step's overhead account (metrics/step_account.py STEP_PHASES, docs/step_account.md)
     _engine("workbench:step_time_seconds", "s", "none", "counter",
             "Engine steps: seconds in engine.step() (the sum of the phases below)."),
@@ -309,6 +312,9 @@ METRICS: tuple[MetricSpec, ...] = (
             "KV offload: share of the host tier's slots holding blocks."),
     _engine("workbench:kv_transfer_held_requests", "requests", "none", "gauge",
             "Disaggregation, prefill side: finished requests whose blocks await a read."),
+    _engine("workbench:kv_blocks_in_use", "blocks", "none", "gauge",
+            "KV blocks held by requests after the latest step (KV compression's memory "
+            "effect: bounded by the budget per request)."),
     _engine("workbench:step_overhead_share", "fraction", "none", "gauge",
             "Share of engine step time outside the model forward, (step - forward) / step, "
             "over every step so far."),

@@ -94,6 +94,9 @@ class SchedulerStats:
     kv_connector_stats: dict[str, float] | None = None
     num_waiting_for_remote_kvs: int = 0
     kv_offload_cpu_usage: float = 0.0
+    # KV blocks held by requests after the step; blocks the eviction policy released in it
+    kv_blocks_in_use: int = 0
+    num_evicted_blocks: int = 0
 
 
 @dataclass
@@ -127,6 +130,13 @@ class StepRecord:
     update_s: float = 0.0
     spec_propose_s: float = 0.0
     other_s: float = 0.0
+    # The step's BatchComposition beyond the token counts (workbench/core/batch_composition
+    # .py): what a cost model is fitted on (`workbench calibrate --serving` reads these rows)
+    prefill_attn_pairs: int = 0
+    decode_context_tokens: int = 0
+    num_seqs: int = 0
+    sampled_rows: int = 0
+    prefill_seqs: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -187,6 +197,8 @@ class EngineStats:
         c["vllm:prompt_tokens"] += s.num_prompt_tokens
         c["vllm:prefix_cache_queries"] += s.prefix_cache_stats.queries
         c["vllm:prefix_cache_hits"] += s.prefix_cache_stats.hits
+        c["workbench:kv_evicted_blocks"] += s.num_evicted_blocks
+        self.gauges["workbench:kv_blocks_in_use"] = s.kv_blocks_in_use
         if s.kv_connector_stats is not None:
             for name, value in s.kv_connector_stats.items():
                 c[name] = c.get(name, 0) + value

@@ -22,6 +22,7 @@ planning.pd_ratio(...)`).
 from workbench.planning.memory import (
     QUANT_SCALE_BYTES,
     GiB,
+    kv_cache_bytes,
     kv_token_capacity,
     last_block_free_slots,
     memory_budget,
@@ -72,6 +73,7 @@ __all__ = [
     "decode_step_lower_bound_s",
     "forward_passes",
     "gpu_peak_flops",
+    "kv_cache_bytes",
     "kv_token_capacity",
     "kv_transfer_break_even",
     "kv_transfer_time_s",

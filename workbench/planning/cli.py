@@ -2,6 +2,7 @@
 
     workbench calc kv --layers 40 --kv-heads 8 --head-dim 128 --dtype-bytes 2
                       [--block-size 16 --budget-gib 11 --max-model-len 40960 --tp 1]
+                      [--kv-cache-dtype int4 --kv-quant-residual-tokens 32 --max-num-seqs 256]
     workbench calc budget --layers 40 --kv-heads 8 --head-dim 128 --dtype-bytes 2
                       --available-gib 38.516 --weights-gib 27.5185 [--activations-gib ...]
     workbench calc blocks --tokens 221 [--block-size 16]
@@ -55,6 +56,15 @@ def build_parser() -> argparse.ArgumentParser:
     _shape(p)
     p.add_argument("--budget-gib", type=float, default=None, help="KV cache memory in GiB")
     p.add_argument("--tp", type=int, default=1, help="per-rank figures under tensor parallelism")
+    p.add_argument("--kv-cache-dtype", default="auto",
+                   choices=("auto", "fp8", "fp8_e4m3", "int8", "int4", "int2"),
+                   help="auto: --dtype-bytes; int8/int4/int2: KIVI (scales, zeros, residual)")
+    p.add_argument("--kv-quant-group-size", type=int, default=None,
+                   help="KIVI: value channels per scale and zero (default head_dim)")
+    p.add_argument("--kv-quant-residual-tokens", type=int, default=32,
+                   help="KIVI: tokens kept full precision (R)")
+    p.add_argument("--max-num-seqs", type=int, default=256,
+                   help="KIVI: the residual pool holds max_num_seqs x (ceil(R / bs) + 2) blocks")
     p.set_defaults(run=commands.kv)
     p = sub.add_parser("budget", help="weights + KV + activations + graph + headroom")
     _shape(p)

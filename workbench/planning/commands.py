@@ -43,13 +43,24 @@ def _gib(n: float) -> int:
 
 def kv(a: argparse.Namespace) -> None:
     heads = kv_utils.tp_kv_heads_per_rank(a.kv_heads, a.tp)
-    per_token = kv_utils.kv_bytes_per_token(a.layers, heads, a.head_dim, a.dtype_bytes)
+    b = planning.kv_cache_bytes(
+        a.layers, heads, a.head_dim, a.dtype_bytes, a.block_size, a.kv_cache_dtype,
+        a.kv_quant_group_size, a.kv_quant_residual_tokens, a.max_num_seqs)
+    per_block, residual = int(b["kv_bytes_per_block"]), int(b["kv_residual_bytes"])
     rows: list[tuple[str, object]] = []
     if a.tp > 1:
         rows.append(("kv heads per rank", heads))
-    rows += [("kv bytes/token", per_token), ("kv bytes/block", per_token * a.block_size)]
+    rows += [("kv bytes/token", b["kv_bytes_per_token"]), ("kv bytes/block", per_block)]
+    if a.kv_cache_dtype in kv_utils.KIVI_KV_BITS:  # KIVI: scales, zeros and the residual pool
+        rows += [("kv bytes/token/layer", b["kv_bytes_per_token_per_layer"]),
+                 ("scale+zero bytes/block", b["kv_scale_bytes_per_block"]),
+                 (f"residual pool ({b['kv_residual_slots']} blocks) bytes", residual)]
     if a.budget_gib is not None:
-        blocks = kv_utils.num_blocks_for_budget(_gib(a.budget_gib), per_token * a.block_size)
+        budget_bytes = _gib(a.budget_gib)
+        if budget_bytes < residual:
+            raise SystemExit(f"calc kv: --budget-gib {a.budget_gib} is smaller than the KIVI "
+                             f"residual pool ({residual} bytes)")
+        blocks = kv_utils.num_blocks_for_budget(budget_bytes - residual, per_block)
         capacity = planning.kv_token_capacity(blocks, a.block_size)
         rows += [("blocks", blocks), ("token capacity", capacity)]
         if a.max_model_len is not None:

@@ -4,6 +4,8 @@ reserves (seeds 000 and 001).
 
     device memory = weights + KV + activations + graph reserve + headroom
     KV tokens     = KV pool blocks x block_size
+    KV bytes      = per block for any kv_cache_dtype, KIVI's scales and residual included
+                    (`kv_cache_bytes`, `workbench calc kv --kv-cache-dtype int4`)
 
 The per-token and per-block KV bytes come from the engine's own arithmetic
 (`workbench.core.kv_cache.utils`).
@@ -13,7 +15,16 @@ from __future__ import annotations
 
 import math
 
-from workbench.core.kv_cache.utils import blocks_needed, max_concurrency
+from workbench.core.kv_cache.utils import (
+    KIVI_KV_BITS,
+    blocks_needed,
+    kivi_bytes_per_block,
+    kivi_residual_bytes,
+    kivi_residual_slots,
+    kv_bytes_per_block,
+    kv_cache_dtype_bytes,
+    max_concurrency,
+)
 from workbench.planning.checks import need_int, need_num
 
 GiB = 1 << 30
@@ -165,3 +176,51 @@ def quantized_weight_bytes(
     raise ValueError(
         f"quantization ({quantization!r}) must be None or one of 'int8', 'int4', 'fp8'"
     )
+
+
+def kv_cache_bytes(
+    num_layers: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype_bytes: int,
+    block_size: int,
+    kv_cache_dtype: str = "auto",
+    group_size: int | None = None,
+    residual_tokens: int = 32,
+    max_num_seqs: int = 256,
+) -> dict[str, int | float]:
+    """KV bytes per block and per token for any kv_cache_dtype (`workbench calc kv`).
+
+    auto / fp8 / fp8_e4m3: `kv_bytes_per_block` (dtype_bytes, or 1 for fp8), no residual.
+    int8 / int4 / int2 (KIVI): codes + float16 scales and zeros (`kivi_bytes_per_block`; keys
+    per block and channel, values per token and `group_size` channels, default head_dim), and
+    the full-precision residual pool, a fixed cost: `kivi_residual_slots(max_num_seqs,
+    residual_tokens, block_size)` blocks at dtype_bytes. kv_bytes_per_token is
+    bytes_per_block / block_size, a float when it does not divide; per layer likewise.
+    """
+    need_int("num_layers", num_layers, 1)
+    need_int("block_size", block_size, 1)
+    if kv_cache_dtype in KIVI_KV_BITS:
+        g = head_dim if group_size is None else group_size
+        bits = KIVI_KV_BITS[kv_cache_dtype]
+        block = kivi_bytes_per_block(num_layers, num_kv_heads, head_dim, bits, block_size, g)
+        codes = num_layers * 2 * block_size * num_kv_heads * head_dim * bits // 8
+        slots = kivi_residual_slots(max_num_seqs, residual_tokens, block_size)
+        residual = kivi_residual_bytes(num_layers, num_kv_heads, head_dim, dtype_bytes,
+                                       block_size, slots)
+    else:
+        elem = kv_cache_dtype_bytes(kv_cache_dtype, dtype_bytes)
+        block = codes = kv_bytes_per_block(num_layers, num_kv_heads, head_dim, elem, block_size)
+        slots = residual = 0
+
+    def per(n: int, d: int) -> int | float:
+        return n // d if n % d == 0 else n / d
+
+    return {
+        "kv_bytes_per_block": block,
+        "kv_bytes_per_token": per(block, block_size),
+        "kv_bytes_per_token_per_layer": per(block, block_size * num_layers),
+        "kv_scale_bytes_per_block": block - codes,  # scales and zero points (KIVI)
+        "kv_residual_slots": slots,
+        "kv_residual_bytes": residual,
+    }

@@ -92,7 +92,8 @@ QUICK_DESIGN = _design(quick=True)
 WARMUP = Phase("warmup", (40, 40), 4)
 # A stored step's row in the profile: the BatchComposition's fields, then its seconds.
 STEP_COLUMNS = ("prefill_tokens", "prefill_attn_pairs", "decode_tokens",
-                "decode_context_tokens", "num_seqs", "sampled_rows", "draft_tokens", "seconds")
+                "decode_context_tokens", "num_seqs", "sampled_rows", "draft_tokens",
+                "prefill_seqs", "seconds")
 
 
 def step_composition(before: Mapping[str, int], after: Mapping[str, int],

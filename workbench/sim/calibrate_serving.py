@@ -30,24 +30,35 @@ IDLE_GAP_S = 2e-3
 
 @dataclass(frozen=True)
 class ServingRun:
-    """One replay of the serving design: a workload fixture and its arrivals."""
+    """One replay of the serving design: a workload fixture, its arrivals, and the engine's
+    per-step token budget and running-request cap (a fresh engine per run)."""
 
     fixture: str
     params: Mapping[str, Any]
     arrivals: Mapping[str, Any]
+    max_num_batched_tokens: int = 512
+    max_num_seqs: int = 32
 
     def describe(self) -> dict[str, Any]:
         return {"fixture": self.fixture, "params": dict(self.params),
-                "arrivals": dict(self.arrivals)}
+                "arrivals": dict(self.arrivals),
+                "max_num_batched_tokens": self.max_num_batched_tokens,
+                "max_num_seqs": self.max_num_seqs}
 
 
-# Prefill-heavy at two loads, chat under a closed loop of 32, long decodes at growing
-# contexts: prefill chunks up to the budget beside 0-48 decodes (the templates' range).
+# The shipped templates' traffic shapes (other seeds than theirs), at budgets 64 to 2048:
+# shared prefixes at 30 req/s, long prefills at 6-40 req/s (chunks of 64 to 2048 tokens
+# beside decodes), chat in closed loops of 32 (4 and 32 running), long decodes at growing
+# contexts. Every run gets a fresh engine, as a template's run does.
 SERVING_DESIGN: tuple[ServingRun, ...] = (
+    ServingRun("shared-prefix", {"num_requests": 24}, {"mode": "poisson", "rate": 30.0}),
     ServingRun("long-prefill", {"num_requests": 24}, {"mode": "poisson", "rate": 6.0}),
-    ServingRun("long-prefill", {"num_requests": 32}, {"mode": "poisson", "rate": 30.0}),
+    ServingRun("long-prefill", {"num_requests": 32}, {"mode": "poisson", "rate": 40.0}),
+    ServingRun("long-prefill", {"num_requests": 32}, {"mode": "poisson", "rate": 40.0}, 64),
+    ServingRun("long-prefill", {"num_requests": 32}, {"mode": "poisson", "rate": 40.0}, 2048),
     ServingRun("balanced-chat", {"num_requests": 64}, {"mode": "closed", "concurrency": 32}),
-    ServingRun("balanced-chat", {"num_requests": 48}, {"mode": "poisson", "rate": 20.0}),
+    ServingRun("balanced-chat", {"num_requests": 32}, {"mode": "closed", "concurrency": 32},
+               max_num_seqs=4),
     ServingRun("long-decode", {"num_requests": 24}, {"mode": "closed", "concurrency": 12}),
 )
 QUICK_SERVING_DESIGN: tuple[ServingRun, ...] = (
@@ -74,7 +85,8 @@ def composition_of(row: Mapping[str, Any]) -> BatchComposition:
         decode_tokens=int(row["decode_tokens"]),
         decode_context_tokens=int(row["decode_context_tokens"]),
         num_seqs=int(row["num_seqs"]), sampled_rows=int(row["sampled_rows"]),
-        draft_tokens=int(row.get("spec_draft_tokens", 0)))
+        draft_tokens=int(row.get("spec_draft_tokens", 0)),
+        prefill_seqs=int(row["prefill_seqs"]))
 
 
 def step_samples(rows: Sequence[Mapping[str, Any]], idle_gap_s: float = IDLE_GAP_S
@@ -123,27 +135,32 @@ def _replay(target: Any, run: ServingRun, tokenizer: Any, seed: int) -> list[dic
 def collect_serving_steps(model: str, engine_kwargs: Mapping[str, Any],
                           design: Sequence[ServingRun] = SERVING_DESIGN, repeats: int = 1,
                           seed: int = 0) -> tuple[ServingSteps, Any]:
-    """Replay `design` `repeats` times on one in-process engine; the kept samples and the
-    engine's config (for the profile)."""
+    """Replay `design` `repeats` times, each run on a fresh in-process engine (as a template's
+    runs are); the kept samples and the first engine's config (for the profile). Seeds are
+    offset by 1000 from the templates' (seed 0) so no run replays a template's traffic."""
     from workbench.config.named_models import resolve_model
     from workbench.harness.targets import InProcessTarget
     from workbench.models.tokenizer import load_tokenizer
 
-    target = InProcessTarget(model, dict(engine_kwargs))
     tokenizer = load_tokenizer(resolve_model(model))
     total = ServingSteps(samples=[])
     gaps: list[float] = []
-    try:
-        for r in range(repeats):
-            for i, run in enumerate(design):
-                steps = step_samples(_replay(target, run, tokenizer, seed + 1000 * r + i))
-                total.samples += steps.samples
-                total.skipped_preempted += steps.skipped_preempted
-                total.skipped_empty += steps.skipped_empty
-                gaps.append(steps.idle_gap_s)
-        assert target.engine is not None
-        config = target.engine.config
-    finally:
-        asyncio.run(target.stop())
+    config = None
+    for r in range(repeats):
+        for i, run in enumerate(design):
+            target = InProcessTarget(model, {**dict(engine_kwargs),
+                                             "max_num_batched_tokens": run.max_num_batched_tokens,
+                                             "max_num_seqs": run.max_num_seqs})
+            try:
+                rows = _replay(target, run, tokenizer, seed + 1000 + 100 * r + i)
+                assert target.engine is not None
+                config = config or target.engine.config
+            finally:
+                asyncio.run(target.stop())
+            steps = step_samples(rows)
+            total.samples += steps.samples
+            total.skipped_preempted += steps.skipped_preempted
+            total.skipped_empty += steps.skipped_empty
+            gaps.append(steps.idle_gap_s)
     total.idle_gap_s = statistics.median(gaps) if gaps else 0.0
     return total, config

@@ -2,10 +2,20 @@
 
     step_s = c_overhead                              fixed per step
            + c_token x (prefill_tokens + decode_tokens)   the GEMMs, per token
+           + c_token_low x min(tokens, TOKEN_KNEE)        ... and the first TOKEN_KNEE tokens'
+                                                           extra (a small GEMM runs below the
+                                                           CPU's per-token rate)
            + c_prefill_attn_pair x prefill_attn_pairs      prefill attention
            + c_decode_kv_token x decode_context_tokens     decode attention (KV read)
            + c_seq x num_seqs                              per-request work (inputs, metadata)
+           + c_prefill_seq x prefill_seqs                  per prefill chunk (its own gather
+                                                           and attention call, every layer)
            + c_sampled_row x sampled_rows                  LM head and sampling
+
+The two terms after the first four came from the served steps' residuals (2026-12-06, AMD
+EPYC, 2 cores): with tokens alone, steps of 2-128 tokens ran 20-50% over the fit and steps of
+1024+ tokens 13-27% under it, and a prefill chunk of a few tokens cost ~2 ms more than a
+decode token.
 
 `fit_step_times(samples)` finds non-negative coefficients (scipy's NNLS) minimizing the
 *relative* squared error (each step's row divided by its time, so short decode steps weigh as
@@ -32,7 +42,9 @@ from scipy.optimize import nnls
 
 from workbench.sim.batch import BatchComposition
 
-TERMS = ("overhead", "token", "prefill_attn_pair", "decode_kv_token", "seq", "sampled_row")
+TERMS = ("overhead", "token", "prefill_attn_pair", "decode_kv_token", "seq", "sampled_row",
+         "token_low", "prefill_seq")
+TOKEN_KNEE = 128
 OUTLIER_FACTOR = 3.0
 OUTLIER_FLOOR = 0.15
 OUTLIER_PASSES = 3
@@ -41,7 +53,8 @@ OUTLIER_PASSES = 3
 def features(batch: BatchComposition) -> tuple[float, ...]:
     """The batch's value of each of TERMS (the overhead's is 1)."""
     return (1.0, float(batch.num_tokens), float(batch.prefill_attn_pairs),
-            float(batch.decode_context_tokens), float(batch.num_seqs), float(batch.sampled_rows))
+            float(batch.decode_context_tokens), float(batch.num_seqs), float(batch.sampled_rows),
+            float(min(batch.num_tokens, TOKEN_KNEE)), float(batch.prefill_seqs))
 
 
 def predict(coefficients: Mapping[str, float], batch: BatchComposition) -> float:

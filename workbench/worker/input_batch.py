@@ -8,6 +8,8 @@ One row per request scheduled in the current step, rows 0..num_reqs-1 (condensed
                              row 2: c's tokens               are copied once
     num_tokens_no_spec       [9, 5, 7]               confirmed tokens held per row
     num_computed_tokens_cpu  [8, 4, 0]               the request's num_computed_tokens
+    num_evicted_tokens_cpu   [0, 0, 32]              KV compression: tokens evicted from
+                                                     the row's table (set when it enters)
     block_table              BlockTable rows         (block_table.py)
 
 `update_states(out, reqs)` brings the rows to a SchedulerOutput (vLLM's `_update_states`);
@@ -29,6 +31,15 @@ brought to the message), in batch order:
 `prepare(out, reqs)` then gathers the step's flat batch in batch order with numpy (the layout
 is `model_runner.py`'s diagram): token ids, positions and slot mapping are read from the
 persistent arrays at each token's (row, position); nothing walks a request's history.
+
+KV compression (docs/kv_compression.md): a request whose table lost blocks from the middle
+carries `num_evicted_tokens` E (it changes only with its table, sent whole: the row is
+rebuilt). Its positions stay logical (RoPE sees the original positions); its sequence
+length is the kept cache, starts - E + query_len, and token p's slot is read at row slot
+p - E:
+
+    bs 4, E 8: logical blocks 0 _ _ 3 4 kept -> row [b0, b3, b4]; position 17 -> row slot 9
+    (block b4, offset 1); seq_len 10 for a decode at position 17
 """
 
 from __future__ import annotations
@@ -86,6 +97,8 @@ class InputBatch:
         self.token_ids_cpu = np.zeros((max_num_reqs, max_model_len), dtype=np.int32)
         self.num_tokens_no_spec = np.zeros(max_num_reqs, dtype=np.int64)
         self.num_computed_tokens_cpu = np.zeros(max_num_reqs, dtype=np.int64)
+        self.num_evicted_tokens_cpu = np.zeros(max_num_reqs, dtype=np.int64)
+        self._any_evicted = False  # a row ever had an offset (else prepare skips reading them)
         self.block_table = BlockTable(max_num_reqs, cdiv(max_model_len, block_size),
                                       block_size)
 
@@ -101,7 +114,7 @@ class InputBatch:
         tokens = np.zeros((new_rows, self.token_ids_cpu.shape[1]), dtype=np.int32)
         tokens[:rows] = self.token_ids_cpu
         self.token_ids_cpu = tokens
-        for name in ("num_tokens_no_spec", "num_computed_tokens_cpu"):
+        for name in ("num_tokens_no_spec", "num_computed_tokens_cpu", "num_evicted_tokens_cpu"):
             grown = np.zeros(new_rows, dtype=np.int64)
             grown[:rows] = getattr(self, name)
             setattr(self, name, grown)
@@ -136,6 +149,9 @@ class InputBatch:
         self._ensure_token_cols(len(ids))[row, : len(ids)] = ids
         self._num_tokens[row] = self.num_tokens_no_spec[row] = len(ids)
         self.num_computed_tokens_cpu[row] = req.num_computed_tokens
+        if req.num_evicted_tokens:
+            self.num_evicted_tokens_cpu[row] = req.num_evicted_tokens
+            self._any_evicted = True
         self.block_table.add_row(req.block_ids, row)
         self.req_ids[row] = rid
         self._requests[row] = req
@@ -152,6 +168,7 @@ class InputBatch:
         self.block_table.clear_row(row)
         self._num_tokens[row] = self.num_tokens_no_spec[row] = 0
         self.num_computed_tokens_cpu[row] = 0
+        self.num_evicted_tokens_cpu[row] = 0
         heapq.heappush(self._holes, row)
         return row
 
@@ -181,7 +198,8 @@ class InputBatch:
     def _move_row(self, src: int, dst: int) -> None:
         n = self._num_tokens[src]
         self.token_ids_cpu[dst, :n] = self.token_ids_cpu[src, :n]
-        for arr in (self.num_tokens_no_spec, self.num_computed_tokens_cpu):
+        for arr in (self.num_tokens_no_spec, self.num_computed_tokens_cpu,
+                    self.num_evicted_tokens_cpu):
             arr[dst], arr[src] = arr[src], 0
         self.block_table.move_row(src, dst)
         rid = self.req_ids[src]
@@ -315,10 +333,17 @@ class InputBatch:
                          + starts[req_idx])
             token_rows = rows[req_idx]
         input_ids = self.token_ids_cpu[token_rows, positions].astype(np.int64)
-        seq_lens = starts + q
+        evicted = self.num_evicted_tokens_cpu[rows] if self._any_evicted else None
+        if evicted is not None and evicted.any():  # KV compression: kept length and slots
+            seq_lens = starts - evicted + q
+            cache_pos = (positions - evicted if st.num_tokens == n
+                         else positions - evicted[req_idx])
+        else:
+            seq_lens = starts + q
+            cache_pos = positions
         width = cdiv(int(seq_lens.max()), self.block_size) if n else 0
         block_table = self.block_table.gather(rows, width)  # grows the table to `width` first
-        slot_mapping = self.block_table.slot_mapping(token_rows, positions)
+        slot_mapping = self.block_table.slot_mapping(token_rows, cache_pos)
         return StepArrays(input_ids, positions, cu, seq_lens, block_table, slot_mapping,
                           np.asarray(st.logits_indices, dtype=np.int64), st.to_sample,
                           st.query_lens)

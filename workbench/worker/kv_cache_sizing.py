@@ -18,6 +18,10 @@ or else a default (max_num_seqs requests of max_model_len, at most 4 GiB; on CUD
 most 90% of the free device memory). Under one budget, smaller weights (quantization) or
 smaller blocks (fp8 KV) become KV capacity. The target and a draft model share block ids, so
 one block costs both models' bytes.
+
+A KIVI KV cache (kv_cache_dtype int8 / int4 / int2) has, besides its smaller blocks, a fixed
+full-precision residual pool (`ModelRunner.kv_residual_bytes`): it comes out of
+kv_cache_memory_bytes or the budget before the rest is cut into blocks (`residual_bytes`).
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ class AvailableKVMemory:
     reserve_bytes: int | None = None  # memory_reserve_bytes + graphs + packed + non-torch
     non_torch_bytes: int | None = None
     cudagraph_estimate_bytes: int | None = None  # one capture, counted in reserve_bytes
+    residual_bytes: int = 0  # KIVI's full-precision residual pool, not in available_bytes
 
 
 def _runners(runner: ModelRunner) -> list[ModelRunner]:
@@ -59,6 +64,11 @@ def _runners(runner: ModelRunner) -> list[ModelRunner]:
 def pool_bytes_per_block(runner: ModelRunner) -> int:
     """KV bytes one block id costs: the target's layers, plus the draft model's."""
     return sum(r.bytes_per_block for r in _runners(runner))
+
+
+def pool_residual_bytes(runner: ModelRunner) -> int:
+    """KIVI's full-precision residual pool (0 for other KV dtypes), target + draft."""
+    return sum(r.kv_residual_bytes for r in _runners(runner))
 
 
 def pool_weight_bytes(runner: ModelRunner) -> int:
@@ -77,8 +87,15 @@ def determine_available_memory(runner: ModelRunner, config: EngineConfig) -> Ava
     cc, sc = config.cache_config, config.scheduler_config
     if cc.num_gpu_blocks_override is not None:
         return AvailableKVMemory("num_gpu_blocks_override", None)
+    residual = pool_residual_bytes(runner)
     if cc.kv_cache_memory_bytes is not None:
-        return AvailableKVMemory("kv_cache_memory_bytes", cc.kv_cache_memory_bytes)
+        if cc.kv_cache_memory_bytes < residual:
+            raise ValueError(
+                f"kv_cache_memory_bytes ({cc.kv_cache_memory_bytes}) must be >= the KIVI "
+                f"residual pool ({residual} bytes) plus the blocks; raise it or lower "
+                "kv_quant_residual_tokens or max_num_seqs")
+        return AvailableKVMemory("kv_cache_memory_bytes", cc.kv_cache_memory_bytes - residual,
+                                 residual_bytes=residual)
     if cc.cpu_memory_budget_bytes is not None or cc.gpu_memory_utilization is not None:
         return _from_budget(runner, config)
     max_model_len = config.model_config.max_model_len
@@ -88,7 +105,7 @@ def determine_available_memory(runner: ModelRunner, config: EngineConfig) -> Ava
     if runner.device.type == "cuda":
         cap = min(cap, int(torch.cuda.mem_get_info()[0] * 0.9))
     blocks = default_num_blocks(sc.max_num_seqs, max_model_len, cc.block_size, bpb, cap)
-    return AvailableKVMemory("the default budget", blocks * bpb)
+    return AvailableKVMemory("the default budget", blocks * bpb, residual_bytes=residual)
 
 
 def _from_budget(runner: ModelRunner, config: EngineConfig) -> AvailableKVMemory:
@@ -116,11 +133,12 @@ def _from_budget(runner: ModelRunner, config: EngineConfig) -> AvailableKVMemory
         budget = cc.cpu_memory_budget_bytes
         knob, value = "cpu_memory_budget_bytes", budget
     reserve += non_torch
-    available = max(0, budget - weights - activation - reserve)
+    residual = pool_residual_bytes(runner)  # KIVI's full-precision residual pool
+    available = max(0, budget - weights - activation - reserve - residual)
     num_blocks = available // bpb
     min_blocks = cdiv(max_model_len, cc.block_size) + 1  # + the null block
     if num_blocks < min_blocks:
-        least = weights + activation + reserve + min_blocks * bpb
+        least = weights + activation + reserve + residual + min_blocks * bpb
         if knob == "gpu_memory_utilization":
             total = torch.cuda.mem_get_info(dev)[1]
             need = f"> {least / total:.4f} (of {total} bytes)"
@@ -130,7 +148,8 @@ def _from_budget(runner: ModelRunner, config: EngineConfig) -> AvailableKVMemory
             f"{knob} ({value}) must be {need}: the budget {budget} bytes has to hold the "
             f"weights ({weights}) + the activation peak ({activation}, profile run of "
             f"max_num_batched_tokens={sc.max_num_batched_tokens}) + the reserve "
-            f"({reserve}) + KV for one max_model_len ({max_model_len}) request "
+            f"({reserve}) + the KIVI residual pool ({residual}) + KV for one max_model_len "
+            f"({max_model_len}) request "
             f"({min_blocks} blocks of {bpb} bytes, null block included); raise it, "
             "quantize, lower max_model_len or max_num_batched_tokens"
         )
@@ -142,4 +161,5 @@ def _from_budget(runner: ModelRunner, config: EngineConfig) -> AvailableKVMemory
                 f"but only {free} bytes are free on the device (other processes?); "
                 "lower gpu_memory_utilization"
             )
-    return AvailableKVMemory(knob, available, budget, activation, reserve, non_torch, graphs)
+    return AvailableKVMemory(knob, available, budget, activation, reserve, non_torch, graphs,
+                             residual)

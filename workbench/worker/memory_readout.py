@@ -14,6 +14,7 @@ from workbench.worker.kv_cache_sizing import (
     AvailableKVMemory,
     pool_bytes_per_block,
     pool_packed_weight_bytes,
+    pool_residual_bytes,
 )
 
 if TYPE_CHECKING:
@@ -37,9 +38,13 @@ def memory_readout(
     """The memory table. budget_bytes / activation_peak_bytes / reserve_bytes /
     non_torch_bytes are None unless the pool was sized from a budget; then
     weight_bytes + kv_bytes + activation_peak_bytes + reserve_bytes <= budget_bytes, short
-    of it by less than one block (kv_bytes counts the null block: it is allocated)."""
+    of it by less than one block (kv_bytes counts the null block: it is allocated, and a KIVI
+    cache's full-precision residual pool, `kv_residual_bytes`). A KIVI cache's
+    kv_bytes_per_token is bytes_per_block / block_size (codes, scales and zeros; a float when
+    it does not divide)."""
     cc = config.cache_config
     bs = cc.block_size
+    kc = cc.kv_compression_config
     max_model_len = config.model_config.max_model_len
     assert max_model_len is not None
     usable = num_blocks - 1
@@ -50,14 +55,21 @@ def memory_readout(
         "weight_bytes": runner.weight_bytes + draft_weights,
         "draft_weight_bytes": draft_weights,
         "kv_cache_dtype": cc.kv_cache_dtype,
-        "kv_bytes": num_blocks * bpb,
+        "kv_bytes": num_blocks * bpb + pool_residual_bytes(runner),
+        "kv_residual_bytes": pool_residual_bytes(runner),
         "bytes_per_block": bpb,
-        "kv_bytes_per_token": bpb // bs,
+        "kv_bytes_per_token": bpb // bs if bpb % bs == 0 else bpb / bs,
         "block_size": bs,
         "num_blocks": usable,
         "kv_token_capacity": usable * bs,
         "max_model_len": max_model_len,
         "max_concurrency": max_concurrency(usable, bs, max_model_len),
+        # KV compression: the policy, and the blocks a decoding request holds at most with
+        # budget_tokens (None for budget_ratio: it depends on the prompt); a prefill chunk
+        # may hold more until its next step (docs/kv_compression.md)
+        "kv_compression": None if kc is None else kc.to_dict(),
+        "kv_budget_blocks_per_request": (None if kc is None or kc.budget_tokens is None
+                                         else -(-kc.budget_tokens // bs)),
         "kv_pool_source": memory.source,
         "budget_bytes": memory.budget_bytes,
         "activation_peak_bytes": memory.activation_peak_bytes,

@@ -20,8 +20,15 @@ decoding the runner owns the proposer (`drafter`, a `spec_decode.proposer.Propos
 drafts right after sampling (`drafting.py`); the drafts ride back in
 `ModelRunnerOutput.spec_token_ids`.
 
+KV compression (kv_compression_config, docs/kv_compression.md): a request whose table lost
+blocks from the middle keeps logical positions, and its seq_len and slot mapping count kept
+tokens only (`input_batch.py`); score-based policies get attention scores back
+(`kv_scores.py`, `ModelRunnerOutput.kv_block_scores`).
+
 KV cache dtype: the model dtype, or float8_e4m3fn with kv_cache_dtype="fp8" (one
-`KVCacheScales` per layer, bound to its cache tensor; see workbench.attention.metadata).
+`KVCacheScales` per layer, bound to its cache tensor; see workbench.attention.metadata), or
+KIVI's int8 / int4 / int2 blocks with a full-precision residual pool (kv_cache_dtype "int8" /
+"int4" / "int2"; `workbench.attention.kivi_cache`: per-layer handles, one `kivi_map`).
 `profile_run` measures the activation peak of a dummy forward for the memory budget
 (`memory_profile.py`).
 
@@ -36,6 +43,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from workbench.attention.kivi_cache import (
+    KiviLayout,
+    KiviResidualMap,
+    allocate_kivi_caches,
+)
 from workbench.attention.metadata import (
     FP8_KV_DTYPE,
     AttentionMetadata,
@@ -46,6 +58,9 @@ from workbench.compilation import CompiledForward
 from workbench.config import EngineConfig
 from workbench.core.kv_cache.utils import (
     cdiv,
+    kivi_bits,
+    kivi_residual_bytes,
+    kivi_residual_slots,
     kv_bytes_per_block,
     kv_cache_dtype_bytes,
     tp_kv_heads_per_rank,
@@ -67,7 +82,7 @@ from workbench.sample.sampler import Sampler
 from workbench.spec_decode.draft_model import DraftModelProposer, draft_engine_config
 from workbench.spec_decode.ngram import NgramProposer
 from workbench.spec_decode.proposer import Proposer
-from workbench.worker import cpu_threads, hugepages
+from workbench.worker import cpu_threads, hugepages, kv_scores
 from workbench.worker.cpu_malloc import keep_freed_memory
 from workbench.worker.cuda_graph import DecodeGraphRunner, GraphFactory, cudagraph_capture_sizes
 from workbench.worker.drafting import propose_drafts
@@ -123,6 +138,11 @@ class ModelRunner:
         self.kv_cache_dtype = FP8_KV_DTYPE if cc.is_fp8_kv else self.dtype
         self.kv_caches: list[torch.Tensor] = []
         self.kv_scales: list[KVCacheScales] = []  # per layer; used by an fp8 cache only
+        # int8 / int4 / int2 KV (KIVI): the block layout (checked now) and the residual map
+        self.kivi_layout = KiviLayout(
+            kivi_bits(cc.kv_cache_dtype), self.block_size, self.num_kv_heads, self.head_dim,
+            cc.kv_quant_group_size or self.head_dim) if cc.is_kivi_kv else None
+        self.kivi_map: KiviResidualMap | None = None
         self.num_blocks = 0
         self.graph_runner: DecodeGraphRunner | None = None
         self.cudagraph_bytes = 0  # measured after capture_model (CUDA)
@@ -158,6 +178,7 @@ class ModelRunner:
             self.device.type == "cuda"
             and not self.config.enforce_eager
             and self.model.attn_backend.cudagraph_safe
+            and self.kivi_layout is None  # KIVI writes are planned on the host
         )
 
     @property
@@ -171,6 +192,8 @@ class ModelRunner:
             return "off (enforce_eager=True)"
         if not self.model.attn_backend.cudagraph_safe:
             return f"off (attention_backend={self.attention_backend!r} plans on the host)"
+        if self.kivi_layout is not None:
+            return "off (a KIVI KV cache plans its writes on the host)"
         return "off (not captured yet)"
 
     @property
@@ -193,6 +216,9 @@ class ModelRunner:
             return
         if getattr(getattr(self.model, "model", None), "layer_hook", None) is not None:
             self.compile_skipped = "a layerwise KV connector saves from inside the forward"
+            return
+        if self.kivi_layout is not None:
+            self.compile_skipped = "a KIVI KV cache plans its writes on the host"
             return
         self.compiled_forward = CompiledForward(self.model, cc, self.device)
         self.packed_weight_bytes -= self.compiled_forward.freed_packed_bytes
@@ -259,6 +285,9 @@ class ModelRunner:
         """Allocate the KV cache, then capture decode graphs when they are on; a draft model
         gets as many blocks (the same block ids)."""
         self.allocate_kv_cache(num_blocks)
+        if self.config.kv_transfer_config is not None and self.kivi_layout is not None:
+            raise ValueError(f"kv_transfer_config cannot move a KIVI KV cache (kv_cache_dtype="
+                             f"{self.config.cache_config.kv_cache_dtype!r}); use auto or fp8")
         if self.config.kv_transfer_config is not None:
             self.kv_connector = KVConnectorFactory.create_connector(
                 self.config, KVConnectorRole.WORKER, self.bytes_per_block)
@@ -283,7 +312,8 @@ class ModelRunner:
         """The model forward: a graph replay for a decode-only batch that fits one, else the
         compiled forward (compilation_config), else eager."""
         gr = self.graph_runner
-        if gr is not None and gr.can_run(meta, input_ids.shape[0]):
+        if (gr is not None and gr.can_run(meta, input_ids.shape[0])
+                and meta.kv_scores is None and meta.layer_metadata is None):  # KV compression
             return gr.run(input_ids, positions, meta)
         if self.compiled_forward is not None:
             return self.compiled_forward(input_ids, positions, meta)
@@ -303,7 +333,11 @@ class ModelRunner:
 
     @property
     def bytes_per_block(self) -> int:
-        """KV bytes of one block over all layers (1 byte per element for an fp8 cache)."""
+        """KV bytes of one block over all layers (1 byte per element for an fp8 cache; KIVI:
+        codes + scales + zeros, `KiviLayout.block_bytes`; its residual pool is
+        `kv_residual_bytes`, a fixed cost)."""
+        if self.kivi_layout is not None:
+            return self.num_layers * self.kivi_layout.block_bytes()
         dtype_bytes = kv_cache_dtype_bytes(
             self.config.cache_config.kv_cache_dtype,
             torch.empty((), dtype=self.dtype).element_size(),
@@ -312,11 +346,37 @@ class ModelRunner:
             self.num_layers, self.num_kv_heads, self.head_dim, dtype_bytes, self.block_size
         )
 
+    @property
+    def kivi_residual_slots(self) -> int:
+        """Blocks of the KIVI residual pool (0 without a KIVI cache)."""
+        if self.kivi_layout is None:
+            return 0
+        return kivi_residual_slots(self.config.scheduler_config.max_num_seqs,
+                                   self.config.cache_config.kivi_residual_tokens, self.block_size)
+
+    @property
+    def kv_residual_bytes(self) -> int:
+        """Bytes of the KIVI full-precision residual pool over all layers (0 without one)."""
+        if self.kivi_layout is None:
+            return 0
+        return kivi_residual_bytes(
+            self.num_layers, self.num_kv_heads, self.head_dim,
+            torch.empty((), dtype=self.dtype).element_size(), self.block_size,
+            self.kivi_residual_slots)
+
     def allocate_kv_cache(self, num_blocks: int, calibrate: bool | None = None) -> None:
         """One [2, num_blocks, block_size, Hkv, D] cache per layer, in the KV cache dtype;
         an fp8 cache gets fresh per-layer scales (1.0; calibrated on the first forward when
         calculate_kv_scales, or `calibrate`, says so)."""
         self.graph_runner = None  # graphs captured on a previous cache would write into it
+        if self.kivi_layout is not None:
+            self.kv_caches, self.kivi_map = allocate_kivi_caches(
+                self.num_layers, num_blocks, self.kivi_layout, self.kivi_residual_slots,
+                self.config.cache_config.kivi_residual_tokens, self.dtype, self.device,
+                hugepages.zeros)
+            self.kv_scales, self.num_blocks = [], num_blocks
+            self.model.bind_kv_cache(self.kv_caches)
+            return
         shape = (2, num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
         if calibrate is None:
             calibrate = self.config.cache_config.calculate_kv_scales
@@ -333,6 +393,7 @@ class ModelRunner:
 
     def unbind_kv_cache(self) -> None:
         self.kv_caches, self.kv_scales, self.num_blocks = [], [], 0
+        self.kivi_map = None
         self.graph_runner = None  # its graphs point at the old cache
         for m in self.model.modules():
             if isinstance(m, Attention):
@@ -397,6 +458,10 @@ class ModelRunner:
         the tokens it lacks from it), finished requests dropped here, in the sampling state
         and in the proposer, new and resumed ones started in the proposer. The scheduled
         states in batch order."""
+        if out.finished_req_ids and self.kivi_map is not None:  # KIVI: free their slots
+            for rid in out.finished_req_ids:
+                if rid in self.requests:
+                    self.kivi_map.release_blocks(self.requests[rid].block_ids)
         if out.finished_req_ids:  # (the input batch drops their rows when it updates)
             self.sampling_metadata_builder.remove_requests(out.finished_req_ids)
             if self.drafter is not None:
@@ -419,16 +484,20 @@ class ModelRunner:
             self.copy_blocks(out.blocks_to_copy)
         with nvtx_range("model_runner.prepare_inputs"):
             input_ids, positions, meta, logits_idx, to_sample = self.prepare_inputs(out, reqs)
+            score_request = kv_scores.attach(  # KV compression: scores, per-layer tables
+                self.config.cache_config.kv_compression_config, out, reqs, meta, self.kv_caches)
         times.prepare_inputs_s = clock.lap()
         with nvtx_range(f"model_runner.forward prefill={out.num_prefill_tokens} "
                         f"decode={out.num_decode_tokens}"):
             hidden = self.forward(input_ids, positions, meta)
         times.forward_s = clock.lap()
+        block_scores = kv_scores.collect(score_request, reqs)
         prompt_logprobs = (compute_prompt_logprobs(self.model, reqs, out, hidden)
                            if out.num_prefill_tokens else {})
         if not to_sample:
             times.sample_s = clock.lap()
-            return ModelRunnerOutput(prompt_logprobs=prompt_logprobs, phase_times=times)
+            return ModelRunnerOutput(prompt_logprobs=prompt_logprobs, phase_times=times,
+                                     kv_block_scores=block_scores)
         spec = out.scheduled_spec_decode_tokens
         with nvtx_range("model_runner.sample"):
             logits = self.model.compute_logits(hidden[logits_idx])
@@ -446,10 +515,15 @@ class ModelRunner:
                            if not failed or r.req_id not in failed}
         times.sample_s = clock.lap()
         return ModelRunnerOutput(sampled_token_ids=sampled, prompt_logprobs=prompt_logprobs,
-                                 phase_times=times)
+                                 phase_times=times, kv_block_scores=block_scores)
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """Copy-on-write block copies (src, dst), in the draft model's KV cache too."""
+        if self.kivi_map is not None:
+            self.kivi_map.copy_blocks(pairs)
+            if self.draft_runner is not None:
+                self.draft_runner.copy_blocks(pairs)
+            return
         src = torch.tensor([s for s, _ in pairs], device=self.device)
         dst = torch.tensor([d for _, d in pairs], device=self.device)
         for cache in self.kv_caches:

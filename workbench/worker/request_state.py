@@ -8,6 +8,8 @@ reaches a worker:
                             resumed_from_preemption: `epoch` + 1, so the persistent batch
                             rebuilds the request's row); new_token_ids on ranks that do not
                             sample
+    num_evicted_tokens   -> with a resumed entry (its whole table): the KV compression
+                            offset (row slot = logical position - it; 0 when absent)
     finished_req_ids     -> dropped
     after sampling       -> the driver worker appends the accepted tokens itself
                             (`append_sampled`), as the scheduler does to its Request
@@ -36,7 +38,7 @@ class CachedRequestState:
 
     __slots__ = ("req_id", "prompt_token_ids", "sampling_params", "eos_token_id",
                  "max_tokens", "block_ids", "num_computed_tokens", "all_token_ids",
-                 "num_prompt_tokens", "epoch", "spec_token_probs")
+                 "num_prompt_tokens", "epoch", "spec_token_probs", "num_evicted_tokens")
 
     def __init__(
         self, req_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
@@ -55,6 +57,8 @@ class CachedRequestState:
         self.num_prompt_tokens = len(prompt_token_ids)
         self.epoch = 0  # + 1 whenever the block table is replaced (resumed from preemption)
         self.spec_token_probs: torch.Tensor | None = None
+        # KV compression: tokens of the blocks evicted from block_ids (set with the table)
+        self.num_evicted_tokens = 0
 
     @classmethod
     def from_new(cls, data: NewRequestData) -> CachedRequestState:
@@ -106,6 +110,7 @@ def update_request_states(
         new_blocks = cached.new_block_ids[i]
         if cached.resumed_from_preemption[i]:
             st.block_ids = list(new_blocks or [])
+            st.num_evicted_tokens = out.num_evicted_tokens.get(rid, 0)
             st.epoch += 1
             started.append(st)
         elif new_blocks:

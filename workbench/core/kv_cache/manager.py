@@ -14,6 +14,14 @@ cache. It never modifies the Request: the scheduler advances `num_computed_token
     | t0 t1 t2 t3 | t4 t5 __ __ | __ __ __ __ |
        block 0       block 1       block 2 (new)
     writes go to positions 6..8: block 1 (copied first if shared: ref_cnt > 1) and block 2.
+
+KV compression (`evict_blocks`, docs/kv_compression.md): a request may release full,
+written blocks from the middle of its table; the table is compacted and the request's
+`num_evicted_tokens` (evicted blocks x block_size) maps a logical token position p at or
+after the write position to row slot p - num_evicted_tokens. Every count below that reads
+`request.num_computed_tokens` subtracts it. A request's blocks filled after its first
+eviction are never offered to the prefix cache (their KV saw a compressed context); an
+evicted block it held alone loses its key.
 """
 
 from __future__ import annotations
@@ -43,7 +51,7 @@ class _RequestBlocks:
     """A request's blocks, their ids (kept in step) and the keys of its full blocks."""
 
     __slots__ = ("blocks", "block_ids", "block_hashes", "num_cached_blocks", "num_slots",
-                 "next_full_at")
+                 "next_full_at", "evicted_tokens", "logical", "layer_drop")
 
     def __init__(self, next_full_at: int) -> None:
         self.blocks: list[KVCacheBlock] = []
@@ -52,6 +60,11 @@ class _RequestBlocks:
         self.num_cached_blocks = 0  # leading blocks already offered to the cache
         self.num_slots = 0  # len(blocks) * block_size
         self.next_full_at = next_full_at  # (num_cached_blocks + 1) * block_size, or maxsize
+        # KV compression: tokens of the evicted blocks (0: never evicted), each held block's
+        # logical index (None: the identity, nothing evicted) and per-layer drops
+        self.evicted_tokens = 0
+        self.logical: list[int] | None = None
+        self.layer_drop: list[list[int]] | None = None
 
 
 class KVCacheManager:
@@ -77,6 +90,7 @@ class KVCacheManager:
         self._detached: list[KVCacheBlock] = []  # held by no request (detach_blocks)
         self._queries = 0
         self._hits = 0
+        self.num_evicted_blocks = 0  # blocks released by evict_blocks, ever (a counter)
 
     # ---- prefix-cache lookup --------------------------------------------------------------
 
@@ -130,7 +144,7 @@ class KVCacheManager:
         if st is not None and not new_computed_blocks and not delay_cache_blocks:
             # Fast path (steady decode): the slots exist, the one block written is ours alone
             # and uncached, and no block becomes full.
-            nc = request.num_computed_tokens
+            nc = request.num_computed_tokens - st.evicted_tokens
             end = nc + num_new_tokens + num_lookahead_tokens
             if end <= st.num_slots and num_new_tokens > 0 and num_lookahead_tokens >= 0:
                 bs = self.block_size
@@ -171,7 +185,8 @@ class KVCacheManager:
             self._check_new_computed(request, st, new_computed, num_new_computed_tokens)
         owned = st.blocks if st is not None else []
         num_owned = len(owned)
-        nc = request.num_computed_tokens
+        evicted = st.evicted_tokens if st is not None else 0
+        nc = request.num_computed_tokens - evicted  # row slots written
         if nc > num_owned * bs:
             raise ValueError(
                 f"request {request.request_id!r} has num_computed_tokens={nc} but owns only "
@@ -188,13 +203,15 @@ class KVCacheManager:
         uncache: list[KVCacheBlock] = []
         if end > write_start:
             tokens = request.all_token_ids
+            shift = evicted // bs  # row index -> logical index at and after the write start
             for i in range(write_start // bs, num_required if num_required < num_owned
                            else num_owned):
                 block = owned[i]
+                li = i + shift
                 if block.ref_cnt > 1:
                     cow.append(i)
                 elif block.block_hash is not None and block.token_ids != tuple(
-                    tokens[i * bs : (i + 1) * bs]
+                    tokens[li * bs : (li + 1) * bs]
                 ):
                     uncache.append(block)
             need += len(cow)
@@ -225,6 +242,9 @@ class KVCacheManager:
             pool.uncache_block(block)
         new_blocks = pool.get_new_blocks(num_grow) if num_grow > 0 else []
         if new_blocks:
+            if st.logical is not None:  # held + evicted = the logical blocks so far
+                nxt = len(blocks) + st.evicted_tokens // bs
+                st.logical.extend(range(nxt, nxt + len(new_blocks)))
             blocks.extend(new_blocks)
             ids.extend([block.block_id for block in new_blocks])
         st.num_slots = len(blocks) * bs
@@ -234,7 +254,10 @@ class KVCacheManager:
         return new_blocks
 
     def _cache_full(self, request: Request, st: _RequestBlocks, num_tokens: int) -> None:
-        """Offer the request's blocks full within its first `num_tokens` tokens."""
+        """Offer the request's blocks full within its first `num_tokens` tokens (none once
+        it has evicted: its later blocks' KV saw a compressed context)."""
+        if st.logical is not None:
+            return
         bs = self.block_size
         tokens = request.all_token_ids
         num_full = (num_tokens if num_tokens < len(tokens) else len(tokens)) // bs
@@ -290,6 +313,9 @@ class KVCacheManager:
         pst = self._reqs.get(parent.request_id)
         if pst is None or not pst.blocks:
             raise ValueError(f"fork: parent {parent.request_id!r} holds no blocks")
+        if pst.logical is not None:
+            raise ValueError(f"fork: parent {parent.request_id!r} has evicted blocks (KV "
+                             "compression); a compressed table cannot be shared")
         cst = self._reqs.get(child.request_id)
         if cst is not None and cst.blocks:
             raise ValueError(f"fork: child {child.request_id!r} already holds blocks")
@@ -317,6 +343,107 @@ class KVCacheManager:
         ops, self._copy_ops = self._copy_ops, []
         return ops
 
+    # ---- KV compression (eviction) --------------------------------------------------------
+
+    def evict_blocks(self, request: Request, logical_blocks: list[int]) -> int:
+        """Release the request's blocks at these logical indices from the middle of its
+        table (KV compression); returns how many were released.
+
+        Each must be held and full and written (logical index < num_computed_tokens //
+        block_size: the block being written never is). The table is compacted; the
+        request's num_evicted_tokens grows by block_size per block. A block held by this
+        request alone loses its prefix-cache key and goes back to the free queue; one
+        shared with another request (a prefix hit, ref_cnt > 1) only loses this request's
+        reference and keeps its key (its KV is the other holder's valid prefix). From the
+        first eviction on, no block of this request is offered to the prefix cache.
+        """
+        if not logical_blocks:
+            return 0
+        rid = request.request_id
+        st = self._reqs.get(rid)
+        if st is None or not st.blocks:
+            raise ValueError(f"evict_blocks: request {rid!r} holds no blocks")
+        bs = self.block_size
+        logical = st.logical if st.logical is not None else list(range(len(st.blocks)))
+        limit = request.num_computed_tokens // bs
+        drop = set(logical_blocks)
+        position = {li: k for k, li in enumerate(logical)}
+        for li in sorted(drop):
+            if li not in position:
+                raise ValueError(f"evict_blocks: request {rid!r} does not hold logical block "
+                                 f"{li} (holds {logical})")
+            if li >= limit:
+                raise ValueError(
+                    f"evict_blocks: logical block {li} of request {rid!r} is not full and "
+                    f"written (num_computed_tokens {request.num_computed_tokens}, block_size "
+                    f"{bs}: blocks < {limit} are)")
+        released: list[KVCacheBlock] = []
+        keep_blocks: list[KVCacheBlock] = []
+        keep_logical: list[int] = []
+        for li, block in zip(logical, st.blocks, strict=True):
+            if li in drop:
+                released.append(block)
+            else:
+                keep_blocks.append(block)
+                keep_logical.append(li)
+        pool = self.block_pool
+        for block in released:
+            if block.ref_cnt == 1:
+                pool.uncache_block(block)
+        pool.free_blocks(released)
+        st.blocks = keep_blocks
+        st.block_ids = [b.block_id for b in keep_blocks]
+        st.logical = keep_logical
+        st.evicted_tokens += len(released) * bs
+        st.num_slots = len(keep_blocks) * bs
+        st.next_full_at = sys.maxsize  # nothing of it is cached from now on
+        if st.layer_drop is not None:
+            st.layer_drop = [[li for li in layer if li not in drop] for layer in st.layer_drop]
+        self.num_evicted_blocks += len(released)
+        return len(released)
+
+    def set_layer_drop(self, request: Request, layer_drop: list[list[int]] | None) -> None:
+        """The logical blocks each layer no longer attends while the request still holds
+        them for another layer (per-layer budgets); None: every layer attends every block."""
+        st = self._reqs.get(request.request_id)
+        if st is None:
+            raise ValueError(f"set_layer_drop: request {request.request_id!r} holds no blocks")
+        if layer_drop is None:
+            st.layer_drop = None
+            return
+        held = set(st.logical if st.logical is not None else range(len(st.blocks)))
+        for layer, drops in enumerate(layer_drop):
+            missing = sorted(set(drops) - held)
+            if missing:
+                raise ValueError(f"set_layer_drop: layer {layer} drops logical block(s) "
+                                 f"{missing} that request {request.request_id!r} does not hold")
+        st.layer_drop = [sorted(set(d)) for d in layer_drop]
+
+    def layer_drop_positions(self, request_id: str) -> list[list[int]] | None:
+        """Per layer, the row positions (in the current table) that layer skips; None."""
+        st = self._reqs.get(request_id)
+        if st is None or st.layer_drop is None:
+            return None
+        logical = st.logical if st.logical is not None else list(range(len(st.blocks)))
+        position = {li: k for k, li in enumerate(logical)}
+        return [[position[li] for li in layer] for layer in st.layer_drop]
+
+    def layer_drop(self, request_id: str) -> list[list[int]] | None:
+        st = self._reqs.get(request_id)
+        return None if st is None or st.layer_drop is None else [list(d) for d in st.layer_drop]
+
+    def num_evicted_tokens(self, request_id: str) -> int:
+        """Tokens of the blocks the request evicted since it last started (0: none)."""
+        st = self._reqs.get(request_id)
+        return st.evicted_tokens if st is not None else 0
+
+    def kept_logical_blocks(self, request_id: str) -> list[int]:
+        """The logical indices of the blocks the request holds, ascending (a copy)."""
+        st = self._reqs.get(request_id)
+        if st is None:
+            return []
+        return list(st.logical) if st.logical is not None else list(range(len(st.blocks)))
+
     # ---- release --------------------------------------------------------------------------
 
     def free(self, request: Request, num_valid_tokens: int | None = None) -> None:
@@ -332,8 +459,11 @@ class KVCacheManager:
         if st is None or not st.blocks:
             return
         if num_valid_tokens is not None:
-            for block in st.blocks[num_valid_tokens // self.block_size :]:
-                self.block_pool.uncache_block(block)
+            first = num_valid_tokens // self.block_size  # logical
+            logical = st.logical if st.logical is not None else range(len(st.blocks))
+            for li, block in zip(logical, st.blocks, strict=True):
+                if li >= first:
+                    self.block_pool.uncache_block(block)
         self.block_pool.free_blocks(reversed(st.blocks))
 
     def detach_blocks(self, request: Request) -> list[KVCacheBlock]:
@@ -392,15 +522,30 @@ class KVCacheManager:
             assert ids == st.block_ids, f"request {rid!r}: block_ids {st.block_ids} != {ids}"
             assert len(set(ids)) == len(ids), f"request {rid!r} holds a block twice: {ids}"
             assert st.num_slots == len(ids) * bs, f"request {rid!r}: stale num_slots"
-            assert st.num_cached_blocks <= len(ids), f"request {rid!r}: cached > held"
+            logical = list(range(len(ids))) if st.logical is None else st.logical
+            assert len(logical) == len(ids), f"request {rid!r}: logical indices out of step"
+            assert logical == sorted(set(logical)), f"request {rid!r}: logical not ascending"
+            assert st.evicted_tokens % bs == 0, f"request {rid!r}: partial block evicted"
+            num_evicted = st.evicted_tokens // bs
+            assert st.logical is not None or num_evicted == 0, f"{rid!r}: evicted, no logical"
+            assert not ids or logical[-1] < len(ids) + num_evicted, (
+                f"request {rid!r}: logical {logical[-1]} past {len(ids)} held + {num_evicted} "
+                "evicted")
+            assert st.num_cached_blocks <= len(ids) + num_evicted, f"{rid!r}: cached > held"
             if not self.enable_caching:
                 continue
-            assert st.next_full_at == (st.num_cached_blocks + 1) * bs, f"{rid!r}: next_full_at"
+            if st.logical is None:
+                assert st.next_full_at == (st.num_cached_blocks + 1) * bs, (
+                    f"{rid!r}: next_full_at")
+            else:
+                assert st.next_full_at == sys.maxsize, f"{rid!r}: caches after an eviction"
             assert st.num_cached_blocks <= len(st.block_hashes), f"{rid!r}: cached > hashed"
-            for i in range(st.num_cached_blocks):
+            for i, li in enumerate(logical):
+                if li >= st.num_cached_blocks:
+                    break
                 key = st.blocks[i].block_hash
-                assert key is None or key == st.block_hashes[i], (
-                    f"request {rid!r}: block {ids[i]} at index {i} has a foreign key"
+                assert key is None or key == st.block_hashes[li], (
+                    f"request {rid!r}: block {ids[i]} at logical index {li} has a foreign key"
                 )
         self.block_pool.check_integrity([st.blocks for st in self._reqs.values()]
                                         + [[b] for b in self._detached])

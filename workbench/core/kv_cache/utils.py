@@ -8,6 +8,10 @@
     max concurrency    = usable blocks / blocks one max_model_len request needs
     fp8 KV scale       = amax(|x|) / 448                     (e4m3's largest finite value)
     KV heads per rank  = kv_heads / tp (sharded) or 1 (replicated, tp > kv_heads)
+    KIVI (int8/int4/int2) block bytes per layer = codes 2 x bs x kv_heads x head_dim x bits / 8
+                       + key scale, zero (fp16) 2 x kv_heads x head_dim x 2   (per block)
+                       + value scale, zero      2 x bs x kv_heads x head_dim / group x 2
+                       plus a fixed full-precision residual pool (kivi_residual_bytes)
 
 The worker sizes its KV tensors and the pool with these; the layers shard KV heads with them;
 the attention backends scale an fp8 KV cache with them. The planning calculator
@@ -21,6 +25,8 @@ import math
 
 FP8_E4M3_MAX = 448.0  # largest finite float8_e4m3fn value
 KV_CACHE_DTYPE_BYTES = {"fp8": 1, "fp8_e4m3": 1}  # "auto" = the model dtype's bytes
+KIVI_KV_BITS = {"int8": 8, "int4": 4, "int2": 2}  # KIVI low-bit KV (kernels.quant.kv_kivi)
+KIVI_SCALE_BYTES = 2  # float16 scales and zero points
 
 
 def _need_int(name: str, value: int, minimum: int) -> None:
@@ -60,9 +66,66 @@ def kv_cache_dtype_bytes(kv_cache_dtype: str, model_dtype_bytes: int) -> int:
         return model_dtype_bytes
     if kv_cache_dtype in KV_CACHE_DTYPE_BYTES:
         return KV_CACHE_DTYPE_BYTES[kv_cache_dtype]
+    if kv_cache_dtype in KIVI_KV_BITS:
+        raise ValueError(
+            f"kv_cache_dtype ({kv_cache_dtype!r}) stores less than a byte per element plus "
+            "scales: use kivi_bytes_per_block"
+        )
     raise ValueError(
         f"kv_cache_dtype ({kv_cache_dtype!r}) must be 'auto', 'fp8' or 'fp8_e4m3'"
     )
+
+
+def kivi_bits(kv_cache_dtype: str) -> int:
+    """8 / 4 / 2 for "int8" / "int4" / "int2"."""
+    if kv_cache_dtype not in KIVI_KV_BITS:
+        raise ValueError(
+            f"kv_cache_dtype ({kv_cache_dtype!r}) must be one of 'int8', 'int4', 'int2'"
+        )
+    return KIVI_KV_BITS[kv_cache_dtype]
+
+
+def kivi_bytes_per_block(
+    num_layers: int, num_kv_heads: int, head_dim: int, bits: int, block_size: int,
+    group_size: int,
+) -> int:
+    """Bytes of one quantized KIVI block over all layers (see the module docstring): codes,
+    per-channel key scales and zeros (one set per block), per-token value scales and zeros
+    (one per `group_size` channels). Per token: divide by block_size."""
+    for name, value in (("num_layers", num_layers), ("num_kv_heads", num_kv_heads),
+                        ("head_dim", head_dim), ("block_size", block_size),
+                        ("group_size", group_size)):
+        _need_int(name, value, 1)
+    if bits not in (8, 4, 2) or head_dim % (8 // bits) or head_dim % group_size:
+        raise ValueError(
+            f"bits ({bits}) must be 8, 4 or 2 and head_dim ({head_dim}) a multiple of "
+            f"{8 // bits if bits in (8, 4, 2) else '8 / bits'} and of group_size ({group_size})"
+        )
+    codes = 2 * block_size * num_kv_heads * head_dim * bits // 8
+    key_meta = 2 * num_kv_heads * head_dim * KIVI_SCALE_BYTES
+    value_meta = 2 * block_size * num_kv_heads * (head_dim // group_size) * KIVI_SCALE_BYTES
+    return num_layers * (codes + key_meta + value_meta)
+
+
+def kivi_residual_slots(max_num_seqs: int, residual_tokens: int, block_size: int) -> int:
+    """Full-precision blocks the KIVI residual pool holds: max_num_seqs x (ceil(R / bs) + 2):
+    per running request the block being filled and the ceil(R / bs) blocks of its last R
+    tokens, plus one spare per request (blocks of preempted requests wait there until reused)."""
+    _need_int("max_num_seqs", max_num_seqs, 1)
+    _need_int("residual_tokens", residual_tokens, 0)
+    _need_int("block_size", block_size, 1)
+    return max_num_seqs * (cdiv(residual_tokens, block_size) + 2)
+
+
+def kivi_residual_bytes(
+    num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: int, block_size: int,
+    num_slots: int,
+) -> int:
+    """Bytes of the KIVI full-precision residual pool: num_slots blocks of K and V in the
+    model dtype, per layer (a fixed cost, not per block of the quantized pool)."""
+    _need_int("num_slots", num_slots, 0)
+    return num_slots * kv_bytes_per_block(num_layers, num_kv_heads, head_dim, dtype_bytes,
+                                          block_size)
 
 
 def fp8_kv_scale(amax: float) -> float:

@@ -111,6 +111,16 @@ class SchedulerOutput:
     num_prefill_tokens / num_decode_tokens: the total split by whether a request had
         computed its prompt (the step trace's columns; prompt logprobs only on prefill steps).
     kv_connector_metadata: the KV connector's transfers for this step.
+    num_evicted_tokens: KV compression (docs/kv_compression.md): request id -> tokens of the
+        blocks it evicted, for every cached request sent with its whole table
+        (resumed_from_preemption) whose table has evictions; such a request's row slot for
+        logical position p is p - num_evicted_tokens (absent: 0, nothing evicted). Its
+        positions stay logical.
+    kv_score_queries: request id -> (first, end) logical query positions among this step's
+        tokens whose attention the worker reports in `ModelRunnerOutput.kv_block_scores`
+        (score-based eviction policies).
+    kv_layer_drops: request id -> per layer, the row positions of this step's table that the
+        layer does not attend (per-layer budgets); absent: every layer attends every block.
     """
 
     scheduled_new_reqs: list[NewRequestData] = field(default_factory=list)
@@ -124,6 +134,9 @@ class SchedulerOutput:
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
     kv_connector_metadata: KVConnectorMetadata | None = None
+    num_evicted_tokens: dict[str, int] = field(default_factory=dict)
+    kv_score_queries: dict[str, tuple[int, int]] = field(default_factory=dict)
+    kv_layer_drops: dict[str, list[list[int]]] = field(default_factory=dict)
 
     @property
     def req_ids(self) -> list[str]:
@@ -146,6 +159,10 @@ class SchedulerOutput:
             scheduled_spec_decode_tokens={req_id: spec} if spec is not None else {},
             num_prefill_tokens=n if is_prefill else 0, num_decode_tokens=0 if is_prefill else n,
         )
+        for name in ("num_evicted_tokens", "kv_score_queries", "kv_layer_drops"):
+            value = getattr(self, name).get(req_id)
+            if value is not None:
+                getattr(alone, name)[req_id] = value
         new = [d for d in self.scheduled_new_reqs if d.req_id == req_id]
         if new:
             alone.scheduled_new_reqs = new

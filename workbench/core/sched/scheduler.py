@@ -33,6 +33,14 @@ budget, holding a max_num_seqs seat) until the worker reports the load
 (a request holding blocks must be preemptable, or blocked holders could starve each other).
 `preemption_mode="swap"` hands a victim's blocks to the connector's host tier before freeing
 them.
+
+With `kv_compression_config` (docs/kv_compression.md) a policy
+(`workbench.core.kv_cache.compression`) looks at each running request before its slots are
+allocated and may release written blocks from the middle of its table
+(`KVCacheManager.evict_blocks`); the request's table is then sent whole (resumed, as after a
+copy-on-write step) with its `num_evicted_tokens`. Score-based policies name the queries
+whose attention the worker reports (`kv_score_queries`) and read the scores back in
+`update_from_output`. A preempted request restarts uncompressed and is evicted again.
 """
 
 from __future__ import annotations
@@ -43,6 +51,11 @@ from typing import TYPE_CHECKING
 
 from workbench.config import CacheConfig, SchedulerConfig
 from workbench.core.kv_cache import KVCacheManager
+from workbench.core.kv_cache.compression.policy import (
+    KVCompressionPolicy,
+    RequestKVView,
+    make_policy,
+)
 from workbench.core.outputs import ModelRunnerOutput
 from workbench.core.request import Request, RequestStatus
 from workbench.core.sched.output import NewRequestData, SchedulerOutput
@@ -64,7 +77,10 @@ class Scheduler:
         num_blocks: int,
         num_lookahead_tokens: int = 0,
         connector: SchedulerConnector | None = None,
+        num_layers: int = 1,
     ) -> None:
+        """`num_layers`: the model's layers (what per-layer KV compression budgets and the
+        worker's attention scores are counted over)."""
         self.config = scheduler_config
         self.connector = connector
         self.swap = scheduler_config.preemption_mode == "swap" and connector is not None
@@ -83,6 +99,12 @@ class Scheduler:
             block_size=cache_config.block_size,
             enable_caching=cache_config.enable_prefix_caching,
         )
+        kc = cache_config.kv_compression_config
+        # KV compression: the eviction policy (None: off); blocks it released this step
+        self.kv_policy: KVCompressionPolicy | None = (
+            None if kc is None else make_policy(kc, cache_config.block_size, num_layers))
+        self.num_layers = num_layers
+        self.num_evicted_blocks_last_step = 0
         self.waiting = make_request_queue(scheduler_config.policy)
         self.running: list[Request] = []
         self.requests: dict[str, Request] = {}
@@ -165,6 +187,7 @@ class Scheduler:
         scheduled: list[Request] = []
         num_sched = out.num_scheduled_tokens
         preempted: list[Request] = []
+        self.num_evicted_blocks_last_step = 0
 
         # 1. Running requests.
         max_model_len = self.max_model_len
@@ -188,6 +211,8 @@ class Scheduler:
             num_spec = num_computed + num_new - len(req.all_token_ids)
             if num_spec > 0:  # drafts that fit the budget are verified; the rest dropped
                 spec_out[req.request_id] = req.spec_token_ids[:num_spec]
+            if self.kv_policy is not None:
+                self._evict(req, num_new)
             while kv.allocate_slots(req, num_new, num_lookahead_tokens=lookahead) is None:
                 victim = self._pick_victim()
                 if victim.request_id in num_sched:  # a policy that preempts out of order
@@ -213,6 +238,8 @@ class Scheduler:
 
         out.blocks_to_copy = kv.take_copy_ops()
         self._fill_request_data(out, scheduled)
+        if self.kv_policy is not None:
+            self._fill_kv_compression(out, scheduled)
         out.preempted_request_ids = [r.request_id for r in preempted]
         self.num_preemptions_last_step = len(preempted)
         if self.connector is not None:
@@ -259,6 +286,9 @@ class Scheduler:
                 add_computed(nc)
                 resumed_ids.discard(rid)
                 sent[rid] = len(ids)
+                evicted = self.kv_cache_manager.num_evicted_tokens(rid)
+                if evicted:  # the whole table: the workers take the offset with it
+                    out.num_evicted_tokens[rid] = evicted
             else:
                 add_id(rid)
                 add_resumed(False)
@@ -390,10 +420,79 @@ class Scheduler:
             self.sending[req.request_id] = req
         return delay
 
+    # ------------------------------------------------------- KV compression
+    def _kv_view(self, req: Request, num_new: int) -> RequestKVView:
+        kv = self.kv_cache_manager
+        assert self.kv_policy is not None
+        rid = req.request_id
+        kept = tuple(kv.kept_logical_blocks(rid))
+        drop = kv.layer_drop(rid)
+        return RequestKVView(
+            request_id=rid, num_prompt_tokens=req.num_prompt_tokens, num_tokens=req.num_tokens,
+            num_computed_tokens=req.num_computed_tokens, num_new_tokens=num_new,
+            block_size=kv.block_size, kept_blocks=kept,
+            num_logical_blocks=len(kept) + kv.num_evicted_tokens(rid) // kv.block_size,
+            budget_tokens=self.kv_policy.budget_tokens(req.num_prompt_tokens),
+            num_layers=self.num_layers,
+            layer_drop=() if drop is None else tuple(tuple(d) for d in drop))
+
+    def _evict(self, req: Request, num_new: int) -> None:
+        """The policy's decision for a running request about to get `num_new` tokens,
+        applied before its slots are allocated; a changed table is sent whole."""
+        assert self.kv_policy is not None
+        decision = self.kv_policy.select(self._kv_view(req, num_new))
+        if decision is None or decision.is_empty:
+            return
+        kv = self.kv_cache_manager
+        evict = list(decision.evict)
+        layer_drop = decision.layer_drop
+        if layer_drop is not None:  # a block every layer drops leaves the shared table
+            common = set.intersection(*(set(d) for d in layer_drop)) if layer_drop else set()
+            limit = req.num_computed_tokens // kv.block_size
+            evict = sorted(set(evict) | {b for b in common if b < limit})
+            layer_drop = [[b for b in d if b not in evict] for d in layer_drop]
+        num = kv.evict_blocks(req, evict)
+        if layer_drop is not None:
+            kv.set_layer_drop(req, layer_drop)
+        self.num_evicted_blocks_last_step += num
+        req.times.kv_evicted_blocks += num
+        if req.request_id in self._num_sent_blocks:  # the workers' row changes in the middle
+            self._resumed.add(req.request_id)
+
+    def _fill_kv_compression(self, out: SchedulerOutput, scheduled: list[Request]) -> None:
+        """The step message's KV compression part: which queries the worker scores and each
+        request's per-layer row drops."""
+        policy = self.kv_policy
+        assert policy is not None
+        kv = self.kv_cache_manager
+        num_sched = out.num_scheduled_tokens
+        for req in scheduled:
+            rid = req.request_id
+            if policy.needs_scores:
+                span = policy.score_queries(self._kv_view(req, num_sched[rid]))
+                if span is not None:
+                    out.kv_score_queries[rid] = span
+            drops = kv.layer_drop_positions(rid)
+            if drops is not None and any(drops):
+                out.kv_layer_drops[rid] = drops
+
+    def _observe_scores(self, out: SchedulerOutput, scores: dict) -> None:
+        """Hand the worker's attention scores to the policy, with the view the forward ran
+        with (before this update advances num_computed_tokens)."""
+        assert self.kv_policy is not None
+        for rid, s in scores.items():
+            req = self.requests.get(rid)
+            n = out.num_scheduled_tokens.get(rid)
+            if req is None or n is None or req.is_finished():
+                continue
+            self.kv_policy.observe(rid, self._kv_view(req, n), s)
+
     def _pick_victim(self) -> Request:
         return self.waiting.preemption_victim(self.running)  # the policy's choice
 
     def _preempt(self, req: Request) -> None:
+        if self.kv_policy is not None:  # it restarts uncompressed
+            self.kv_policy.forget(req.request_id)
         if self.swap:
             assert self.connector is not None
             self.connector.request_preempted(
@@ -408,6 +507,9 @@ class Scheduler:
         self.waiting.prepend(req)
 
     def _free(self, req: Request) -> None:
+        if self.kv_policy is not None:  # what it kept, for its metrics
+            req.times.kv_kept_tokens = (req.num_computed_tokens
+                                        - self.kv_cache_manager.num_evicted_tokens(req.request_id))
         if not self._connector_finished(req):
             self.kv_cache_manager.free(req)
         self.requests.pop(req.request_id, None)
@@ -415,6 +517,8 @@ class Scheduler:
 
     def _forget(self, rid: str) -> None:
         """A finished request: the workers drop it at the next step."""
+        if self.kv_policy is not None:
+            self.kv_policy.forget(rid)
         self.finished_req_ids.add(rid)
         self._num_sent_blocks.pop(rid, None)
         self._resumed.discard(rid)
@@ -445,6 +549,8 @@ class Scheduler:
         spec = out.scheduled_spec_decode_tokens
         requests = self.requests
         generated = prompt_tokens = 0
+        if self.kv_policy is not None and model_runner_output.kv_block_scores:
+            self._observe_scores(out, model_runner_output.kv_block_scores)
         for rid, num_scheduled in out.num_scheduled_tokens.items():
             req = requests.get(rid)
             if req is None or (failed is not None and rid in failed):
@@ -517,6 +623,9 @@ class Scheduler:
             num_generation_tokens=self.num_generated_last_step,
             num_prompt_tokens=self.num_prompt_tokens_last_step,
             spec_decoding_stats=self._spec_decoding_stats,
+            kv_blocks_in_use=self.kv_cache_manager.num_blocks - 1
+            - self.kv_cache_manager.num_free_blocks,
+            num_evicted_blocks=self.num_evicted_blocks_last_step,
         )
         self.num_generated_last_step = self.num_prompt_tokens_last_step = 0
         self._spec_decoding_stats = None

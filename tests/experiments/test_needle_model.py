@@ -1,0 +1,83 @@
+"""The shipped needle model (workbench/assets/demo-needle, `make needle-model`) through the
+engine: with full KV it retrieves every passkey of a small grid; the same cases with the
+middle of the prompt cut (the first 4 and last 60 tokens kept, as attention sinks + a recent
+window would) fail except where the needle sits in the kept window; the trainer's batches
+put the answer loss on exactly the answer line."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import sysconfig
+from pathlib import Path
+
+import pytest
+import torch
+
+from workbench import LLM
+from workbench.config.named_models import NAMED_MODELS
+from workbench.experiments import needle as nd
+from workbench.testing import needle_cases as nc
+from workbench.testing import needle_model as nm
+from workbench.testing.demo_pair import corpus_files
+
+ENGINE = {"dtype": "float32", "max_num_seqs": 8}
+LENGTHS, DEPTHS = [128, 1024], [0.0, 0.5, 1.0]
+
+
+@pytest.fixture(scope="module")
+def llm() -> LLM:
+    return LLM("needle", **ENGINE)
+
+
+@pytest.fixture(scope="module")
+def cases() -> list[nc.NeedleCase]:
+    return nd.needle_cases("needle", LENGTHS, DEPTHS, cases_per_cell=1, seed=0)
+
+
+def test_the_shipped_folder_is_the_build_product() -> None:
+    folder = NAMED_MODELS["needle"]
+    info = json.loads((folder / "build_info.json").read_text())
+    assert info["seed"] == 0 and info["recipe"]["max_position_embeddings"] == nm.MAX_POSITIONS
+    assert json.loads((folder / "config.json").read_text())["max_position_embeddings"] == \
+        nm.MAX_POSITIONS
+    assert info["needle_accuracy"] >= 0.9
+    assert (folder / "tokenizer.json").read_bytes() == \
+        (NAMED_MODELS["demo"] / "tokenizer.json").read_bytes()
+    assert not list(folder.glob("*.bin")) and (folder / "model.safetensors").is_file()
+
+
+def test_full_kv_retrieves_every_passkey(llm: LLM, cases: list[nc.NeedleCase]) -> None:
+    rep = nd.run_needle("needle", llm, lengths=LENGTHS, depths=DEPTHS, cases_per_cell=1,
+                        cases=cases)
+    assert [r.correct for r in rep.results] == [True] * 6, [r.output for r in rep.results]
+    assert rep.accuracy == 1.0
+
+
+def test_without_the_middle_only_the_last_depth_survives(llm: LLM,
+                                                         cases: list[nc.NeedleCase]) -> None:
+    tok = nd.load_tokenizer("needle")
+    cut = [nc.keep_ends(c, 4, 60, tok) for c in cases]
+    assert [c.needle_token_index >= 0 for c in cut] == [False, False, True] * 2
+    results = nd.run_cases(llm, cut)
+    assert [r.correct for r in results] == [False, False, True] * 2
+
+
+def test_training_batches_put_the_answer_loss_on_the_answer_line() -> None:
+    tok = nd.load_tokenizer("demo")
+    root = Path(sysconfig.get_paths()["stdlib"])
+    hay = nc.Haystack(tok, [(root / f).read_text() for f in corpus_files(root)[1:6]])
+    stream = torch.arange(5000) % 4096
+    x, y, ans = nm.make_batch(hay, stream, 96, 6, random.Random(0))
+    assert x.shape == y.shape == ans.shape and x.shape[0] == 6
+    needle_rows = [r for r in range(6) if ans[r].any()]
+    assert needle_rows  # LM_FRACTION of the rows are plain windows, the rest needle rows
+    for r in needle_rows:
+        answer = tok.decode(y[r][ans[r]].tolist())
+        prompt = tok.decode(x[r][y[r] != -100].tolist())
+        key = re.search(r"PASSKEY = (\d+)\n", prompt)
+        assert key is not None and answer == f" {key.group(1)}\n"
+        assert int((y[r] != -100).sum()) <= 96 + len(answer)
+    for r in set(range(6)) - set(needle_rows):
+        assert torch.equal(x[r][1:], y[r][:-1])  # a window of the stream
