@@ -22,6 +22,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from workbench.config.kv_compression import KV_COMPRESSION_METHODS
 from workbench.experiments.kv_frontier import DEFAULT_ENGINE, KV_DTYPES, FrontierSpec, run_frontier
@@ -55,7 +56,7 @@ def parse(argv: Sequence[str] | None = None) -> tuple[FrontierSpec, Path]:
     engine = json.loads(a.engine) if a.engine else dict(DEFAULT_ENGINE)
     if not isinstance(engine, dict):
         ap.error(f"--engine must be a JSON object of engine knobs; got {a.engine!r}")
-    extra = {}
+    extra: dict[str, Any] = {}
     if a.needle_lengths:
         extra["needle_lengths"] = tuple(a.needle_lengths)
     if a.needle_depths:

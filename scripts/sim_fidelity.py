@@ -38,7 +38,8 @@ def decisions(result: Any) -> dict[str, str]:
     return out
 
 
-def medians(result: Any) -> dict[str, dict[str, float]]:
+def by_value(result: Any) -> dict[str, dict[str, list[float]]]:
+    """Each value's valid repeats of every metric."""
     by: dict[str, dict[str, list[float]]] = {}
     for r in result.runs:
         if r.error is not None or not r.valid:
@@ -47,7 +48,12 @@ def medians(result: Any) -> dict[str, dict[str, float]]:
         for m in METRICS:
             if m in r.metrics:
                 by.setdefault(label, {}).setdefault(m, []).append(float(r.metrics[m]))
-    return {k: {m: statistics.median(v) for m, v in d.items()} for k, d in by.items()}
+    return by
+
+
+def medians(result: Any) -> dict[str, dict[str, float]]:
+    return {k: {m: statistics.median(v) for m, v in d.items()}
+            for k, d in by_value(result).items()}
 
 
 def _values(data: dict[str, Any]) -> list[Any]:
@@ -116,13 +122,31 @@ def measured_acceptance(result: Any, k: int, uri: str) -> tuple[float, int]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("template", type=Path)
-    ap.add_argument("--profile", required=True, help="the calibrated profile JSON")
+    ap.add_argument("--profile", default=None, help="the calibrated profile JSON")
+    ap.add_argument("--calibrate-serving", action="store_true",
+                    help="instead of --profile: run `calibrate --serving` in this process "
+                         "first (after the experiment runner's imports, so its steps pay the "
+                         "same garbage collection as the measured runs) and use that profile")
     ap.add_argument("--repeats", type=int, default=None, help="override the template's")
     ap.add_argument("--tracking-uri", default="sqlite:///sim_fidelity.db")
     ap.add_argument("--host-link-gb-s", type=float, default=10.0,
                     help="a host KV tier's copy bandwidth for the simulated side (GB/s; "
                          "default 10, a host memcpy on this class of CPU)")
     args = ap.parse_args(argv)
+    if (args.profile is None) == (not args.calibrate_serving):
+        raise SystemExit("pass one of --profile PATH or --calibrate-serving")
+    if args.calibrate_serving:
+        from workbench.sim.calibrate import calibrate
+
+        model_name = (yaml.safe_load(args.template.read_text()).get("target") or {}).get(
+            "model", "bundled")
+        cost, path = calibrate(model_name, engine_kwargs={"dtype": "float32"}, serving=True,
+                               repeats=1)
+        fit = cost.profile["fit"]
+        print(f"calibrated (--serving, in this process): {path}; held-out median "
+              f"{fit['heldout_median_rel_error']:.1%}, p95 {fit['heldout_p95_rel_error']:.1%}; "
+              f"valid: {cost.profile['validity']['valid']}")
+        args.profile = str(path)
     data = yaml.safe_load(args.template.read_text())
     if args.repeats is not None:
         data["repeats"] = args.repeats
@@ -145,15 +169,18 @@ def main(argv: list[str] | None = None) -> int:
     sim = {**data, "name": f"{data['name']}-simulated", "target": sim_target}
     simulated = runner.run_experiment(parse_template(sim), uri=args.tracking_uri)
     mm, sm = medians(measured), medians(simulated)
+    spread = by_value(measured)
     print(f"\n## {data['name']}: measured vs simulated (profile {args.profile})\n")
-    print("| value | metric | measured | simulated | error |")
-    print("|---|---|---:|---:|---:|")
+    print("| value | metric | measured (median) | measured repeats (min-max) | simulated | "
+          "error |")
+    print("|---|---|---:|---:|---:|---:|")
     for label, row in mm.items():
         for m in METRICS:
             if m in row and m in sm.get(label, {}):
                 a, b = row[m], sm[label][m]
                 err = (b - a) / a if a else float("nan")
-                print(f"| {label} | {m} | {a:.2f} | {b:.2f} | {err:+.1%} |")
+                lo, hi = min(spread[label][m]), max(spread[label][m])
+                print(f"| {label} | {m} | {a:.2f} | {lo:.2f}-{hi:.2f} | {b:.2f} | {err:+.1%} |")
     dm, ds = decisions(measured), decisions(simulated)
     print("\n| variant | measured decision | simulated decision | same |")
     print("|---|---|---|---|")

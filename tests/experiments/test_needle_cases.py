@@ -166,3 +166,33 @@ def test_bad_grids_are_refused(hay: nc.Haystack, lengths: list[int], depths: lis
 
 def test_gate_minimum_matches_the_cases() -> None:
     assert MIN_NEEDLE_TOKENS == nc.MIN_CONTEXT_TOKENS
+
+
+def test_the_cli_exports_without_running(tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "c.jsonl"
+    assert nd.main(["--model", "demo", "--lengths", "64", "128", "--depths", "0.5",
+                    "--cases-per-cell", "2", "--export", str(out), "--export-only"]) == 0
+    assert capsys.readouterr().out == f"wrote 4 cases to {out}\n"
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["case_id"] for r in rows] == ["len64-depth0.5-0", "len64-depth0.5-1",
+                                            "len128-depth0.5-0", "len128-depth0.5-1"]
+
+
+@pytest.mark.parametrize(("args", "line"), [
+    (["--lengths", "32", "--export-only", "--export", "x.jsonl"],
+     "workbench needle: needle length (32) must be an integer >= 64 (prompt tokens)"),
+    (["--engine", "[1]"], "workbench needle: --engine must be a JSON object of engine knobs; "
+                          "got '[1]'"),
+    (["--model", "/no/such"], "workbench needle: model ('/no/such') is neither a local "
+                              "folder nor a shipped name (bundled, demo, demo-draft, needle)"),
+    (["--export-only"], "workbench needle: --export-only needs --export CASES.jsonl"),
+])
+def test_cli_errors_are_one_line(args: list[str], line: str,
+                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from workbench import cli
+
+    with pytest.raises(SystemExit) as e:
+        cli.main(["needle", *args])
+    assert e.value.code == 2
+    assert capsys.readouterr().err == line + "\n"

@@ -40,8 +40,9 @@ def test_the_shipped_folder_is_the_build_product() -> None:
     folder = NAMED_MODELS["needle"]
     info = json.loads((folder / "build_info.json").read_text())
     assert info["seed"] == 0 and info["recipe"]["max_position_embeddings"] == nm.MAX_POSITIONS
-    assert json.loads((folder / "config.json").read_text())["max_position_embeddings"] == \
-        nm.MAX_POSITIONS
+    config = json.loads((folder / "config.json").read_text())
+    assert config["max_position_embeddings"] == nm.MAX_POSITIONS
+    assert config["rope_parameters"] == nm.ROPE_PARAMETERS
     assert info["needle_accuracy"] >= 0.9
     assert (folder / "tokenizer.json").read_bytes() == \
         (NAMED_MODELS["demo"] / "tokenizer.json").read_bytes()

@@ -31,7 +31,8 @@ from workbench.sim.calibrated import (
 from workbench.sim.linear_fit import TERMS, fastest_per_batch, fit_step_times, predict
 
 KNOWN = {"overhead": 2e-3, "token": 5e-5, "prefill_attn_pair": 2e-8, "decode_kv_token": 1e-7,
-         "seq": 3e-5, "sampled_row": 4e-4, "token_low": 3e-5, "prefill_seq": 1e-3}
+         "seq": 3e-5, "sampled_row": 4e-4, "token_low": 3e-5, "prefill_seq": 1e-3,
+         "draft_token": 2e-4}
 
 
 def synthetic_steps(n: int, seed: int = 0) -> list[tuple[BatchComposition, float]]:
@@ -46,7 +47,8 @@ def synthetic_steps(n: int, seed: int = 0) -> list[tuple[BatchComposition, float
             prefill_tokens=chunk, prefill_attn_pairs=chunk * ctx + chunk * (chunk + 1) // 2,
             decode_tokens=decodes, decode_context_tokens=decodes * int(rng.integers(1, 3000)),
             num_seqs=decodes + prefills, prefill_seqs=prefills,
-            sampled_rows=decodes + int(rng.integers(0, 2)))
+            sampled_rows=decodes + int(rng.integers(0, 2)),
+            draft_tokens=int(rng.integers(0, 16)))
         out.append((batch, predict(KNOWN, batch)))
     return out
 
@@ -76,9 +78,9 @@ def test_fastest_per_batch() -> None:
 
 
 def test_fit_refusals() -> None:
-    with pytest.raises(ValueError, match="needs at least 8 training steps; got 7 of 8"):
-        fit_step_times(synthetic_steps(8), heldout_fraction=0.2)
-    steps = synthetic_steps(10)
+    with pytest.raises(ValueError, match="needs at least 9 training steps; got 8 of 10"):
+        fit_step_times(synthetic_steps(10), heldout_fraction=0.2)
+    steps = synthetic_steps(16)
     steps[4] = (steps[4][0], 0.0)
     with pytest.raises(ValueError, match=r"step times must be > 0; steps \[4\] are not"):
         fit_step_times(steps)
@@ -117,7 +119,7 @@ def test_profile_refusals(tmp_path: Path) -> None:
     bad = {**_profile(), "coefficients_s": {k: v for k, v in KNOWN.items() if k != "seq"}}
     with pytest.raises(ValueError, match="coefficients_s lacks seq " + r"\(terms: overhead, "):
         CalibratedCostModel(bad)
-    with pytest.raises(ValueError, match=r"format \('x/1'\) must be 'workbench-sim-profile/2'"):
+    with pytest.raises(ValueError, match=r"format \('x/1'\) must be 'workbench-sim-profile/3'"):
         CalibratedCostModel({**_profile(), "format": "x/1"})
     negative = _profile()
     negative["coefficients_s"] = {**KNOWN, "token": -1.0}

@@ -28,7 +28,7 @@ from workbench.sim.simulator import simulate
 # seconds per unit (the magnitudes calibrated on a 2-core CPU for the demo model)
 COEFFICIENTS = {"overhead": 3e-3, "token": 6e-5, "prefill_attn_pair": 8e-8,
                 "decode_kv_token": 4e-7, "seq": 2e-5, "sampled_row": 1e-4, "token_low": 3e-5,
-                "prefill_seq": 1e-3}
+                "prefill_seq": 1e-3, "draft_token": 1e-4}
 SEEDS = (0, 1, 2)
 UNIFORM_8_24 = {"kind": "uniform", "low": 8, "high": 24}
 UNIFORM_4_12 = {"kind": "uniform", "low": 4, "high": 12}

@@ -191,9 +191,9 @@ class FrontierSpec:
                              f"be <= num_requests ({self.num_requests})")
         for n in self.needle_lengths:
             _positive("needle_lengths", n)
-        for d in self.needle_depths:
-            if not 0 <= d <= 1:
-                raise ValueError(f"FrontierSpec.needle_depths: {d!r} is not in [0, 1]")
+        for depth in self.needle_depths:
+            if not 0 <= depth <= 1:
+                raise ValueError(f"FrontierSpec.needle_depths: {depth!r} is not in [0, 1]")
         taken = sorted(set(self.engine) & set(POINT_KNOBS))
         if taken:
             raise ValueError(f"FrontierSpec.engine sets {taken[0]!r}, which the frontier sets "

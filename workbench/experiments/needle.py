@@ -150,7 +150,13 @@ def load_tokenizer(model: str | Path) -> Tokenizer:
 
     from workbench.config.named_models import resolve_model
 
-    path = Path(resolve_model(model)) / "tokenizer.json"
+    folder = Path(resolve_model(model))
+    if not folder.is_dir():
+        from workbench.config.named_models import NAMED_MODELS
+
+        raise ValueError(f"model ({str(model)!r}) is neither a local folder nor a shipped name "
+                         f"({', '.join(NAMED_MODELS)})")
+    path = folder / "tokenizer.json"
     if not path.is_file():
         raise ValueError(f"model ({str(model)!r}) has no tokenizer.json; the needle task "
                          "builds its cases with the model's own tokenizer")

@@ -230,7 +230,8 @@ def calibrate_serving(model_name: str, knobs: Mapping[str, Any], repeats: int = 
         lambda: collect_serving_steps(model_name, knobs, design, repeats=repeats, seed=seed),
         "workbench calibrate --serving")
     load_after = os.getloadavg()[0]
-    fit = fit_step_times(steps.samples, heldout_fraction=heldout_fraction, seed=seed)
+    fit = fit_step_times(steps.samples, heldout_fraction=heldout_fraction, seed=seed,
+                         drop_outliers=False)
     return _profile_model(
         config, model_name, knobs, fit, steps.samples, validity, target="step_interval_s",
         design={"mode": "serving", "quick": quick, "repeats": repeats, "seed": seed,

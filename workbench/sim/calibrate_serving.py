@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from workbench.sim.batch import BatchComposition
@@ -38,12 +38,13 @@ class ServingRun:
     arrivals: Mapping[str, Any]
     max_num_batched_tokens: int = 512
     max_num_seqs: int = 32
+    engine: Mapping[str, Any] = field(default_factory=dict)  # more knobs (speculation)
 
     def describe(self) -> dict[str, Any]:
         return {"fixture": self.fixture, "params": dict(self.params),
                 "arrivals": dict(self.arrivals),
                 "max_num_batched_tokens": self.max_num_batched_tokens,
-                "max_num_seqs": self.max_num_seqs}
+                "max_num_seqs": self.max_num_seqs, "engine": dict(self.engine)}
 
 
 # The shipped templates' traffic shapes (other seeds than theirs), at budgets 64 to 2048:
@@ -60,6 +61,14 @@ SERVING_DESIGN: tuple[ServingRun, ...] = (
     ServingRun("balanced-chat", {"num_requests": 32}, {"mode": "closed", "concurrency": 32},
                max_num_seqs=4),
     ServingRun("long-decode", {"num_requests": 24}, {"mode": "closed", "concurrency": 12}),
+    ServingRun("repetitive", {"num_requests": 16}, {"mode": "closed", "concurrency": 1}, 2048,
+               engine={"speculative_config": {"method": "ngram", "num_speculative_tokens": 5,
+                                              "prompt_lookup_min": 2,
+                                              "prompt_lookup_max": 5}}),
+    ServingRun("repetitive", {"num_requests": 16}, {"mode": "closed", "concurrency": 4}, 2048,
+               engine={"speculative_config": {"method": "ngram", "num_speculative_tokens": 3,
+                                              "prompt_lookup_min": 2,
+                                              "prompt_lookup_max": 4}}),
 )
 QUICK_SERVING_DESIGN: tuple[ServingRun, ...] = (
     ServingRun("long-prefill", {"num_requests": 6}, {"mode": "poisson", "rate": 20.0}),
@@ -150,7 +159,8 @@ def collect_serving_steps(model: str, engine_kwargs: Mapping[str, Any],
         for i, run in enumerate(design):
             target = InProcessTarget(model, {**dict(engine_kwargs),
                                              "max_num_batched_tokens": run.max_num_batched_tokens,
-                                             "max_num_seqs": run.max_num_seqs})
+                                             "max_num_seqs": run.max_num_seqs,
+                                             **dict(run.engine)})
             try:
                 rows = _replay(target, run, tokenizer, seed + 1000 + 100 * r + i)
                 assert target.engine is not None

@@ -34,7 +34,7 @@ from workbench.config.compilation import cache_root
 from workbench.sim.batch import BatchComposition
 from workbench.sim.linear_fit import TERMS, predict
 
-PROFILE_FORMAT = "workbench-sim-profile/2"  # /2: the token_low and prefill_seq terms
+PROFILE_FORMAT = "workbench-sim-profile/3"  # /2: token_low, prefill_seq; /3: draft_token
 PROFILE_DIR = "sim_profiles"
 PROFILE_DIR_ENV = "WORKBENCH_SIM_PROFILE_DIR"
 

@@ -11,6 +11,8 @@
            + c_prefill_seq x prefill_seqs                  per prefill chunk (its own gather
                                                            and attention call, every layer)
            + c_sampled_row x sampled_rows                  LM head and sampling
+           + c_draft_token x draft_tokens                  speculation: proposing and
+                                                           verifying each draft token
 
 The two terms after the first four came from the served steps' residuals (2026-12-06, AMD
 EPYC, 2 cores): with tokens alone, steps of 2-128 tokens ran 20-50% over the fit and steps of
@@ -43,7 +45,7 @@ from scipy.optimize import nnls
 from workbench.sim.batch import BatchComposition
 
 TERMS = ("overhead", "token", "prefill_attn_pair", "decode_kv_token", "seq", "sampled_row",
-         "token_low", "prefill_seq")
+         "token_low", "prefill_seq", "draft_token")
 TOKEN_KNEE = 128
 OUTLIER_FACTOR = 3.0
 OUTLIER_FLOOR = 0.15
@@ -54,7 +56,8 @@ def features(batch: BatchComposition) -> tuple[float, ...]:
     """The batch's value of each of TERMS (the overhead's is 1)."""
     return (1.0, float(batch.num_tokens), float(batch.prefill_attn_pairs),
             float(batch.decode_context_tokens), float(batch.num_seqs), float(batch.sampled_rows),
-            float(min(batch.num_tokens, TOKEN_KNEE)), float(batch.prefill_seqs))
+            float(min(batch.num_tokens, TOKEN_KNEE)), float(batch.prefill_seqs),
+            float(batch.draft_tokens))
 
 
 def predict(coefficients: Mapping[str, float], batch: BatchComposition) -> float:
@@ -105,9 +108,12 @@ def _rel_errors(x: np.ndarray, y: np.ndarray, c: np.ndarray) -> np.ndarray:
 
 
 def fit_step_times(samples: Sequence[tuple[BatchComposition, float]],
-                   heldout_fraction: float = 0.25, seed: int = 0) -> FitResult:
+                   heldout_fraction: float = 0.25, seed: int = 0,
+                   drop_outliers: bool = True) -> FitResult:
     """Fit TERMS' coefficients to (batch, seconds) steps (see the module docstring). Needs at
-    least len(TERMS) training steps; every time must be > 0."""
+    least len(TERMS) training steps; every time must be > 0. `drop_outliers=False` keeps
+    every slow step (a served step's garbage collection or a neighbour's burst is part of
+    what a served run costs: `calibrate --serving`)."""
     if not 0.0 <= heldout_fraction < 1.0:
         raise ValueError(f"heldout_fraction ({heldout_fraction}) must be in [0, 1)")
     n = len(samples)
@@ -124,7 +130,7 @@ def fit_step_times(samples: Sequence[tuple[BatchComposition, float]],
     held, train = order[:num_heldout], order[num_heldout:]
     c = _nnls_relative(x[train], y[train])
     num_outliers = 0
-    for _ in range(OUTLIER_PASSES):
+    for _ in range(OUTLIER_PASSES if drop_outliers else 0):
         pred = x[train] @ c
         slower = (y[train] - pred) / y[train]
         limit = max(OUTLIER_FACTOR * float(np.median(np.abs(slower))), OUTLIER_FLOOR)

@@ -18,8 +18,10 @@ far back on its own, so `build` fine-tunes it, seeded, in float32 on CPU:
 - length curriculum: STAGES of (shortest, longest prompt, steps); each step draws one length
   and fills TOKENS_PER_STEP tokens with rows of it; one AdamW schedule (linear warmup, cosine
   decay) over all steps;
-- max_position_embeddings raised from 1024 to MAX_POSITIONS (RoPE needs no new weights): the
-  longest prompts (1024) are trained together with their answers.
+- RoPE: max_position_embeddings raised from 1024 to MAX_POSITIONS and Llama 3.1's
+  frequency-dependent interpolation (ROPE_PARAMETERS, factor 2 over the demo's 512-token
+  training context) so 1024-token prompts look like the distances the demo learned; no new
+  weights. The longest prompts (1024) are trained together with their answers.
 
 The weights are saved as float16 safetensors with the demo's tokenizer (same bytes, its
 model_max_length raised) into workbench/assets/demo-needle; build_info.json holds the recipe,
@@ -52,6 +54,7 @@ from workbench.testing.demo_pair import (
     _threads,
     _version,
     held_out_stream,
+    load_model,
     load_tokenizer_fast,
     save_model,
     score,
@@ -65,12 +68,20 @@ if TYPE_CHECKING:
 NEEDLE_NAME = "demo-needle"
 DEMO_NEEDLE_DIR = ASSETS_DIR / NEEDLE_NAME
 MAX_POSITIONS = 1280
+# Llama 3.1's frequency-dependent RoPE interpolation from the demo's 512-token training
+# context: wavelengths over 512 slowed 2x, under 128 kept, smoothed between (transformers
+# and workbench/layers/rotary.py compute it the same way). Without it the model retrieved
+# perfectly up to 512 tokens and at chance near 1024 after the same curriculum.
+ROPE_PARAMETERS: dict[str, Any] = {
+    "rope_type": "llama3", "rope_theta": 10000.0, "factor": 2.0, "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0, "original_max_position_embeddings": 512,
+}
 SEED = 0
 STAGES: tuple[tuple[int, int, int], ...] = (  # (shortest, longest prompt, steps)
     (64, 128, 300),
     (64, 256, 80),
     (128, 512, 60),
-    (256, 1024, 100),
+    (256, 1024, 160),
 )
 TOKENS_PER_STEP = 2048
 LM_FRACTION = 0.15
@@ -170,12 +181,13 @@ def grid_table(cases: Sequence[nc.NeedleCase], correct: Sequence[bool]) -> dict[
             "cells": {k: round(sum(v) / len(v), 4) for k, v in cells.items()}}
 
 
-def _load(folder: Path) -> PreTrainedModel:
-    """A saved folder in float32, eval mode, max_position_embeddings = MAX_POSITIONS."""
+def _load_for_training(folder: Path) -> PreTrainedModel:
+    """The base folder in float32 with MAX_POSITIONS and ROPE_PARAMETERS."""
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(
-        str(folder), dtype=torch.float32, max_position_embeddings=MAX_POSITIONS).eval()
+        str(folder), dtype=torch.float32, max_position_embeddings=MAX_POSITIONS,
+        rope_parameters=dict(ROPE_PARAMETERS)).eval()
 
 
 def train(model: PreTrainedModel, hay: nc.Haystack, stream: torch.Tensor, probe: nc.Haystack,
@@ -237,12 +249,13 @@ def recipe() -> dict[str, Any]:
                      "decay on norms), grad-norm clip 1.0",
         "schedule": f"linear warmup {WARMUP_STEPS} steps, cosine decay to 10% of {PEAK_LR}",
         "precision": "float32", "max_position_embeddings": MAX_POSITIONS,
+        "rope_parameters": ROPE_PARAMETERS,
     }
 
 
 def evaluate(folder: Path, log: Any = _print) -> dict[str, Any]:
     """Needle accuracy on the default grid and held-out perplexity of a saved folder."""
-    model = _load(folder)
+    model = load_model(folder)
     tok = load_tokenizer_fast(folder)
     cases = nc.make_grid(nc.Haystack.from_stdlib(tok, "held_out"))
     t = time.perf_counter()
@@ -267,8 +280,9 @@ def build(out: Path = DEMO_NEEDLE_DIR, seed: int = SEED, source: Path = DEMO_TAR
         probe = nc.Haystack.from_stdlib(tok, "held_out")
         stream = token_stream(tok, stdlib_corpus().train_texts)
         log(f"haystack: {len(hay.chunks)} training chunks; LM stream {len(stream)} tokens")
-        model = _load(source)
-        base_ppl = score([model], held_out_stream(source), 512, PPL_TOKENS).perplexity(0)
+        base = load_model(source)
+        base_ppl = score([base], held_out_stream(source), 512, PPL_TOKENS).perplexity(0)
+        model = _load_for_training(source)
         stats = train(model, hay, stream, probe, seed, log)
         save_model(model, out)
         save_tokenizer(out, (source / "tokenizer.json").read_text(), MAX_POSITIONS)
