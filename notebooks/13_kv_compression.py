@@ -29,7 +29,7 @@
 # [docs/kv_compression.md](../docs/kv_compression.md#frontier).
 
 # %% tags=["parameters"]
-model = "needle"                # the passkey-trained demo model (`make needle-model`)
+model = "demo"                  # "needle": the passkey-trained demo (`make needle-model`)
 methods = ["streaming_llm", "h2o", "snapkv", "pyramidkv"]  # eviction methods ([] for none)
 budgets = [64, 256]             # budget_tokens per eviction method (KV tokens kept, per layer)
 kv_dtypes = ["fp8", "int4"]     # KV dtypes at full length: fp8, int8, int4, int2
@@ -91,7 +91,7 @@ spec = FrontierSpec(model=model, methods=tuple(methods), budgets=tuple(budgets),
 # %%
 res = run_frontier(spec, progress=print)
 print(res.header())
-res.table
+res.table.set_index("point").T  # one column per point (the table has 25 columns)
 
 # %% [markdown]
 # The same table as Markdown, with the needle accuracy by context length and by depth. A
