@@ -29,7 +29,7 @@
 # [docs/kv_compression.md](../docs/kv_compression.md#frontier).
 
 # %% tags=["parameters"]
-model = "demo"                  # "needle": the passkey-trained demo (`make needle-model`)
+model = "needle"                # the passkey-trained demo model (`make needle-model`)
 methods = ["streaming_llm", "h2o", "snapkv", "pyramidkv"]  # eviction methods ([] for none)
 budgets = [64, 256]             # budget_tokens per eviction method (KV tokens kept, per layer)
 kv_dtypes = ["fp8", "int4"]     # KV dtypes at full length: fp8, int8, int4, int2

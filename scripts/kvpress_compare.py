@@ -242,8 +242,10 @@ def question_start(case: NeedleCase, ids: list[int], tokenize: Callable[[str], l
 def kvpress_jobs(cases: Sequence[NeedleCase], ids: Sequence[list[int]],
                  cells: Sequence[tuple[str, Budget | None]], p: MethodParams,
                  eos_token_ids: list[int], starts: Sequence[int | None] | None = None,
-                 num_layers: int = 1) -> list[dict[str, Any]]:
-    """One job per case x (method, budget) for scripts/kvpress_side.py."""
+                 num_layers: int = 1, max_model_len: int | None = None
+                 ) -> list[dict[str, Any]]:
+    """One job per case x (method, budget) for scripts/kvpress_side.py. max_tokens is capped
+    as our engine caps it (it stops once prompt + output reach max_model_len)."""
     jobs = []
     for method, budget in cells:
         for i, (case, tok) in enumerate(zip(cases, ids, strict=True)):
@@ -252,7 +254,9 @@ def kvpress_jobs(cases: Sequence[NeedleCase], ids: Sequence[list[int]],
                 "job_id": f"{method}|{budget.label if budget else 'full'}|{case.case_id}",
                 "press": None, "press_kwargs": {}, "prompt_token_ids": tok,
                 "question_start": starts[i] if starts else None,
-                "max_tokens": case.max_tokens, "eos_token_ids": eos_token_ids}
+                "max_tokens": (case.max_tokens if max_model_len is None
+                               else max(1, min(case.max_tokens, max_model_len - n))),
+                "eos_token_ids": eos_token_ids}
             if budget is not None:
                 kept = our_kept_tokens(method, n, budget.tokens_for(n), p, num_layers)
                 job["press"] = PRESS_FOR[method]
@@ -352,10 +356,14 @@ def length_table(rows: Sequence[dict[str, Any]]) -> str:
     head = "| method | budget | side | " + " | ".join(f"{n} tok" for n in lengths) + " |"
     lines = [head, "|---|---|---|" + "---:|" * len(lengths)]
     rank = {m: i for i, m in enumerate(("none", *METHODS))}
-    seen = list(dict.fromkeys(r["budget"] for r in rows))
+    def budget_key(label: str) -> tuple[int, float]:  # full, then ratios, then tokens
+        kind, _, value = label.partition(" ")
+        return ((0, 0.0) if label == "full" else (1, -float(value)) if kind == "ratio"
+                else (2, float(kind)))
+
     for (method, budget, side), per in sorted(
             acc.items(), key=lambda kv: (rank.get(kv[0][0], len(rank)), kv[0][0],
-                                         seen.index(kv[0][1]), kv[0][2])):
+                                         budget_key(kv[0][1]), kv[0][2])):
         cells = " | ".join(_pct(per[n][1], per[n][0]) if n in per else "-" for n in lengths)
         lines.append(f"| {method} | {budget} | {side} | {cells} |")
     return "\n".join(lines)
@@ -505,8 +513,9 @@ def main(argv: list[str] | None = None) -> int:
         export_cases(args.model, cases_path, grid_args)
     cases = read_cases(cases_path)[: args.limit]
     tok = load_tokenizer(model_dir)
-    num_layers = int(json.loads((Path(model_dir) / "config.json").read_text())
-                     ["num_hidden_layers"])
+    hf_config = json.loads((Path(model_dir) / "config.json").read_text())
+    num_layers = int(hf_config["num_hidden_layers"])
+    max_model_len = int(hf_config["max_position_embeddings"])  # our engine's default
 
     def tokenize(text: str) -> list[int]:
         return list(tok(text)["input_ids"])
@@ -532,7 +541,7 @@ def main(argv: list[str] | None = None) -> int:
                                 is_correct(case.answer, text)))
 
     if args.half in ("both", "kvpress"):
-        jobs = kvpress_jobs(cases, ids, cells, p, eos, starts, num_layers)
+        jobs = kvpress_jobs(cases, ids, cells, p, eos, starts, num_layers, max_model_len)
         t0 = time.perf_counter()
         results, meta = run_kvpress(jobs, model_dir, peer, out_dir, args.timeout_s)
         notes.append(f"kvpress side: {meta['versions']}, {len(jobs)} jobs in "

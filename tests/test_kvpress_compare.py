@@ -159,6 +159,11 @@ def test_kvpress_jobs_carry_the_mapped_ratio() -> None:
     assert sl["press_kwargs"] == {"compression_ratio": 0.48, "n_sink": 16}  # keeps 52 of 100
     assert (sl["question_start"], sl["max_tokens"], sl["eos_token_ids"]) == (None, 8, [1])
     assert kc.expected_kept(full) == 100 and kc.expected_kept(sl) == pytest.approx(52)
+    # our engine stops once prompt + output reach max_model_len; kvpress's jobs too
+    capped = kc.kvpress_jobs([case], ids, cells, kc.MethodParams(), [1], max_model_len=103)
+    assert [j["max_tokens"] for j in capped] == [3, 3]
+    at_limit = kc.kvpress_jobs([case], ids, cells, kc.MethodParams(), [1], max_model_len=100)
+    assert [j["max_tokens"] for j in at_limit] == [1, 1]
     # kvpress's own split: the question (last 10 tokens) stays whole, the context keeps
     # what leaves the same total (52 - 10 = 42 of 90)
     (_, q) = kc.kvpress_jobs([case], ids, cells, kc.MethodParams(), [1], starts=[90])

@@ -123,9 +123,11 @@ def test_gate_rules(model: str, ref: q.Reference) -> None:
     assert rep.mean_kl is None and rep.perplexity is None and rep.token_agreement == 1.0
     ok, reasons = rep.passes({"min_token_agreement": 1.0, "max_mean_kl": 0.1, "num_prompts": 2})
     assert not ok and reasons == ["mean KL(ref || cand) (nats) was not measured (max_mean_kl: 0.1)"]
-    assert q.needs({"min_token_agreement": 1}) == {"kl": False, "perplexity": False}
+    assert q.needs({"min_token_agreement": 1}) == {"kl": False, "perplexity": False,
+                                                   "needle": False}
     assert q.needs({"max_ppl_increase_pct": 1, "min_top1_agreement": 0.9}) == {
-        "kl": True, "perplexity": True}
+        "kl": True, "perplexity": True, "needle": False}
+    assert q.needs({"needle": {"min_accuracy": 0.9}})["needle"] is True
 
 
 def test_perplexity_equals_the_demo_pair_score(model: str, ref: q.Reference) -> None:

@@ -115,7 +115,7 @@ def test_tiny_real_frontier(tmp_path: Any) -> None:
                         kv_cache_memory_bytes=21 * TINY_BLOCK, input_len=64, output_len=8,
                         num_requests=4, concurrency=4, footprint_requests=2,
                         needle_lengths=(64,), needle_depths=(0.0, 1.0),
-                        needle_cases_per_cell=1, cache_state="cold")
+                        needle_cases_per_cell=1)
     res = run_frontier(spec)
     t = res.table.set_index("point")
     assert list(t.index) == ["none", "streaming_llm/32"]
@@ -139,3 +139,23 @@ def test_tiny_real_frontier(tmp_path: Any) -> None:
                                                         "frontier.md", "needle.csv"]
     back = pd.read_csv(folder / "frontier.csv")
     assert list(back["kv_bytes_per_request"]) == [40_960, 16_384]
+
+
+def test_cli_builds_the_spec() -> None:
+    """scripts/kv_compression_frontier.py: flags -> FrontierSpec and the output folder."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "scripts" / "kv_compression_frontier.py"
+    loader = importlib.util.spec_from_file_location("kv_compression_frontier", path)
+    assert loader is not None and loader.loader is not None
+    cli = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(cli)
+    spec, out = cli.parse(["--model", "bundled", "--methods", "h2o", "--budgets", "32", "64",
+                           "--kv-dtypes", "--needle-lengths", "64", "--engine",
+                           '{"dtype": "float32", "block_size": 8}', "--out-dir", "x/y"])
+    assert spec == FrontierSpec(model="bundled", methods=("h2o",), budgets=(32, 64),
+                                kv_dtypes=(), engine={"dtype": "float32", "block_size": 8},
+                                needle_lengths=(64,))
+    assert [p.label for p in spec.points()] == ["none", "h2o/32", "h2o/64"]
+    assert out == Path("x/y")

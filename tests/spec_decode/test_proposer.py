@@ -88,7 +88,8 @@ def test_the_runner_tells_the_proposer_which_requests_start_and_finish() -> None
         s.add_request(make_request(rid, 5, start=10 if rid == "a" else 40))
     prop = RepeatLast(2)
     runner: Any = SimpleNamespace(sampling_metadata_builder=SamplingMetadataBuilder(CPU),
-                                  drafter=prop, requests={}, is_driver_worker=True)
+                                  drafter=prop, requests={}, is_driver_worker=True,
+                                  kivi_map=None)
     out = s.schedule()
     ModelRunner._update_states(runner, out)
     assert (prop.started, prop.removed) == (["a", "b"], [])

@@ -49,6 +49,7 @@ class FakeRunner:
     """What sizing reads from a model runner, with fixed sizes (CPU, no CUDA graphs)."""
 
     device = torch.device("cpu")
+    kv_residual_bytes = 0  # no KIVI residual pool
 
     def __init__(self, bytes_per_block: int, weight_bytes: int, activation: int,
                  packed: int = 0, draft: FakeRunner | None = None) -> None:

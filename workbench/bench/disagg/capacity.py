@@ -63,13 +63,13 @@ def _prompts(rng: random.Random, n: int, length: int, token_range: tuple[int, in
 
 
 def model_folder(name: str) -> str:
-    """A model folder with config.json, or a shipped name (bundled, demo, demo-draft)."""
-    from workbench.config.named_models import resolve_model
+    """A model folder with config.json, or a shipped name (`NAMED_MODELS`)."""
+    from workbench.config.named_models import NAMED_MODELS, resolve_model
 
     model = resolve_model(name)
     if not (Path(model) / "config.json").is_file():
         raise ValueError(f"model ({name!r}) must be a model folder with config.json "
-                         "(or a shipped name: bundled, demo, demo-draft)")
+                         f"(or a shipped name: {', '.join(NAMED_MODELS)})")
     return str(model)
 
 
