@@ -26,7 +26,8 @@ demo-engine: $(STAMP)
 	$(BIN)/python -m workbench.demo
 
 # Fine-tune demo-target into workbench/assets/demo-needle, the passkey model the KV quality
-# gate runs on (seeded, fp32, one thread, ~15 minutes on 2 cores; docs/kv_compression.md).
+# gate runs on (seeded, fp32, one torch thread; ~20 minutes on a shared 2-core AMD EPYC;
+# docs/kv_compression.md, Quality gate).
 needle-model: $(STAMP)
 	$(BIN)/python -m workbench.testing.needle_model build --seed 0
 

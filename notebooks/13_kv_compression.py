@@ -90,7 +90,6 @@ spec = FrontierSpec(model=model, methods=tuple(methods), budgets=tuple(budgets),
 
 # %%
 res = run_frontier(spec, progress=print)
-print(res.header())
 res.table.set_index("point").T  # one column per point (the table has 25 columns)
 
 # %% [markdown]

@@ -88,3 +88,20 @@ def test_training_batches_put_the_answer_loss_on_the_answer_line() -> None:
         assert int((y[r] != -100).sum()) <= 96 + len(answer)
     for r in set(range(6)) - set(needle_rows):
         assert torch.equal(x[r][1:], y[r][:-1])  # a window of the stream
+
+
+def test_the_gate_refuses_a_streaming_budget_on_the_real_model() -> None:
+    from workbench.experiments import quality as q
+
+    gate = {"min_token_agreement": 0.0, "num_prompts": 2, "max_tokens": 4,
+            "needle": {"min_accuracy": 0.9, "lengths": [512], "depths": [0.5],
+                       "cases_per_cell": 2}}
+    stream = {**ENGINE, "kv_compression_config": {"method": "streaming_llm",
+                                                  "budget_tokens": 64}}
+    failures, reports = q.gate_reports("needle", dict(ENGINE), {"full": dict(ENGINE),
+                                                                "s64": stream},
+                                       q.golden_prompts("needle", 2), gate)
+    assert failures["full"] == [] and reports["full"]["needle_accuracy"] == 1.0
+    assert failures["s64"] == [
+        "needle accuracy 0.000 < 0.9 over 2 cases (worst cells: length 512 depth 0.5: 0.00); "
+        "baseline 1.000"]

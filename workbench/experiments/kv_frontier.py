@@ -489,6 +489,7 @@ def plot_frontier(table: pd.DataFrame, x: str = "kv_bytes_per_request") -> Figur
     (its budgets), full KV and the KV dtypes as labelled points; log x."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
+    from matplotlib.ticker import ScalarFormatter
 
     fig = Figure(figsize=(6.4, 4.2), layout="constrained")
     FigureCanvasAgg(fig)
@@ -498,12 +499,15 @@ def plot_frontier(table: pd.DataFrame, x: str = "kv_bytes_per_request") -> Figur
         g = group.sort_values(x)
         if method == "none":
             for _, r in g.iterrows():
-                ax.scatter(r[x] / scale, r["needle_accuracy"], marker="s", zorder=3)
+                ax.scatter(r[x] / scale, r["needle_accuracy"], marker="s", color="black",
+                           zorder=3)
                 ax.annotate(str(r["point"]), (r[x] / scale, r["needle_accuracy"]),
                             textcoords="offset points", xytext=(4, 4), fontsize=8)
         else:
             ax.plot(g[x] / scale, g["needle_accuracy"], marker="o", label=str(method))
     ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.xaxis.set_minor_formatter(ScalarFormatter())
     ax.set_xlabel("KV per request (MB)" if scale != 1 else x)
     ax.set_ylabel("needle accuracy")
     ax.set_ylim(-0.05, 1.05)
