@@ -18,10 +18,11 @@ from types import ModuleType
 
 import torch
 
+from kernels.cpu import paged_decode
 from kernels.cpu.build import CpuExtension
 
 SOURCE = Path(__file__).with_name("attn_scores.cpp")
-SUPPORTED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+SUPPORTED_DTYPES = paged_decode.SUPPORTED_DTYPES
 EXTENSION = CpuExtension("attn_scores", [SOURCE])
 
 
@@ -33,18 +34,7 @@ def load() -> ModuleType | None:
 def supports(query: torch.Tensor, k_cache: torch.Tensor) -> bool:
     """CPU, a float dtype shared by query and cache (never fp8 or a packed integer cache:
     those need their scales, which the twin applies), contiguous head_dim."""
-    return (
-        query.device.type == "cpu"
-        and k_cache.device.type == "cpu"
-        and query.dtype in SUPPORTED_DTYPES
-        and k_cache.dtype == query.dtype
-        and query.dim() == 3
-        and k_cache.dim() == 4
-        and query.shape[1] % k_cache.shape[2] == 0
-        and query.shape[2] == k_cache.shape[3]
-        and query.stride(2) == 1
-        and k_cache.stride(3) == 1
-    )
+    return paged_decode.supports(query, k_cache) and query.shape[2] == k_cache.shape[3]
 
 
 def attention_scores(
@@ -69,10 +59,7 @@ def attention_scores(
     module = load()
     if module is None:
         return None
-    if block_tables.dtype != torch.long:
-        block_tables = block_tables.long()
-    if block_tables.shape[1] and block_tables.stride(1) != 1:
-        block_tables = block_tables.contiguous()
+    block_tables, _ = paged_decode.index_tensors(block_tables, seq_lens)
     ints = [t.long().contiguous() for t in (seq_lens, q_start, q_count, key_end)]
     ints[3] = ints[3].clamp(max=out_len)
     out = torch.zeros(block_tables.shape[0], query.shape[1], out_len, dtype=torch.float32)

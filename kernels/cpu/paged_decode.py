@@ -54,6 +54,19 @@ def supports(query: torch.Tensor, k_cache: torch.Tensor) -> bool:
     )
 
 
+def index_tensors(block_tables: torch.Tensor, seq_lens: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernels' index inputs: int64 block tables with unit-stride rows, int64 lengths
+    (the inputs themselves when they already are)."""
+    if block_tables.dtype != torch.long:
+        block_tables = block_tables.long()
+    if block_tables.shape[1] and block_tables.stride(1) != 1:
+        block_tables = block_tables.contiguous()
+    if seq_lens.dtype != torch.long:
+        seq_lens = seq_lens.long()
+    return block_tables, seq_lens
+
+
 def paged_decode_attention(
     query: torch.Tensor,
     k_cache: torch.Tensor,
@@ -75,12 +88,7 @@ def paged_decode_attention(
     module = load()
     if module is None:
         return None
-    if block_tables.dtype != torch.long:
-        block_tables = block_tables.long()
-    if block_tables.shape[1] and block_tables.stride(1) != 1:
-        block_tables = block_tables.contiguous()
-    if seq_lens.dtype != torch.long:
-        seq_lens = seq_lens.long()
+    block_tables, seq_lens = index_tensors(block_tables, seq_lens)
     out = torch.empty(query.shape, dtype=query.dtype)
     module.paged_decode(
         out, query, k_cache, v_cache, block_tables, seq_lens, float(scale), int(split_tokens)
@@ -123,12 +131,7 @@ def paged_decode_kivi_attention(
     module = load()
     if module is None:
         return None
-    if block_tables.dtype != torch.long:
-        block_tables = block_tables.long()
-    if block_tables.shape[1] and block_tables.stride(1) != 1:
-        block_tables = block_tables.contiguous()
-    if seq_lens.dtype != torch.long:
-        seq_lens = seq_lens.long()
+    block_tables, seq_lens = index_tensors(block_tables, seq_lens)
     out = torch.empty(query.shape, dtype=query.dtype)
     module.paged_decode_kivi(
         out, query, k_codes, v_codes, k_scale, k_zero, v_scale, v_zero, res_k, res_v,

@@ -30,13 +30,12 @@ from workbench.harness.metrics import RequestRecord
 from workbench.harness.workloads import Workload
 from workbench.sim.batch import CostModel
 from workbench.sim.calibrate_serving import composition_of
-from workbench.sim.simulator import SimResult
+from workbench.sim.simulator import SimResult, finish_record
 
 
 def replay_engine(engine: Any, workload: Workload, arrival: ArrivalSpec,
                   cost: CostModel) -> SimResult:
     """Run `workload` on `engine` (an idle LLMEngine) on a virtual clock priced by `cost`."""
-    from workbench.core.request import RequestStatus
     from workbench.sampling_params import SamplingParams
 
     reqs = list(workload.requests)
@@ -90,13 +89,7 @@ def replay_engine(engine: Any, workload: Workload, arrival: ArrivalSpec,
                 if rec.first_token_s is None:
                     rec.first_token_s = now
             if req.is_finished():
-                rec.end_s, rec.output_tokens = now, len(req.output_token_ids)
-                rec.success = req.status in (RequestStatus.FINISHED_STOPPED,
-                                             RequestStatus.FINISHED_LENGTH_CAPPED)
-                rec.num_cached_tokens = max(req.num_cached_tokens, 0)
-                rec.server_ttft_s = (None if rec.first_token_s is None
-                                     else rec.first_token_s - rec.start_s)
-                rec.server_e2e_s = now - rec.start_s
+                finish_record(rec, req, now)
                 if len(live) >= cap:
                     freed = now  # the next request waiting for a slot is sent now
                 del live[rid]

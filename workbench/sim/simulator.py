@@ -237,7 +237,7 @@ class _Run:
 
     def _finish(self, req: Request) -> None:
         rid, now = req.request_id, self.now
-        _finish(self.records[rid], req, now)
+        finish_record(self.records[rid], req, now)
         self.live.pop(rid, None)
         self.in_flight -= 1
         for nxt in self.followers.get(rid, ()):
@@ -261,7 +261,8 @@ class _Run:
                          roles, self.placement)
 
 
-def _finish(rec: RequestRecord, req: Request, now: float) -> None:
+def finish_record(rec: RequestRecord, req: Request, now: float) -> None:
+    """A finished request's record: end, output tokens, success, cached tokens, engine times."""
     rec.end_s = now
     rec.output_tokens = len(req.output_token_ids)
     rec.success = req.status in (RequestStatus.FINISHED_STOPPED,
