@@ -187,7 +187,7 @@ def _load_for_training(folder: Path) -> PreTrainedModel:
 
     return AutoModelForCausalLM.from_pretrained(
         str(folder), dtype=torch.float32, max_position_embeddings=MAX_POSITIONS,
-        rope_parameters=dict(ROPE_PARAMETERS)).eval()
+        rope_parameters=dict(ROPE_PARAMETERS), local_files_only=True).eval()
 
 
 def train(model: PreTrainedModel, hay: nc.Haystack, stream: torch.Tensor, probe: nc.Haystack,
